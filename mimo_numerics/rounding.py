@@ -1,0 +1,138 @@
+"""The torch rounding primitive: correctly rounded round-to-nearest-even to bfloat16 or float16.
+
+Every rounding of the reference goes through ``round_to_lp`` (or ``round_sum_to_lp``). Both return values on the
+low-precision grid, held in the source dtype (float32 or float64), so the computation can carry on in the math dtype.
+
+Why not ``x.to(torch.bfloat16)``: from float32 that cast is a correct single RNE rounding, but from float64 torch
+rounds twice (float64 -> float32 -> bfloat16): ``1 + 2**-8 + 2**-30`` becomes 1.0, where the correct result is
+1.0078125. Here a float64 source is first rounded to float32 *to odd* (truncate, then set the last bit when inexact),
+which keeps enough information for the final RNE step to be correct (float32 has at least 13 more significand bits
+than either target).
+
+``round_sum_to_lp(a, b)`` rounds the exact sum a + b once, as a fused multiply-add rounds ``acc + x·y`` when x·y is
+exact: the sum is split into its rounded value and its exact error (TwoSum), and the error decides exact ties.
+Everything runs on any torch device with float32 support; float64 is used only when the source is float64.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+_LP = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _lp_dtype(fmt) -> torch.dtype:
+    if isinstance(fmt, torch.dtype):
+        if fmt not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"fmt must be torch.bfloat16 or torch.float16, got {fmt}")
+        return fmt
+    try:
+        return _LP[fmt]
+    except (KeyError, TypeError):
+        raise ValueError(f"fmt must be 'bfloat16' or 'float16', got {fmt!r}") from None
+
+
+def _round_f64_to_f32_odd(x: torch.Tensor, residual: Optional[torch.Tensor]) -> torch.Tensor:
+    """Round the exact value ``x + residual`` (float64, |residual| tiny) to float32 with round-to-odd."""
+    t = x.to(torch.float32)
+    back = t.to(torch.float64)
+    # sign of (exact value - t); (x - back) is exact, and the sign of a rounded sum is the sign of the exact sum
+    delta = x - back
+    if residual is not None:
+        delta = delta + residual
+    finite = torch.isfinite(x) & torch.isfinite(t)
+    # t was rounded away from zero when the exact value lies between t and zero: truncate it
+    away = finite & (delta != 0) & (torch.sign(delta) != torch.sign(back)) & (back != 0)
+    t = torch.where(away, torch.nextafter(t, torch.zeros_like(t)), t)
+    # x beyond the float32 range: truncation gives the largest finite value (odd), not inf
+    big = torch.isfinite(x) & ~torch.isfinite(t)
+    t = torch.where(big, torch.copysign(torch.full_like(t, torch.finfo(torch.float32).max), t), t)
+    back = t.to(torch.float64)
+    delta = x - back
+    if residual is not None:
+        delta = delta + residual
+    inexact = torch.isfinite(x) & (delta != 0)
+    bits = t.view(torch.int32)
+    bits = torch.where(inexact, bits | 1, bits)
+    # a tiny inexact value truncated to zero keeps the sign of the exact value
+    zero_inexact = inexact & (back == 0)
+    sign_neg = torch.where(x != 0, x < 0, delta < 0)
+    bits = torch.where(zero_inexact, torch.where(sign_neg, torch.full_like(bits, -2147483647), bits), bits)
+    return bits.view(torch.float32)
+
+
+def _round_f32_with_residual(x: torch.Tensor, residual: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
+    """RNE of the exact value ``x + residual`` (float32, |residual| <= half an ulp of x) to ``lp``, as float32.
+
+    Rounding x alone is right unless x lies exactly halfway between two ``lp`` values: then the residual's sign
+    picks the neighbour (ties are float32 numbers with trailing zero bits, so no non-tie x can cross one).
+    """
+    r = x.to(lp).to(torch.float32)
+    diff = x - r  # exact; r lies on the side of -sign(diff) from x
+    other = r + 2 * diff  # the other neighbour when x is exactly halfway
+    tie = (diff != 0) & torch.isfinite(r) & (other.to(lp).to(torch.float32) == other) & (residual != 0)
+    keep_r = torch.sign(residual) == -torch.sign(diff)
+    out = torch.where(tie & ~keep_r, other, r)
+    # overflow boundary: x exactly halfway between the largest finite value and 2**(emax+1) rounds to inf under
+    # RNE; a residual toward zero makes the exact value round to the largest finite value instead
+    at_overflow = torch.isfinite(x) & (x.abs() == _overflow_threshold(lp)) & (torch.sign(residual) == -torch.sign(x))
+    max_val = torch.copysign(torch.full_like(x, float(torch.finfo(lp).max)), x)
+    return torch.where(at_overflow, max_val, out)
+
+
+def _overflow_threshold(lp: torch.dtype) -> float:
+    """Halfway point between the largest finite ``lp`` value and the next power of two (rounds to inf)."""
+    info = torch.finfo(lp)
+    mantissa_bits = {torch.bfloat16: 7, torch.float16: 10}[lp]
+    return float(info.max) + 2.0 ** (_exponent(float(info.max)) - mantissa_bits - 1)
+
+
+def _exponent(value: float) -> int:
+    import math
+
+    return math.frexp(value)[1] - 1
+
+
+def round_to_lp(x: torch.Tensor, fmt="bfloat16", residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Round ``x`` (plus an optional tiny exact ``residual``) to ``fmt`` with one RNE rounding.
+
+    Args:
+        x (Tensor): float32 or float64 values, any shape and device.
+        fmt (str | torch.dtype): ``"bfloat16"`` or ``"float16"``.
+        residual (Tensor, optional): same shape and dtype as ``x``; the exact value to round is ``x + residual``,
+            with ``|residual|`` at most half an ulp of ``x`` in x's dtype (as TwoSum produces).
+
+    Returns:
+        Tensor: same dtype as ``x``, every value representable in ``fmt`` (NaN stays NaN, overflow gives ±inf).
+    """
+    lp = _lp_dtype(fmt)
+    if x.dtype == torch.float32:
+        if residual is None:
+            return x.to(lp).to(torch.float32)
+        return _round_f32_with_residual(x, residual, lp)
+    if x.dtype == torch.float64:
+        return _round_f64_to_f32_odd(x, residual).to(lp).to(torch.float64)
+    raise TypeError(f"x must be float32 or float64, got {x.dtype}")
+
+
+def two_sum(a: torch.Tensor, b: torch.Tensor):
+    """Knuth's TwoSum: ``s = fl(a + b)`` and the exact error ``e`` with ``a + b = s + e`` (same dtype)."""
+    s = a + b
+    bb = s - a
+    e = (a - (s - bb)) + (b - bb)
+    # inf/nan sums have no meaningful error term
+    e = torch.where(torch.isfinite(s), e, torch.zeros_like(e))
+    return s, e
+
+
+def round_sum_to_lp(a: torch.Tensor, b: torch.Tensor, fmt="bfloat16") -> torch.Tensor:
+    """``rnd(a + b)`` with the exact sum rounded once to ``fmt`` (no intermediate float32/float64 rounding).
+
+    This is the fused ``acc + x·y`` step of the diagonal under ``diag_mode="fma"`` when ``b = x·y`` is exact.
+    """
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    s, e = two_sum(a, b)
+    return round_to_lp(s, fmt, residual=e)

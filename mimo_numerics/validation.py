@@ -1,0 +1,159 @@
+"""Input validation for ``mamba_mimo_bwd_fwd``: the one place every implementation checks its arguments.
+
+Every failure raises ``TypeError`` (wrong Python or torch type, wrong dtype) or ``ValueError`` (shape, device,
+pairing, unsupported size) with a message that names the argument and says what was expected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .outputs import INPUT_NAMES, OPTIONAL_INPUTS
+
+LOW_PRECISION_DTYPES = (torch.bfloat16, torch.float16)
+LP_INPUTS = ("dout", "q", "k", "v", "z", "trap")
+SUPPORTED_ROTARY_DIVISORS = (2, 4)
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Sizes and branch flags of one validated call.
+
+    Attributes:
+        batch, seqlen, heads, groups, state_dim, value_dim, rank (int): B, S, H, G, N, P, R.
+        chunk_size (int): C. nchunks (int): ceil(S / C).
+        rotary_dim_divisor (int): d.
+        reduce_o, has_z, has_d (bool): which optional branches are on.
+        lp_dtype (torch.dtype): dtype of the low-precision inputs.
+        device (torch.device): device of every tensor.
+    """
+
+    batch: int
+    seqlen: int
+    heads: int
+    groups: int
+    state_dim: int
+    value_dim: int
+    rank: int
+    chunk_size: int
+    nchunks: int
+    rotary_dim_divisor: int
+    reduce_o: bool
+    has_z: bool
+    has_d: bool
+    lp_dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def padded_seqlen(self) -> int:
+        return self.nchunks * self.chunk_size
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.heads // self.groups
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_tensor(name: str, tensor, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    if tuple(tensor.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(tensor.shape)}")
+    if tensor.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {tensor.dtype}")
+    if tensor.device != device:
+        raise ValueError(f"{name} must be on device {device} (the device of q), got {tensor.device}")
+
+
+def validate_inputs(
+    dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, segsum,
+    chunk_size, rotary_dim_divisor, *, lp_dtype: Optional[torch.dtype] = None,
+) -> Dims:
+    """Check the 17 tensors and two sizes of ``mamba_mimo_bwd_fwd`` and return their dimensions.
+
+    Args:
+        dout..segsum: the tensors of the API, see ``docs/semantics.md`` for shapes and dtypes.
+        chunk_size (int): C >= 1. rotary_dim_divisor (int): 2 or 4, dividing N.
+        lp_dtype (torch.dtype, optional): when given (a policy's ``lp_dtype``), the low-precision inputs must have it.
+
+    Returns:
+        Dims: the validated sizes and branch flags.
+    """
+    values = dict(zip(INPUT_NAMES, (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs,
+                                    da_cs_rev, dt, trap, d, segsum)))
+    for name, value in values.items():
+        if value is None:
+            if name not in OPTIONAL_INPUTS:
+                raise TypeError(f"{name} is required: expected a torch.Tensor, got None")
+        elif not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}"
+                            if name in OPTIONAL_INPUTS else
+                            f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    chunk_size = _check_int("chunk_size", chunk_size, 1)
+    rotary_dim_divisor = _check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
+    if rotary_dim_divisor not in SUPPORTED_ROTARY_DIVISORS:
+        raise ValueError(f"rotary_dim_divisor must be one of {SUPPORTED_ROTARY_DIVISORS}, got {rotary_dim_divisor}")
+
+    if q.dim() != 5:
+        raise ValueError(f"q must have 5 dimensions [B, S, R, G, N], got shape {list(q.shape)}")
+    if v.dim() != 4:
+        raise ValueError(f"v must have 4 dimensions [B, S, H, P], got shape {list(v.shape)}")
+    batch, seqlen, rank, groups, state_dim = q.shape
+    heads, value_dim = v.shape[2], v.shape[3]
+    for dim_name, size, source in (("B", batch, "q"), ("S", seqlen, "q"), ("R", rank, "q"), ("G", groups, "q"),
+                                   ("N", state_dim, "q"), ("H", heads, "v"), ("P", value_dim, "v")):
+        if size == 0:
+            raise ValueError(f"{source} has an empty dimension {dim_name} (shape {list(values[source].shape)}); "
+                             "every dimension must be >= 1")
+    if heads % groups:
+        raise ValueError(f"v has H={heads} heads, which is not a multiple of the G={groups} groups of q "
+                         "(H % G must be 0)")
+    if state_dim % 2 or state_dim % rotary_dim_divisor:
+        raise ValueError(f"q has N={state_dim}, which must be even and divisible by "
+                         f"rotary_dim_divisor={rotary_dim_divisor}")
+
+    device = q.device
+    lp = q.dtype
+    if lp not in LOW_PRECISION_DTYPES:
+        raise TypeError(f"q must have dtype torch.bfloat16 or torch.float16, got {lp}")
+    if lp_dtype is not None and lp != lp_dtype:
+        raise TypeError(f"q has dtype {lp} but the policy's lp_dtype is {lp_dtype}: the low-precision inputs must "
+                        "match the policy (use policy.replace(lp_dtype=...))")
+    nchunks = -(-seqlen // chunk_size)
+    reduce_o = mimo_o is not None
+    has_z = z is not None
+    if has_z != (mimo_z is not None):
+        raise ValueError("z and mimo_z must be given together: got z "
+                         f"{'present' if has_z else 'None'} and mimo_z {'None' if has_z else 'present'}")
+
+    bshp = (batch, seqlen, heads, value_dim)
+    _check_tensor("dout", dout, bshp if reduce_o else (batch, seqlen, rank, heads, value_dim), lp, device)
+    _check_tensor("k", k, tuple(q.shape), lp, device)
+    _check_tensor("v", v, bshp, lp, device)
+    _check_tensor("trap", trap, (batch, heads, seqlen), lp, device)
+    for name in ("q_bias", "k_bias"):
+        _check_tensor(name, values[name], (heads, rank, state_dim), torch.float32, device)
+    _check_tensor("mimo_v", mimo_v, (heads, rank, value_dim), torch.float32, device)
+    _check_tensor("angles", angles, (batch, seqlen, heads, state_dim // rotary_dim_divisor), torch.float32, device)
+    for name in ("da_cs", "da_cs_rev", "dt"):
+        _check_tensor(name, values[name], (batch, heads, seqlen), torch.float32, device)
+    _check_tensor("segsum", segsum, (batch, heads, nchunks, chunk_size, chunk_size), torch.float32, device)
+    if reduce_o:
+        _check_tensor("mimo_o", mimo_o, (heads, rank, value_dim), torch.float32, device)
+    if has_z:
+        _check_tensor("z", z, bshp, lp, device)
+        _check_tensor("mimo_z", mimo_z, (heads, rank, value_dim), torch.float32, device)
+    if d is not None:
+        _check_tensor("d", d, (heads,), torch.float32, device)
+
+    return Dims(batch=batch, seqlen=seqlen, heads=heads, groups=groups, state_dim=state_dim, value_dim=value_dim,
+                rank=rank, chunk_size=chunk_size, nchunks=nchunks, rotary_dim_divisor=rotary_dim_divisor,
+                reduce_o=reduce_o, has_z=has_z, has_d=d is not None, lp_dtype=lp, device=device)

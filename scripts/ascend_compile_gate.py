@@ -1,0 +1,544 @@
+#!/usr/bin/env python
+"""Ascend compile gate (issue 7): compile every Triton kernel specialization for Ascend parts on a CPU-only machine.
+
+Runs inside the triton-ascend environment (``scripts/setup_ascend_env.sh`` builds ``.venv-ascend``), never in the
+main venv: triton-ascend installs its own ``triton`` module.
+
+For each launch plan (a kernel, the arguments and constexprs the launcher would pass, its grid) and each Ascend
+part, the gate does what triton-ascend's JIT would do on a device, up to the point where the CANN toolkit is needed:
+
+1. bind the arguments exactly like ``JITFunction.run`` (same signature mangling, same value and alignment
+   specialisation, same constants), build the ``ASTSource`` and run the ``ttir`` and ``ttadapter`` stages of the
+   triton-ascend backend for ``GPUTarget("npu", part, 0)`` (Triton front end, TTIR passes, triton-adapter → linalg);
+2. run ``bishengir-compile`` (shipped by the ``ascendnpu-ir`` wheel) on the adapter output with the options the
+   backend's A2/A3 ``npubin`` stage would pass, which runs the whole BiShengIR HFusion/HIVM pipeline. Without
+   CANN it stops at the external ``hivmc`` step ("Cannot find hivmc under $PATH").
+
+A compile PASSES when BiShengIR reaches that ``hivmc`` step with no other error (or, on a machine with CANN,
+produces the kernel binary). Anything else FAILS with the kernel, the specialization, the stage and the
+compiler's message; a unified-buffer overflow is reported with the required bits. The grid is checked against
+the Ascend cap of 65535 programs.
+
+Where the plans come from: ``--plans MODULE[:FUNC]`` names a function returning launch plans (default: the
+project's kernels, ``mimo_numerics.kernels``; see ``project_plans`` below). A plan is any object (or dict) with
+``kernel`` (a ``triton.JITFunction``), ``args`` (positional arguments, tensors on any device: only dtype and
+alignment matter), ``kwargs`` (constexprs and other keyword arguments), ``grid`` and ``name`` (a label of the
+specialization).
+
+    python scripts/ascend_compile_gate.py                       # all project plans, both parts, write the report
+    python scripts/ascend_compile_gate.py --parts Ascend910B3 --filter dq --jobs 2
+    python scripts/ascend_compile_gate.py --plans tests.ascend.toy_kernels:plans --no-report
+
+Exit status: 0 when every compile passed, 1 when any failed, 2 when the environment is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Parts compiled by default: Atlas A2 (910B3) and Atlas A3 (910_9382).
+DEFAULT_PARTS: Tuple[str, ...] = ("Ascend910B3", "Ascend910_9382")
+
+#: The Ascend limit on programs per launch (gridX·gridY·gridZ ≤ UINT16_MAX).
+MAX_PROGRAMS = 65535
+
+#: Unified buffer of the A2/A3 vector core, in bits, as BiShengIR reports it.
+UB_BITS = 1572864
+
+_HIVMC_MARKERS = ("Cannot find hivmc under $PATH", "External hivmc run fails")
+# Lines that accompany the expected stop at hivmc and are not errors of the kernel.
+_BENIGN_LINES = (
+    "Cannot find hivmc under $PATH",
+    "External hivmc run fails",
+    "Failed to run BiShengIR pipeline",
+    "Failed to detect hivmc version",
+)
+_UB_RE = re.compile(r"ub overflow, requires (\d+) bits while (\d+) bits available")
+_MIX_MODE_RE = re.compile(r', mix_mode\s*=\s*"[^"]*"')
+
+
+class GateEnvironmentError(RuntimeError):
+    """The interpreter running the gate is not a triton-ascend compile environment."""
+
+
+# ---------------------------------------------------------------------------------------------- environment
+
+def triton_ascend_version() -> Optional[str]:
+    """The installed triton-ascend version, or None (NVIDIA triton or no triton at all)."""
+    import importlib.metadata as md
+
+    try:
+        return md.version("triton-ascend")
+    except md.PackageNotFoundError:
+        return None
+
+
+def find_bishengir() -> str:
+    """Path of ``bishengir-compile``: ``$BISHENGIR_COMPILE``, else the ``ascendnpu-ir`` wheel's, else ``$PATH``."""
+    explicit = os.environ.get("BISHENGIR_COMPILE")
+    if explicit:
+        return explicit
+    try:
+        import ascendnpuir
+
+        cand = Path(ascendnpuir.__file__).resolve().parent / "bin" / "bishengir-compile"
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return str(cand)
+    except ImportError:
+        pass
+    found = shutil.which("bishengir-compile")
+    if found:
+        return found
+    raise GateEnvironmentError("bishengir-compile not found: install ascendnpu-ir==1.2.0 (scripts/setup_ascend_env.sh)")
+
+
+def check_environment() -> Dict[str, str]:
+    """Raise ``GateEnvironmentError`` unless triton-ascend and bishengir-compile are usable; return versions."""
+    ver = triton_ascend_version()
+    if ver is None:
+        raise GateEnvironmentError(
+            "the `triton` module here is not triton-ascend; run the gate with .venv-ascend/bin/python "
+            "(scripts/setup_ascend_env.sh builds it)")
+    import triton
+
+    info = {"triton": triton.__version__, "triton-ascend": ver, "bishengir-compile": find_bishengir()}
+    try:
+        import importlib.metadata as md
+
+        info["ascendnpu-ir"] = md.version("ascendnpu-ir")
+    except Exception:  # pragma: no cover - reported only
+        info["ascendnpu-ir"] = "?"
+    return info
+
+
+@dataclass
+class _BishengirFlavour:
+    hivm_flag: str
+    api_change: bool
+
+
+_FLAVOUR: Dict[str, _BishengirFlavour] = {}
+
+
+def _bishengir_flavour(path: str) -> _BishengirFlavour:
+    # Same probes as the backend: a "reg-based" bishengir takes --reg-based=true instead of --enable-hivm-compile.
+    if path not in _FLAVOUR:
+        out = subprocess.run([path, "--help"], capture_output=True, text=True).stdout
+        _FLAVOUR[path] = _BishengirFlavour(
+            hivm_flag="--reg-based=true" if "reg-based" in out else "--enable-hivm-compile=true",
+            api_change="limit-auto-multi-buffer-buffer" in out)
+    return _FLAVOUR[path]
+
+
+# ---------------------------------------------------------------------------------------------- plans
+
+@dataclass
+class LaunchPlan:
+    """One launch the launcher would make: kernel, arguments, constexprs, grid, and a label."""
+
+    kernel: Any
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+    grid: Tuple[int, ...] = (1,)
+    name: str = ""
+    group: str = ""   # e.g. the preset and shape class the plan came from (report only)
+
+    @property
+    def kernel_name(self) -> str:
+        fn = getattr(self.kernel, "fn", self.kernel)
+        return getattr(fn, "__name__", str(self.kernel))
+
+
+def as_plan(obj: Any) -> LaunchPlan:
+    """Accept a ``LaunchPlan``, a dict, or any object with the same attribute names (e.g. the kernels' own)."""
+    if isinstance(obj, LaunchPlan):
+        return obj
+    get = obj.get if isinstance(obj, dict) else (lambda k, d=None: getattr(obj, k, d))
+    kernel = get("kernel")
+    if kernel is None:
+        raise TypeError(f"launch plan {obj!r} has no `kernel`")
+    grid = get("grid", (1,))
+    if callable(grid):
+        raise TypeError(f"launch plan for {kernel} has a callable grid; give the launcher's concrete grid")
+    return LaunchPlan(kernel=kernel, args=tuple(get("args", ()) or ()), kwargs=dict(get("kwargs", {}) or {}),
+                      grid=tuple(grid) if isinstance(grid, (tuple, list)) else (int(grid),),
+                      name=str(get("name", "") or ""), group=str(get("group", "") or ""))
+
+
+def spec_label(plan: LaunchPlan) -> str:
+    """A readable label of the specialization: the plan's name, else its constexpr values."""
+    if plan.name:
+        return plan.name
+    return " ".join(f"{k}={v}" for k, v in sorted(plan.kwargs.items()))
+
+
+def load_plans(spec: str, **kw) -> List[LaunchPlan]:
+    """``MODULE[:FUNC]`` → the plans that function returns (default FUNC: ``ascend_compile_plans``)."""
+    mod_name, _, func_name = spec.partition(":")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    mod = importlib.import_module(mod_name)
+    func = getattr(mod, func_name or "ascend_compile_plans")
+    return [as_plan(p) for p in func(**kw)]
+
+
+# ---------------------------------------------------------------------------------------------- compiling
+
+@dataclass
+class CompileResult:
+    kernel: str
+    spec: str
+    part: str
+    ok: bool
+    stage: str                # "frontend", "ttadapter", "bishengir", "grid", "hivmc" (reached) or "binary"
+    message: str = ""
+    seconds: float = 0.0
+    ub_required_bits: Optional[int] = None
+    group: str = ""
+
+    @property
+    def status(self) -> str:
+        return "pass" if self.ok else "FAIL"
+
+    def describe(self) -> str:
+        head = f"{self.kernel} [{self.spec}] on {self.part}: {self.status} at {self.stage}"
+        if self.ub_required_bits is not None:
+            head += (f" (unified buffer overflow: requires {self.ub_required_bits} bits, "
+                     f"{UB_BITS} available)")
+        return head + (f"\n{self.message}" if self.message and not self.ok else "")
+
+
+@dataclass
+class _Frontend:
+    linalg: Optional[str]
+    options: Any
+    stage: str
+    message: str
+    seconds: float
+
+
+def _bind(fn, backend, args, kwargs):
+    """Signature, constants and attrs exactly as ``JITFunction.run`` derives them."""
+    from triton.runtime.jit import create_function_from_signature
+
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound_args, sig_and_spec, _cvals, _ncvals, excess = binder(*args, **kwargs)
+    options = backend.parse_options(dict(excess))
+    for k in excess:
+        if k not in options.__dict__:
+            raise KeyError(f"Keyword argument {k} was specified but unrecognised")
+    bound_vals = tuple(bound_args.values())
+    sigkeys = [fn.params[i].name for i in range(len(fn.params)) if not fn.params[i].is_constexpr]
+    signature = {k: ("*i8" if v == "none" else v) for k, v in zip(sigkeys, sig_and_spec[:len(sigkeys)])}
+    attrs = backend.get_attrs_descriptor(fn.params, bound_vals)
+    constant_params = attrs.get_constants()
+    constants = {p.name: v for v, p in zip(bound_vals, fn.params)
+                 if p.is_constexpr or (p.num in constant_params) or v is None}
+    return signature, constants, attrs, options
+
+
+def _tail(text: str, limit: int = 4000) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else "…" + text[-limit:]
+
+
+def compile_frontend(plan: LaunchPlan, part: str) -> _Frontend:
+    """Triton front end + TTIR passes + triton-adapter for ``GPUTarget("npu", part, 0)``."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource, make_backend
+
+    t0 = time.perf_counter()
+    target = GPUTarget("npu", part, 0)
+    backend = make_backend(target)
+    fn = plan.kernel
+    stage = "frontend"
+    try:
+        signature, constants, attrs, options = _bind(fn, backend, plan.args, plan.kwargs)
+        src = ASTSource(fn, signature, constants, attrs)
+        stages: Dict[str, Callable] = {}
+        backend.add_stages(stages, options)
+        context = ir.context()
+        ir.load_dialects(context)
+        backend.load_dialects(context)
+        metadata = {"hash": src.hash(), "target": target, **options.__dict__}
+        module = src.make_ir(options, backend.get_codegen_implementation(), backend.get_module_map(), context)
+        stage = "ttir"
+        module = stages["ttir"](module, metadata)
+        stage = "ttadapter"
+        linalg = stages["ttadapter"](module, metadata)
+        context.disable_multithreading()
+    except subprocess.CalledProcessError as exc:
+        msg = (exc.stderr or b"").decode("utf-8", "replace") + (exc.stdout or b"").decode("utf-8", "replace")
+        return _Frontend(None, None, stage, _tail(msg or str(exc)), time.perf_counter() - t0)
+    except Exception as exc:  # CompilationError, MLIR pass failures, binder errors
+        return _Frontend(None, None, stage, _tail(f"{type(exc).__name__}: {exc}"), time.perf_counter() - t0)
+    return _Frontend(linalg, options, stage, "", time.perf_counter() - t0)
+
+
+def bishengir_command(bishengir: str, part: str, options: Any, src: str, out: str) -> List[str]:
+    """The ``bishengir-compile`` command line of triton-ascend's A2/A3 ``npubin`` stage, for ``part``."""
+    flav = _bishengir_flavour(bishengir)
+    cmd = [bishengir, src, f"--target={part}"]
+    o = options.__dict__ if options is not None else {}
+
+    def opt(key: str, flag: str):
+        val = o.get(key)
+        if val is not None:
+            cmd.append(f"{flag}={val}")
+
+    opt("multibuffer", "--enable-auto-multi-buffer")
+    opt("enable_auto_bind_sub_block", "--enable-auto-bind-sub-block")
+    opt("enable_hivm_auto_cv_balance", "--enable-hivm-auto-cv-balance")
+    opt("sync_solver", "--enable-hivm-graph-sync-solver")
+    opt("unit_flag", "--enable-hivm-unit-flag-sync")
+    opt("inject_barrier_all", "--enable-hivm-inject-barrier-all-sync")
+    opt("inject_block_all", "--enable-hivm-inject-block-all-sync")
+    opt("limit_auto_multi_buffer_only_for_local_buffer", "--limit-auto-multi-buffer-only-for-local-buffer")
+    opt("set_workspace_multibuffer", "--set-workspace-multibuffer")
+    opt("tile_mix_vector_loop", "--tile-mix-vector-loop")
+    opt("tile_mix_cube_loop", "--tile-mix-cube-loop")
+    opt("limit_auto_multi_buffer_of_local_buffer", "--limit-auto-multi-buffer-of-local-buffer")
+    opt("disable_auto_inject_block_sync", "--disable-auto-inject-block-sync")
+    cmd += ["--enable-hfusion-compile=true", flav.hivm_flag, "--enable-triton-kernel-compile=true", "-o", out]
+    return cmd
+
+
+def classify_bishengir(returncode: int, output: str, produced_binary: bool) -> Tuple[bool, str, str, Optional[int]]:
+    """(ok, stage, message, ub_required_bits) from one ``bishengir-compile`` run."""
+    ub = _UB_RE.search(output)
+    ub_bits = int(ub.group(1)) if ub else None
+    reached_hivmc = any(m in output for m in _HIVMC_MARKERS)
+    other_errors = [ln for ln in output.splitlines()
+                    if ("error" in ln.lower()) and not any(b in ln for b in _BENIGN_LINES)]
+    if ub_bits is not None:
+        return False, "bishengir", _tail(output), ub_bits
+    if reached_hivmc and not other_errors:
+        return True, "hivmc", "", None
+    if returncode == 0 and produced_binary and not other_errors:
+        return True, "binary", "", None      # a machine with CANN: the whole compile succeeded
+    return False, "bishengir", _tail(output or f"bishengir-compile exited with {returncode} and no output"), None
+
+
+def compile_backend(linalg: str, options: Any, part: str, bishengir: Optional[str] = None,
+                    timeout: float = 300.0) -> Tuple[bool, str, str, Optional[int], float]:
+    """Run BiShengIR on the adapter output; (ok, stage, message, ub_bits, seconds)."""
+    bishengir = bishengir or find_bishengir()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ascend_gate_") as tmp:
+        src = os.path.join(tmp, "kernel.ttadapter.mlir")
+        Path(src).write_text(_MIX_MODE_RE.sub("", linalg))   # the backend strips mix_mode the same way
+        out = os.path.join(tmp, "kernel")
+        env = dict(os.environ)
+        env["PATH"] = os.path.dirname(bishengir) + os.pathsep + env.get("PATH", "")
+        try:
+            proc = subprocess.run(bishengir_command(bishengir, part, options, src, out), capture_output=True,
+                                  text=True, env=env, cwd=tmp, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False, "bishengir", f"bishengir-compile timed out after {timeout:.0f} s", None, \
+                time.perf_counter() - t0
+        output = (proc.stdout or "") + (proc.stderr or "")
+        output = output.replace(tmp + os.sep, "")
+        produced = any(Path(tmp, n).is_file() for n in ("kernel.o", "kernel_reloc.o"))
+        ok, stage, msg, ub = classify_bishengir(proc.returncode, output, produced)
+    return ok, stage, msg, ub, time.perf_counter() - t0
+
+
+def _grid_programs(grid: Sequence[int]) -> int:
+    n = 1
+    for g in grid:
+        n *= int(g)
+    return n
+
+
+def run_gate(plans: Iterable[Any], parts: Sequence[str] = DEFAULT_PARTS, jobs: int = 1,
+             progress: Optional[Callable[[CompileResult], None]] = None) -> List[CompileResult]:
+    """Compile every plan for every part. The front end runs once per plan (it does not depend on the part:
+    both A2 and A3 use the same adapter options), BiShengIR once per plan and part, ``jobs`` at a time."""
+    check_environment()
+    bishengir = find_bishengir()
+    plans = [as_plan(p) for p in plans]
+    results: List[CompileResult] = []
+    pending = []
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+
+    def emit(res: CompileResult):
+        results.append(res)
+        if progress:
+            progress(res)
+
+    try:
+        for plan in plans:
+            kname, spec = plan.kernel_name, spec_label(plan)
+            nprog = _grid_programs(plan.grid)
+            if nprog > MAX_PROGRAMS or nprog < 1:
+                for part in parts:
+                    emit(CompileResult(kname, spec, part, False, "grid",
+                                       f"grid {plan.grid} has {nprog} programs; Ascend allows 1..{MAX_PROGRAMS}",
+                                       group=plan.group))
+                continue
+            fe = compile_frontend(plan, parts[0])
+            if fe.linalg is None:
+                for part in parts:
+                    emit(CompileResult(kname, spec, part, False, fe.stage, fe.message, fe.seconds, group=plan.group))
+                continue
+            for part in parts:
+                fut = pool.submit(compile_backend, fe.linalg, fe.options, part, bishengir)
+                pending.append((fut, kname, spec, part, fe.seconds, plan.group))
+            # keep memory bounded: drain finished work as we go
+            while len(pending) > 4 * max(1, jobs):
+                fut, *meta = pending.pop(0)
+                emit(_finish(fut, *meta))
+        for fut, *meta in pending:
+            emit(_finish(fut, *meta))
+    finally:
+        pool.shutdown(wait=True)
+    return results
+
+
+def _finish(fut, kname, spec, part, fe_seconds, group) -> CompileResult:
+    ok, stage, msg, ub, secs = fut.result()
+    return CompileResult(kname, spec, part, ok, stage, msg, fe_seconds + secs, ub, group)
+
+
+def compile_plan(plan: Any, part: str = DEFAULT_PARTS[0]) -> CompileResult:
+    """Compile one plan for one part (used by the tests)."""
+    return run_gate([plan], parts=(part,), jobs=1)[0]
+
+
+# ---------------------------------------------------------------------------------------------- project plans
+
+def project_plans(presets: Optional[Sequence[str]] = None) -> List[LaunchPlan]:
+    """Every launch the project's launcher can make for the gated presets and shape classes.
+
+    The enumeration belongs to the kernels package: ``mimo_numerics.kernels.ascend_compile_plans(...)`` (see
+    docs/ascend.md, "Hook the gate needs"). The gate does not reimplement the launcher's tiling decisions.
+    """
+    mod = importlib.import_module("mimo_numerics.kernels")
+    hook = getattr(mod, "ascend_compile_plans", None) or getattr(mod, "enumerate_launches", None)
+    if hook is None:
+        raise GateEnvironmentError(
+            "mimo_numerics.kernels provides no ascend_compile_plans(); the gate needs the launcher to enumerate "
+            "its (kernel, args, constexprs, grid) launches without launching (docs/ascend.md)")
+    kw = {} if presets is None else {"presets": tuple(presets)}
+    return [as_plan(p) for p in hook(**kw)]
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+def write_report(results: Sequence[CompileResult], path: Path, info: Dict[str, str], wall: float,
+                 command: str) -> None:
+    parts = list(dict.fromkeys(r.part for r in results))
+    lines = [
+        "# Ascend compile gate",
+        "",
+        f"Generated by `{command}` (scripts/ascend_compile_gate.py). Do not edit by hand.",
+        "",
+        "Each row: one kernel specialization the launcher produces, compiled for one Ascend part through the",
+        "Triton front end, triton-adapter (linalg) and the BiShengIR HFusion/HIVM pipeline of `bishengir-compile`,",
+        "stopping at the external `hivmc` step (CANN, not installable here). *pass* = the pipeline reached `hivmc`",
+        "with no error. Not executed; NPU numerics unverified (docs/ascend.md).",
+        "",
+        "Environment: " + ", ".join(f"{k} {v}" for k, v in info.items() if k != "bishengir-compile")
+        + f". Wall time {wall:.1f} s.",
+        "",
+        "## Summary",
+        "",
+        "| part | specializations | pass | fail | compile time total (s) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for part in parts:
+        rs = [r for r in results if r.part == part]
+        lines.append(f"| {part} | {len(rs)} | {sum(r.ok for r in rs)} | {sum(not r.ok for r in rs)} | "
+                     f"{sum(r.seconds for r in rs):.1f} |")
+    fails = [r for r in results if not r.ok]
+    if fails:
+        lines += ["", "## Failures", ""]
+        for r in fails:
+            lines += [f"### {r.kernel} [{r.spec}] on {r.part} ({r.stage})", "", "```",
+                      _tail(r.message, 1500), "```", ""]
+    lines += ["", "## All compiles", "",
+              "| kernel | specialization | group | part | result | stage | time (s) | UB bits required |",
+              "|---|---|---|---|---|---|---:|---:|"]
+    for r in results:
+        ub = "" if r.ub_required_bits is None else str(r.ub_required_bits)
+        lines.append(f"| {r.kernel} | {r.spec} | {r.group} | {r.part} | {r.status} | {r.stage} | "
+                     f"{r.seconds:.2f} | {ub} |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--plans", default=None,
+                    help="MODULE[:FUNC] returning launch plans (default: the project's kernels)")
+    ap.add_argument("--parts", default=",".join(DEFAULT_PARTS), help="comma-separated Ascend parts")
+    ap.add_argument("--presets", default=None, help="comma-separated presets (default: the launcher's choice)")
+    ap.add_argument("--filter", default=None, help="only plans whose kernel or specialization contains this")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel bishengir runs")
+    ap.add_argument("--report", default=str(ROOT / "reports" / "ascend_compile.md"))
+    ap.add_argument("--no-report", action="store_true")
+    ap.add_argument("--quiet", action="store_true", help="print failures and the summary only")
+    a = ap.parse_args(argv)
+
+    try:
+        info = check_environment()
+        presets = a.presets.split(",") if a.presets else None
+        if a.plans:
+            plans = load_plans(a.plans, **({"presets": tuple(presets)} if presets else {}))
+        else:
+            plans = project_plans(presets)
+    except GateEnvironmentError as exc:
+        print(f"ascend_compile_gate: {exc}", file=sys.stderr)
+        return 2
+    if a.filter:
+        plans = [p for p in plans if a.filter in p.kernel_name or a.filter in spec_label(p)
+                 or a.filter in p.group]
+    parts = [p.strip() for p in a.parts.split(",") if p.strip()]
+    print(f"ascend_compile_gate: {len(plans)} specializations x {len(parts)} parts ({', '.join(parts)}), "
+          f"triton-ascend {info['triton-ascend']}, ascendnpu-ir {info['ascendnpu-ir']}", flush=True)
+
+    def progress(r: CompileResult):
+        if not r.ok:
+            print(r.describe(), flush=True)
+        elif not a.quiet:
+            print(f"  pass {r.part:<15} {r.seconds:6.2f}s  {r.kernel} [{r.spec}]", flush=True)
+
+    t0 = time.perf_counter()
+    results = run_gate(plans, parts, jobs=a.jobs, progress=progress)
+    wall = time.perf_counter() - t0
+    if not a.no_report:
+        cmd = "python scripts/ascend_compile_gate.py" + ("" if argv is None else " " + " ".join(argv))
+        if argv is None and len(sys.argv) > 1:
+            cmd += " " + " ".join(sys.argv[1:])
+        write_report(results, Path(a.report), info, wall, cmd)
+    n_fail = sum(not r.ok for r in results)
+    for part in parts:
+        rs = [r for r in results if r.part == part]
+        print(f"ascend_compile_gate: {part}: {sum(r.ok for r in rs)} passed, {sum(not r.ok for r in rs)} failed")
+    print(f"ascend_compile_gate: {len(results) - n_fail} passed, {n_fail} failed in {wall:.1f} s")
+    if not results:
+        print("ascend_compile_gate: no specialization compiled", file=sys.stderr)
+        return 1
+    return 1 if n_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

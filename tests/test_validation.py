@@ -1,0 +1,96 @@
+"""Bad inputs raise ValueError/TypeError naming the argument, in the reference and the oracle alike."""
+
+import pytest
+import torch
+
+import mimo_numerics as mn
+from mimo_numerics.cases import CaseSpec, make_inputs
+
+SPEC = CaseSpec(seqlen=8, state_dim=16, value_dim=16, rank=2, chunk_size=4, reduce_o=True, has_z=True, has_d=True,
+                heads=2, groups=1)
+
+
+def _inputs():
+    return make_inputs(SPEC)
+
+
+def _set(name, value):
+    def mutate(inputs):
+        inputs[name] = value(inputs) if callable(value) else value
+    return mutate
+
+
+BAD_INPUTS = [
+    # (id, mutation, error type, text the message must contain)
+    ("q_wrong_rank", _set("q", lambda i: i["q"][0]), ValueError, "q"),
+    ("v_wrong_rank", _set("v", lambda i: i["v"][..., 0]), ValueError, "v"),
+    ("k_wrong_shape", _set("k", lambda i: i["k"][:, :4]), ValueError, "k"),
+    ("q_float32", _set("q", lambda i: i["q"].float()), TypeError, "q"),
+    ("k_float16_mixed", _set("k", lambda i: i["k"].half()), TypeError, "k"),
+    ("trap_float32", _set("trap", lambda i: i["trap"].float()), TypeError, "trap"),
+    ("q_bias_bf16", _set("q_bias", lambda i: i["q_bias"].bfloat16()), TypeError, "q_bias"),
+    ("mimo_v_wrong_shape", _set("mimo_v", lambda i: i["mimo_v"][:, :1]), ValueError, "mimo_v"),
+    ("angles_wrong_width", _set("angles", lambda i: torch.zeros(1, 8, 2, 8)), ValueError, "angles"),
+    ("segsum_wrong_chunks", _set("segsum", lambda i: i["segsum"][:, :, :1]), ValueError, "segsum"),
+    ("dt_wrong_length", _set("dt", lambda i: i["dt"][..., :5]), ValueError, "dt"),
+    ("d_wrong_shape", _set("d", lambda i: torch.zeros(3)), ValueError, "d"),
+    ("dout_full_layout_with_mimo_o", _set("dout", lambda i: torch.zeros(1, 8, 2, 2, 16, dtype=torch.bfloat16)),
+     ValueError, "dout"),
+    ("z_without_mimo_z", _set("mimo_z", None), ValueError, "mimo_z"),
+    ("mimo_z_without_z", _set("z", None), ValueError, "z"),
+    ("q_missing", _set("q", None), TypeError, "q"),
+    ("v_not_a_tensor", _set("v", [[1.0]]), TypeError, "v"),
+    ("chunk_size_zero", _set("chunk_size", 0), ValueError, "chunk_size"),
+    ("chunk_size_float", _set("chunk_size", 4.0), TypeError, "chunk_size"),
+    ("chunk_size_bool", _set("chunk_size", True), TypeError, "chunk_size"),
+    ("rotary_divisor_3", _set("rotary_dim_divisor", 3), ValueError, "rotary_dim_divisor"),
+    ("heads_not_multiple_of_groups", lambda i: i.update(
+        q=torch.zeros(1, 8, 2, 3, 16, dtype=torch.bfloat16), k=torch.zeros(1, 8, 2, 3, 16, dtype=torch.bfloat16)),
+     ValueError, "H % G"),
+    ("n_not_divisible_by_rotary", lambda i: i.update(
+        q=torch.zeros(1, 8, 2, 1, 18, dtype=torch.bfloat16), rotary_dim_divisor=4), ValueError, "rotary_dim_divisor"),
+    ("empty_batch", lambda i: i.update(q=i["q"][:0]), ValueError, "empty dimension B"),
+    ("empty_heads", lambda i: i.update(v=i["v"][:, :, :0]), ValueError, "empty dimension H"),
+    ("device_mismatch", _set("dt", lambda i: i["dt"].to("meta")), ValueError, "dt"),
+]
+
+
+def _call(fn, inputs, **kw):
+    args = [inputs[n] for n in mn.INPUT_NAMES]
+    return fn(*args, chunk_size=inputs["chunk_size"], rotary_dim_divisor=inputs["rotary_dim_divisor"], **kw)
+
+
+@pytest.mark.parametrize("mutate, error, text", [b[1:] for b in BAD_INPUTS], ids=[b[0] for b in BAD_INPUTS])
+def test_reference_rejects_bad_input_naming_the_argument(mutate, error, text):
+    inputs = _inputs()
+    mutate(inputs)
+    with pytest.raises(error, match=text.replace("%", "%")):
+        _call(mn.reference.mamba_mimo_bwd_fwd, inputs, policy="seed_bf16")
+
+
+@pytest.mark.parametrize("mutate, error, text", [b[1:] for b in BAD_INPUTS[::4]], ids=[b[0] for b in BAD_INPUTS[::4]])
+def test_oracle_rejects_bad_input_naming_the_argument(mutate, error, text):
+    inputs = _inputs()
+    mutate(inputs)
+    with pytest.raises(error, match=text):
+        _call(mn.oracle.mamba_mimo_bwd_fwd_oracle, inputs)
+
+
+def test_reference_rejects_inputs_of_another_lp_dtype_than_the_policy():
+    with pytest.raises(TypeError, match="lp_dtype"):
+        _call(mn.reference.mamba_mimo_bwd_fwd, _inputs(), policy="upstream_sm90_fp16")
+
+
+def test_reference_rejects_unknown_policy_names():
+    with pytest.raises(ValueError, match="unknown preset"):
+        _call(mn.reference.mamba_mimo_bwd_fwd, _inputs(), policy="nope")
+
+
+def test_reference_accepts_non_contiguous_views():
+    inputs = _inputs()
+    expected = _call(mn.reference.mamba_mimo_bwd_fwd, inputs, policy="seed_bf16")
+    inputs["v"] = torch.stack([inputs["v"], -inputs["v"]], dim=-1)[..., 0]  # every other element of a buffer
+    assert not inputs["v"].is_contiguous()
+    got = _call(mn.reference.mamba_mimo_bwd_fwd, inputs, policy="seed_bf16")
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
