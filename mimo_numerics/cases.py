@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Union
 
 import torch
 
@@ -200,7 +200,8 @@ def _randn_lp_seed(shape, gen: torch.Generator, lp: torch.dtype) -> torch.Tensor
     ``j + 8``), recomputing the last 16 values from 16 fresh uniforms when the size is not a multiple of 16. Newer
     torch runs this in float32 and casts (different bits), so it is rebuilt here from ``torch.randint`` draws, which
     consume one 32-bit output each (``r % 2**digits`` is ``r``'s low bits). Fewer than 16 elements take torch's
-    serial double-precision path, unchanged across versions.
+    serial double-precision path, unchanged across versions. bfloat16 is checked bit for bit against the golden
+    inputs; float16 runs the same algorithm with 11-bit uniforms, not checked against a torch 2.11 run.
     """
     numel = math.prod(shape)
     if numel < 16:

@@ -231,12 +231,14 @@ def mamba_mimo_bwd_fwd(
     row_decay = exp_da_cs.reshape(B, H, nc, C).repeat_interleave(R, dim=3)  # [B, H, nc, L]
     inter = (q_rot_c @ state_operand) * row_decay[..., None]  # [B, H, nc, L, P]
     scores = q_rot_c @ chunked(k_scaled).transpose(-1, -2)  # [B, H, nc, L, L]
-    step = torch.arange(C, device=dims.device).repeat_interleave(R)
-    causal = step[:, None] > step[None, :]
-    seg = segsum.to(md).repeat_interleave(R, dim=3).repeat_interleave(R, dim=4)
-    masked = torch.where(causal, scores * torch.exp(torch.where(causal, seg, torch.zeros_like(seg))),
-                         torch.zeros_like(scores))
-    masked = rnd("causal_scores", masked)
+    # mask and decay at token granularity [C, C], broadcast over the rank axes of the L x L scores
+    step = torch.arange(C, device=dims.device)
+    causal = (step[:, None] > step[None, :])[:, None, :, None]  # [C, 1, C, 1]
+    seg = segsum.to(md)[:, :, :, :, None, :, None]  # [B, H, nc, C, 1, C, 1]
+    decay_ij = torch.exp(torch.where(causal, seg, torch.zeros_like(seg)))
+    scores7 = scores.view(B, H, nc, C, R, C, R)
+    masked = torch.where(causal, scores7 * decay_ij, torch.zeros((), dtype=md, device=dims.device))
+    masked = rnd("causal_scores", masked.reshape(B, H, nc, L, L))
     intra = masked @ psiv_c
     unchunk = lambda x: x.reshape(B, H, Sp, R, x.shape[-1])
     put("inter", tokens(unchunk(inter))), put("causal_scores", masked), put("intra", tokens(unchunk(intra)))

@@ -71,15 +71,14 @@ def _round_f32_with_residual(x: torch.Tensor, residual: torch.Tensor, lp: torch.
     """
     r = x.to(lp).to(torch.float32)
     diff = x - r  # exact; r lies on the side of -sign(diff) from x
-    other = r + 2 * diff  # the other neighbour when x is exactly halfway
-    tie = (diff != 0) & torch.isfinite(r) & (other.to(lp).to(torch.float32) == other) & (residual != 0)
-    keep_r = torch.sign(residual) == -torch.sign(diff)
-    out = torch.where(tie & ~keep_r, other, r)
+    other = r + 2 * diff  # the other neighbour when x is exactly halfway (NaN when r overflowed)
+    tie = (other.to(lp).to(torch.float32) == other) & (diff != 0) & (residual != 0)
+    # a residual pointing the same way as diff moves the exact value past the tie, away from r
+    out = torch.where(tie & ((residual > 0) == (diff > 0)), other, r)
     # overflow boundary: x exactly halfway between the largest finite value and 2**(emax+1) rounds to inf under
     # RNE; a residual toward zero makes the exact value round to the largest finite value instead
-    at_overflow = torch.isfinite(x) & (x.abs() == _overflow_threshold(lp)) & (torch.sign(residual) == -torch.sign(x))
-    max_val = torch.copysign(torch.full_like(x, float(torch.finfo(lp).max)), x)
-    return torch.where(at_overflow, max_val, out)
+    at_overflow = (x.abs() == _overflow_threshold(lp)) & (residual != 0) & ((residual > 0) != (x > 0))
+    return torch.where(at_overflow, torch.copysign(torch.full_like(x, float(torch.finfo(lp).max)), x), out)
 
 
 def _overflow_threshold(lp: torch.dtype) -> float:
@@ -121,9 +120,7 @@ def two_sum(a: torch.Tensor, b: torch.Tensor):
     """Knuth's TwoSum: ``s = fl(a + b)`` and the exact error ``e`` with ``a + b = s + e`` (same dtype)."""
     s = a + b
     bb = s - a
-    e = (a - (s - bb)) + (b - bb)
-    # inf/nan sums have no meaningful error term
-    e = torch.where(torch.isfinite(s), e, torch.zeros_like(e))
+    e = (a - (s - bb)) + (b - bb)  # NaN when s is not finite; the rounding ignores it there
     return s, e
 
 

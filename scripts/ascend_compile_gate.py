@@ -60,14 +60,19 @@ MAX_PROGRAMS = 65535
 #: Unified buffer of the A2/A3 vector core, in bits, as BiShengIR reports it.
 UB_BITS = 1572864
 
-_HIVMC_MARKERS = ("Cannot find hivmc under $PATH", "External hivmc run fails")
-# Lines that accompany the expected stop at hivmc and are not errors of the kernel.
+# The marker of the expected stop: BiShengIR finished its own pipeline and tried to hand the module to `hivmc`.
+# ("Cannot find hivmc under $PATH" alone is not enough: bishengir-compile prints it at start-up too, when it probes
+# `hivmc --version`.)
+_HIVMC_MARKER = "External hivmc run fails"
+# Lines that accompany the probe and the expected stop at hivmc and are not errors of the kernel.
 _BENIGN_LINES = (
     "Cannot find hivmc under $PATH",
     "External hivmc run fails",
     "Failed to run BiShengIR pipeline",
     "Failed to detect hivmc version",
+    "Failed to run `hivmc --version`",
 )
+_ERROR_LINE_RE = re.compile(r"\berror\b|\[ERROR\]|LLVM ERROR|Assertion|Segmentation fault|Aborted", re.IGNORECASE)
 _UB_RE = re.compile(r"ub overflow, requires (\d+) bits while (\d+) bits available")
 _MIX_MODE_RE = re.compile(r', mix_mode\s*=\s*"[^"]*"')
 
@@ -210,6 +215,9 @@ class CompileResult:
     seconds: float = 0.0
     ub_required_bits: Optional[int] = None
     group: str = ""
+    ub_peak_bytes: Optional[int] = None    # planned UB use of a passing compile (read from the HIVM module)
+    log: str = ""                          # end of the compiler's raw output, for failures
+    index: int = 0                         # position of the plan, to keep reports in launcher order
 
     @property
     def status(self) -> str:
@@ -252,6 +260,42 @@ def _bind(fn, backend, args, kwargs):
     return signature, constants, attrs, options
 
 
+def specialization_key(plan: LaunchPlan, backend) -> Tuple:
+    """What the JIT's kernel cache keys on: kernel, mangled signature + specialisation, constexprs, options."""
+    from triton.runtime.jit import create_function_from_signature
+
+    fn = plan.kernel
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    _bound, sig_and_spec, cvals, _ncvals, excess = binder(*plan.args, **plan.kwargs)
+    if not isinstance(cvals, tuple):
+        cvals = (cvals,)
+    return (id(fn), tuple(sig_and_spec), repr(cvals), repr(sorted(excess.items())))
+
+
+def dedupe_plans(plans: Sequence[LaunchPlan], part: str = DEFAULT_PARTS[0]) -> List[LaunchPlan]:
+    """One plan per distinct compiled specialization (presets and shapes often give identical constexprs).
+    The kept plan's ``group`` lists every group that maps to it; grids are checked on every plan."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    backend = make_backend(GPUTarget("npu", part, 0))
+    kept: Dict[Tuple, LaunchPlan] = {}
+    out: List[LaunchPlan] = []
+    for plan in plans:
+        try:
+            key = specialization_key(plan, backend)
+        except Exception:          # binding errors are reported by the compile itself
+            out.append(plan)
+            continue
+        first = kept.get(key)
+        if first is None or _grid_programs(plan.grid) > MAX_PROGRAMS:
+            kept.setdefault(key, plan)
+            out.append(plan)
+        elif plan.group and plan.group not in first.group.split(", "):
+            first.group = f"{first.group}, {plan.group}" if first.group else plan.group
+    return out
+
+
 def _tail(text: str, limit: int = 4000) -> str:
     text = text.strip()
     return text if len(text) <= limit else "…" + text[-limit:]
@@ -291,7 +335,8 @@ def compile_frontend(plan: LaunchPlan, part: str) -> _Frontend:
     return _Frontend(linalg, options, stage, "", time.perf_counter() - t0)
 
 
-def bishengir_command(bishengir: str, part: str, options: Any, src: str, out: str) -> List[str]:
+def bishengir_command(bishengir: str, part: str, options: Any, src: str, out: str,
+                      save_temps: Optional[str] = None) -> List[str]:
     """The ``bishengir-compile`` command line of triton-ascend's A2/A3 ``npubin`` stage, for ``part``."""
     flav = _bishengir_flavour(bishengir)
     cmd = [bishengir, src, f"--target={part}"]
@@ -315,29 +360,74 @@ def bishengir_command(bishengir: str, part: str, options: Any, src: str, out: st
     opt("tile_mix_cube_loop", "--tile-mix-cube-loop")
     opt("limit_auto_multi_buffer_of_local_buffer", "--limit-auto-multi-buffer-of-local-buffer")
     opt("disable_auto_inject_block_sync", "--disable-auto-inject-block-sync")
-    cmd += ["--enable-hfusion-compile=true", flav.hivm_flag, "--enable-triton-kernel-compile=true", "-o", out]
+    cmd += ["--enable-hfusion-compile=true", flav.hivm_flag, "--enable-triton-kernel-compile=true"]
+    if save_temps:
+        cmd.append(f"--save-temps={save_temps}")   # keeps the planned HIVM module, read for the UB peak
+    cmd += ["-o", out]
     return cmd
+
+
+_CONST_RE = re.compile(r"(%[\w.]+)\s*=\s*arith\.constant\s+(-?\d+)\s*:\s*i(?:64|32)\b")
+_PTR_CAST_RE = re.compile(r"hivm\.hir\.pointer_cast\(([^)]*)\)[^:]*:\s*memref<([^>]*?),\s*#hivm\.address_space<ub>>")
+_ELEM_BITS = {"f32": 32, "f16": 16, "bf16": 16, "i1": 8, "i8": 8, "i16": 16, "i32": 32, "i64": 64, "f64": 64}
+
+
+def ub_peak_bytes(hivm: str) -> Optional[int]:
+    """Highest unified-buffer byte the planned HIVM module addresses (``pointer_cast`` offset + buffer size,
+    over every buffer of every multi-buffer copy), or None when the module has no UB buffer we can read."""
+    consts = {name: int(val) for name, val in _CONST_RE.findall(hivm)}
+    peak = None
+    for offsets, mtype in _PTR_CAST_RE.findall(hivm):
+        parts = [p.strip() for p in mtype.split("x")]
+        elem = parts[-1].split(",")[0].strip()
+        if elem not in _ELEM_BITS or any(not p.isdigit() for p in parts[:-1]):
+            continue
+        n = 1
+        for p in parts[:-1]:
+            n *= int(p)
+        size = (n * _ELEM_BITS[elem] + 7) // 8
+        for off in (o.strip() for o in offsets.split(",") if o.strip()):
+            if off not in consts:
+                continue
+            end = consts[off] + size
+            peak = end if peak is None else max(peak, end)
+    return peak
+
+
+def error_lines(output: str) -> List[str]:
+    """The lines of a BiShengIR log that report an error of the kernel (not the expected stop at hivmc)."""
+    return [ln.strip() for ln in output.splitlines()
+            if _ERROR_LINE_RE.search(ln) and not any(b in ln for b in _BENIGN_LINES)]
+
+
+def summarize_failure(output: str) -> str:
+    """The compiler's own error lines (what a reader needs), or the end of the log when it printed none."""
+    errs = error_lines(output)
+    if not errs:
+        return _tail(output, 2000)
+    return _tail("\n".join(dict.fromkeys(errs)), 3000)
 
 
 def classify_bishengir(returncode: int, output: str, produced_binary: bool) -> Tuple[bool, str, str, Optional[int]]:
     """(ok, stage, message, ub_required_bits) from one ``bishengir-compile`` run."""
     ub = _UB_RE.search(output)
     ub_bits = int(ub.group(1)) if ub else None
-    reached_hivmc = any(m in output for m in _HIVMC_MARKERS)
-    other_errors = [ln for ln in output.splitlines()
-                    if ("error" in ln.lower()) and not any(b in ln for b in _BENIGN_LINES)]
+    errs = error_lines(output)
     if ub_bits is not None:
-        return False, "bishengir", _tail(output), ub_bits
-    if reached_hivmc and not other_errors:
+        return False, "bishengir", summarize_failure(output), ub_bits
+    if _HIVMC_MARKER in output and not errs:
         return True, "hivmc", "", None
-    if returncode == 0 and produced_binary and not other_errors:
+    if returncode == 0 and produced_binary and not errs:
         return True, "binary", "", None      # a machine with CANN: the whole compile succeeded
-    return False, "bishengir", _tail(output or f"bishengir-compile exited with {returncode} and no output"), None
+    if not output.strip():
+        return False, "bishengir", f"bishengir-compile exited with {returncode} and printed nothing", None
+    return False, "bishengir", summarize_failure(output), None
 
 
 def compile_backend(linalg: str, options: Any, part: str, bishengir: Optional[str] = None,
-                    timeout: float = 300.0) -> Tuple[bool, str, str, Optional[int], float]:
-    """Run BiShengIR on the adapter output; (ok, stage, message, ub_bits, seconds)."""
+                    timeout: float = 300.0) -> Tuple[bool, str, str, Optional[int], float, Optional[int], str]:
+    """Run BiShengIR on the adapter output;
+    (ok, stage, message, ub_bits_required, seconds, ub_peak_bytes, log tail)."""
     bishengir = bishengir or find_bishengir()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ascend_gate_") as tmp:
@@ -347,16 +437,22 @@ def compile_backend(linalg: str, options: Any, part: str, bishengir: Optional[st
         env = dict(os.environ)
         env["PATH"] = os.path.dirname(bishengir) + os.pathsep + env.get("PATH", "")
         try:
-            proc = subprocess.run(bishengir_command(bishengir, part, options, src, out), capture_output=True,
+            os.makedirs(os.path.join(tmp, "temps"))
+            cmd = bishengir_command(bishengir, part, options, src, out, save_temps=os.path.join(tmp, "temps"))
+            proc = subprocess.run(cmd, capture_output=True,
                                   text=True, env=env, cwd=tmp, timeout=timeout)
         except subprocess.TimeoutExpired:
             return False, "bishengir", f"bishengir-compile timed out after {timeout:.0f} s", None, \
-                time.perf_counter() - t0
+                time.perf_counter() - t0, None, ""
         output = (proc.stdout or "") + (proc.stderr or "")
         output = output.replace(tmp + os.sep, "")
         produced = any(Path(tmp, n).is_file() for n in ("kernel.o", "kernel_reloc.o"))
         ok, stage, msg, ub = classify_bishengir(proc.returncode, output, produced)
-    return ok, stage, msg, ub, time.perf_counter() - t0
+        peak = None
+        hivm = Path(tmp, "temps", "module.hivm.opt.mlir")
+        if ok and hivm.is_file():
+            peak = ub_peak_bytes(hivm.read_text(errors="replace"))
+    return ok, stage, msg, ub, time.perf_counter() - t0, peak, ("" if ok else _tail(output, 2500))
 
 
 def _grid_programs(grid: Sequence[int]) -> int:
@@ -367,12 +463,14 @@ def _grid_programs(grid: Sequence[int]) -> int:
 
 
 def run_gate(plans: Iterable[Any], parts: Sequence[str] = DEFAULT_PARTS, jobs: int = 1,
-             progress: Optional[Callable[[CompileResult], None]] = None) -> List[CompileResult]:
+             progress: Optional[Callable[[CompileResult], None]] = None, dedupe: bool = True) -> List[CompileResult]:
     """Compile every plan for every part. The front end runs once per plan (it does not depend on the part:
     both A2 and A3 use the same adapter options), BiShengIR once per plan and part, ``jobs`` at a time."""
     check_environment()
     bishengir = find_bishengir()
-    plans = [as_plan(p) for p in plans]
+    plans = [dataclasses.replace(as_plan(p)) for p in plans]
+    if dedupe:
+        plans = dedupe_plans(plans, parts[0])
     results: List[CompileResult] = []
     pending = []
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
@@ -383,23 +481,24 @@ def run_gate(plans: Iterable[Any], parts: Sequence[str] = DEFAULT_PARTS, jobs: i
             progress(res)
 
     try:
-        for plan in plans:
+        for index, plan in enumerate(plans):
             kname, spec = plan.kernel_name, spec_label(plan)
             nprog = _grid_programs(plan.grid)
             if nprog > MAX_PROGRAMS or nprog < 1:
                 for part in parts:
                     emit(CompileResult(kname, spec, part, False, "grid",
                                        f"grid {plan.grid} has {nprog} programs; Ascend allows 1..{MAX_PROGRAMS}",
-                                       group=plan.group))
+                                       group=plan.group, index=index))
                 continue
             fe = compile_frontend(plan, parts[0])
             if fe.linalg is None:
                 for part in parts:
-                    emit(CompileResult(kname, spec, part, False, fe.stage, fe.message, fe.seconds, group=plan.group))
+                    emit(CompileResult(kname, spec, part, False, fe.stage, fe.message, fe.seconds, group=plan.group,
+                                       index=index))
                 continue
             for part in parts:
                 fut = pool.submit(compile_backend, fe.linalg, fe.options, part, bishengir)
-                pending.append((fut, kname, spec, part, fe.seconds, plan.group))
+                pending.append((fut, kname, spec, part, fe.seconds, plan.group, index))
             # keep memory bounded: drain finished work as we go
             while len(pending) > 4 * max(1, jobs):
                 fut, *meta = pending.pop(0)
@@ -408,12 +507,14 @@ def run_gate(plans: Iterable[Any], parts: Sequence[str] = DEFAULT_PARTS, jobs: i
             emit(_finish(fut, *meta))
     finally:
         pool.shutdown(wait=True)
+    order = {p: i for i, p in enumerate(parts)}
+    results.sort(key=lambda r: (r.index, order.get(r.part, 0)))
     return results
 
 
-def _finish(fut, kname, spec, part, fe_seconds, group) -> CompileResult:
-    ok, stage, msg, ub, secs = fut.result()
-    return CompileResult(kname, spec, part, ok, stage, msg, fe_seconds + secs, ub, group)
+def _finish(fut, kname, spec, part, fe_seconds, group, index) -> CompileResult:
+    ok, stage, msg, ub, secs, peak, log = fut.result()
+    return CompileResult(kname, spec, part, ok, stage, msg, fe_seconds + secs, ub, group, peak, log, index)
 
 
 def compile_plan(plan: Any, part: str = DEFAULT_PARTS[0]) -> CompileResult:
@@ -442,7 +543,7 @@ def project_plans(presets: Optional[Sequence[str]] = None) -> List[LaunchPlan]:
 # ---------------------------------------------------------------------------------------------- report
 
 def write_report(results: Sequence[CompileResult], path: Path, info: Dict[str, str], wall: float,
-                 command: str) -> None:
+                 command: str, n_launches: Optional[int] = None) -> None:
     parts = list(dict.fromkeys(r.part for r in results))
     lines = [
         "# Ascend compile gate",
@@ -455,7 +556,10 @@ def write_report(results: Sequence[CompileResult], path: Path, info: Dict[str, s
         "with no error. Not executed; NPU numerics unverified (docs/ascend.md).",
         "",
         "Environment: " + ", ".join(f"{k} {v}" for k, v in info.items() if k != "bishengir-compile")
-        + f". Wall time {wall:.1f} s.",
+        + f". Wall time {wall:.1f} s."
+        + ("" if n_launches is None else
+           f" {n_launches} launcher launches, {len({r.index for r in results})} distinct specializations "
+           "(identical kernel + signature + constexprs compiled once; the group column lists who shares it)."),
         "",
         "## Summary",
         "",
@@ -470,13 +574,21 @@ def write_report(results: Sequence[CompileResult], path: Path, info: Dict[str, s
     if fails:
         lines += ["", "## Failures", ""]
         for r in fails:
-            lines += [f"### {r.kernel} [{r.spec}] on {r.part} ({r.stage})", "", "```",
-                      _tail(r.message, 1500), "```", ""]
+            lines += [f"### {r.kernel} [{r.spec}] on {r.part} ({r.stage})", "", "```", _tail(r.message, 1500), "```"]
+            if r.log:
+                lines += ["", "<details><summary>end of the compiler log</summary>", "", "```",
+                          _tail(r.log, 1500), "```", "", "</details>"]
+            lines.append("")
     lines += ["", "## All compiles", "",
-              "| kernel | specialization | group | part | result | stage | time (s) | UB bits required |",
+              "| kernel | specialization | group | part | result | stage | time (s) | UB used (KiB of 192) |",
               "|---|---|---|---|---|---|---:|---:|"]
     for r in results:
-        ub = "" if r.ub_required_bits is None else str(r.ub_required_bits)
+        if r.ub_required_bits is not None:
+            ub = f"overflow: needs {r.ub_required_bits / 8192:.0f}"
+        elif r.ub_peak_bytes is not None:
+            ub = f"{r.ub_peak_bytes / 1024:.1f}"
+        else:
+            ub = ""
         lines.append(f"| {r.kernel} | {r.spec} | {r.group} | {r.part} | {r.status} | {r.stage} | "
                      f"{r.seconds:.2f} | {ub} |")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -512,8 +624,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         plans = [p for p in plans if a.filter in p.kernel_name or a.filter in spec_label(p)
                  or a.filter in p.group]
     parts = [p.strip() for p in a.parts.split(",") if p.strip()]
-    print(f"ascend_compile_gate: {len(plans)} specializations x {len(parts)} parts ({', '.join(parts)}), "
-          f"triton-ascend {info['triton-ascend']}, ascendnpu-ir {info['ascendnpu-ir']}", flush=True)
+    n_launches = len(plans)
+    plans = dedupe_plans(plans, parts[0])
+    print(f"ascend_compile_gate: {n_launches} launches -> {len(plans)} distinct specializations x {len(parts)} "
+          f"parts ({', '.join(parts)}), triton-ascend {info['triton-ascend']}, "
+          f"ascendnpu-ir {info['ascendnpu-ir']}", flush=True)
 
     def progress(r: CompileResult):
         if not r.ok:
@@ -522,13 +637,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"  pass {r.part:<15} {r.seconds:6.2f}s  {r.kernel} [{r.spec}]", flush=True)
 
     t0 = time.perf_counter()
-    results = run_gate(plans, parts, jobs=a.jobs, progress=progress)
+    results = run_gate(plans, parts, jobs=a.jobs, progress=progress, dedupe=False)
     wall = time.perf_counter() - t0
     if not a.no_report:
         cmd = "python scripts/ascend_compile_gate.py" + ("" if argv is None else " " + " ".join(argv))
         if argv is None and len(sys.argv) > 1:
             cmd += " " + " ".join(sys.argv[1:])
-        write_report(results, Path(a.report), info, wall, cmd)
+        write_report(results, Path(a.report), info, wall, cmd, n_launches)
     n_fail = sum(not r.ok for r in results)
     for part in parts:
         rs = [r for r in results if r.part == part]

@@ -40,14 +40,18 @@ else
   start=$(date +%s)
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install --quiet --upgrade pip
+  "$VENV/bin/python" -m pip install --quiet --upgrade pip "setuptools>=64"
   # triton-ascend declares no dependency on NVIDIA triton, but torch's Linux wheel may: install
   # torch first, then remove any NVIDIA triton so triton-ascend owns the `triton` module.
   "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
   "$VENV/bin/python" -m pip uninstall --quiet -y triton >/dev/null 2>&1 || true
   "$VENV/bin/python" -m pip install --quiet "${PKGS[@]}"
   # The project itself (no dependencies: they are all above, and matplotlib is not needed here).
-  "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$ROOT"
+  log="$VENV/.mimo-install.log"
+  if ! "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$ROOT" >"$log" 2>&1; then
+    cat "$log" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
   echo "setup_ascend_env: built $VENV in $(( $(date +%s) - start )) s"
 fi

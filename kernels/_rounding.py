@@ -1,0 +1,182 @@
+"""Triton rounding helpers: bf16/fp16 round-to-nearest-even with integer bit operations, on every backend.
+
+Every narrowing in the kernels goes through this module (``triton_portability.md`` rule 1): Triton's interpreter
+truncates on ``.to(tl.bfloat16)``, so a native cast would make the CPU run and the devices disagree. Values stay in
+FP32 registers; a "rounded" value is an FP32 number on the low-precision grid, and only output stores turn it into
+the 16-bit pattern (carried as int16, never as a bf16/fp16 tensor).
+
+The format is a constexpr ``LPK``: 0 = bfloat16, 1 = float16. One helper per format, used at every site:
+
+* ``_rne_bf16_u`` / ``_rne_f16_u``: FP32 bit pattern (int32) -> FP32 bit pattern of the RNE-rounded value.
+  Subnormals (fp16: |x| < 2**-14 rounds to a multiple of 2**-24), overflow to inf, NaN kept NaN.
+* ``rnd`` / ``rnd_if``: FP32 -> FP32 on the grid (``rnd_if`` rounds only when its constexpr switch is on).
+* ``enc`` / ``dec``: FP32 on the grid <-> int16 bit pattern (``enc`` rounds first, so it is always a correct RNE).
+* ``rnd_sum``: the exact ``a + b`` rounded once (``diag_mode="fma"``): TwoSum in FP32, then the residual's sign
+  breaks exact ties, as ``mimo_numerics.rounding.round_sum_to_lp`` does (bit-identical for the same FP32 inputs).
+
+Only int32 bit operations with constant shift amounts, FP32 add/sub/mul and compares are used: no inline assembly,
+no libdevice, no fp64, no unsigned types (Triton-Ascend lacks uint tensors and tensor shift amounts).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rne_bf16_u(u):
+    """RNE of the FP32 pattern ``u`` (int32) to bfloat16; returns the FP32 pattern (low 16 bits zero unless NaN)."""
+    a = u & 0x7FFFFFFF
+    # the carry out of the low half propagates into the exponent: largest finite + half ulp gives inf
+    r = (u + 0x7FFF + ((u >> 16) & 1)) & -65536
+    # NaN: keep it NaN (set the quiet bit, which lies in the kept half)
+    return tl.where(a > 0x7F800000, u | 0x400000, r)
+
+
+@triton.jit
+def _rne_f16_u(u):
+    """RNE of the FP32 pattern ``u`` (int32) to float16; returns the FP32 pattern of the rounded value."""
+    a = u & 0x7FFFFFFF
+    sign = u ^ a
+    # normal range [2**-14, 65520): drop 13 mantissa bits; 65520 (the tie above 65504) and beyond become inf
+    rn = (a + 0xFFF + ((a >> 13) & 1)) & -8192
+    rn = tl.where(rn >= 0x47800000, 0x7F800000, rn)
+    # subnormal range: an FP32 add at the binade [0.5, 1) rounds |x| to a multiple of 2**-24 (one RNE rounding);
+    # subtracting 0.5 again is exact (Sterbenz)
+    ax = a.to(tl.float32, bitcast=True)
+    rs = ((ax + 0.5) - 0.5).to(tl.int32, bitcast=True)
+    r = tl.where(a < 0x38800000, rs, rn)
+    r = tl.where(a > 0x7F800000, a | 0x400000, r)
+    return r | sign
+
+
+@triton.jit
+def rnd(x, LPK: tl.constexpr):
+    """Round FP32 ``x`` to the low-precision grid (RNE); the result is FP32."""
+    u = x.to(tl.int32, bitcast=True)
+    if LPK == 0:
+        r = _rne_bf16_u(u)
+    else:
+        r = _rne_f16_u(u)
+    return r.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def rnd_if(x, ON: tl.constexpr, LPK: tl.constexpr):
+    """``rnd(x)`` when the policy switch ``ON`` is set, else ``x`` unchanged."""
+    if ON:
+        return rnd(x, LPK)
+    else:
+        return x
+
+
+@triton.jit
+def enc(x, LPK: tl.constexpr):
+    """FP32 ``x`` -> int16 bit pattern of RNE(x) in bfloat16 (LPK=0) or float16 (LPK=1)."""
+    u = x.to(tl.int32, bitcast=True)
+    if LPK == 0:
+        # arithmetic shift: the result always fits int16
+        bits = _rne_bf16_u(u) >> 16
+    else:
+        r = _rne_f16_u(u)
+        a = r & 0x7FFFFFFF
+        normal = (a >> 13) - 0x1C000
+        # clamp so that the (unused) large lanes do not overflow the int conversion
+        sub = (tl.where(a < 0x38800000, a, 0).to(tl.float32, bitcast=True) * 16777216.0).to(tl.int32)
+        mag = tl.where(a >= 0x38800000, normal, sub)
+        mag = tl.where(a >= 0x7F800000, tl.where(a == 0x7F800000, 0x7C00, 0x7E00), mag)
+        # two's complement of sign|mag, kept inside the int16 range (no wrapping conversion needed)
+        bits = tl.where(r < 0, mag - 32768, mag)
+    return bits.to(tl.int16)
+
+
+@triton.jit
+def dec(bits, LPK: tl.constexpr):
+    """int16 bit pattern of a bfloat16 (LPK=0) or float16 (LPK=1) value -> FP32 (exact)."""
+    h = bits.to(tl.int32)
+    if LPK == 0:
+        u = h << 16
+    else:
+        mag = h & 0x7FFF
+        e = mag >> 10
+        normal = (mag << 13) + 0x38000000
+        special = (mag << 13) | 0x7F800000
+        sub = ((mag & 0x3FF).to(tl.float32) * 5.9604644775390625e-08).to(tl.int32, bitcast=True)
+        u = tl.where(e == 31, special, tl.where(e == 0, sub, normal))
+        u = u | ((h >> 31) << 31)
+    return u.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def rnd_sum(a, b, LPK: tl.constexpr):
+    """RNE of the exact sum ``a + b`` to the low-precision grid, rounded once (FP32 result).
+
+    TwoSum gives ``s = fl(a + b)`` and the exact error ``e``. Rounding ``s`` alone is right unless ``s`` is exactly
+    halfway between two low-precision neighbours and ``e != 0``: then ``s`` is nudged by one FP32 ulp toward the
+    exact value (no FP32 number lies between, so no other rounding boundary is crossed) and rounded.
+    """
+    s = a + b
+    bb = s - a
+    e = (a - (s - bb)) + (b - bb)
+    u = s.to(tl.int32, bitcast=True)
+    au = u & 0x7FFFFFFF
+    if LPK == 0:
+        tie = (u & 0xFFFF) == 0x8000
+    else:
+        tie_normal = (u & 0x1FFF) == 0x1000
+        # below 2**-14 the fp16 step is 2**-24: a tie is an odd multiple of 2**-25
+        y = tl.where(au < 0x38800000, au, 0).to(tl.float32, bitcast=True) * 33554432.0
+        yi = y.to(tl.int32)
+        tie_sub = (yi.to(tl.float32) == y) & ((yi & 1) == 1)
+        tie = tl.where(au < 0x38800000, tie_sub, tie_normal)
+    tie = tie & (e != 0.0) & (au < 0x7F800000)
+    away = (e > 0.0) == (s > 0.0)
+    u = tl.where(tie, tl.where(away, u + 1, u - 1), u)
+    if LPK == 0:
+        r = _rne_bf16_u(u)
+    else:
+        r = _rne_f16_u(u)
+    return r.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def operand(x, LP_OPS: tl.constexpr, LPK: tl.constexpr):
+    """A ``tl.dot`` operand: cast to bf16/fp16 when ``LP_OPS`` (values already on the grid, so exact), else FP32."""
+    if LP_OPS:
+        if LPK == 0:
+            return x.to(tl.bfloat16)
+        else:
+            return x.to(tl.float16)
+    else:
+        return x
+
+
+@triton.jit
+def mma(a, b, LP_OPS: tl.constexpr, LPK: tl.constexpr):
+    """``a @ b`` with an FP32 result: low-precision operands on devices when exact, IEEE FP32 otherwise."""
+    if LP_OPS:
+        return tl.dot(operand(a, LP_OPS, LPK), operand(b, LP_OPS, LPK))
+    else:
+        return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def mma_acc(a, b, acc, LP_OPS: tl.constexpr, LPK: tl.constexpr):
+    """``acc + a @ b`` accumulated into ``acc`` (the state GEMM of ``state_update="accumulate_into"``)."""
+    if LP_OPS:
+        return tl.dot(operand(a, LP_OPS, LPK), operand(b, LP_OPS, LPK), acc)
+    else:
+        return tl.dot(a, b, acc, input_precision="ieee")
+
+
+@triton.jit
+def sigmoid(x):
+    """1 / (1 + exp(-x)) in FP32 (the backend's exp)."""
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def tanh(x):
+    """tanh in FP32 through exp (Triton has no portable tanh): sign(x)·(1 - e)/(1 + e), e = exp(-2|x|)."""
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0.0, -t, t)

@@ -1,0 +1,754 @@
+"""Result bundles: the inputs and outputs of ``mamba_mimo_bwd_fwd`` runs, stored so another machine can check them.
+
+A bundle is a directory::
+
+    <bundle>/
+        manifest.json                      what every file is, and its sha256
+        <case>.inputs.safetensors          the 17 input tensors of one case (absent optional ones are left out)
+        <case>.outputs.safetensors         its five outputs (absent when the run was skipped)
+
+``manifest.json`` (``schema_version`` 1) holds, per case: its name, its spec (a ``CaseSpec`` dict, or a free-form
+dict for cases that do not come from ``mimo_numerics.cases``), the rounding policy as JSON (``null`` for the upstream
+kernel and other runs that have no policy), the backend, the torch device and its name, package versions
+(torch/triton/tilelang/CANN... when present), the creation time, ``chunk_size`` and ``rotary_dim_divisor``, the
+dtype and shape of every tensor, a content digest of the inputs (independent of the file layout, used by
+``compare`` to refuse bundles whose inputs differ) and the sha256 and size of every tensor file.
+
+Tensor files use the safetensors format (https://huggingface.co/docs/safetensors): an 8-byte little-endian header
+length, a JSON header ``{name: {"dtype", "shape", "data_offsets"}}`` and the raw little-endian bytes. This module
+reads and writes that format itself (no ``safetensors`` dependency); the files load with
+``safetensors.torch.load_file`` as well.
+
+Writing is atomic: everything goes to a hidden temporary directory next to the target, is fsynced, and is renamed
+into place last, so an interrupted write never leaves a bundle that verifies (the temporary directory has no
+manifest until the end, and is never at the target path).
+
+Loading (``load_bundle(path, verify=True)``) refuses, with a :class:`BundleError` that names the offending file:
+a missing manifest, an unknown or newer schema version, a missing or extra file, a file whose sha256 or size does not
+match, a malformed (e.g. truncated) tensor file, a tensor whose name, dtype or shape disagrees with the manifest or
+with its case (the inputs are checked by ``validation.validate_inputs``, the outputs against the shapes the inputs
+imply), and inputs whose digest disagrees with the manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .outputs import INPUT_NAMES, OUTPUT_NAMES, MimoBwdFwdOutputs
+from .policy import RoundingPolicy
+from .validation import Dims, validate_inputs
+
+#: Value of the manifest's ``"schema"`` key.
+SCHEMA = "mimo_numerics.bundle"
+#: The manifest schema version this module writes and reads.
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+INPUTS_SUFFIX = ".inputs.safetensors"
+OUTPUTS_SUFFIX = ".outputs.safetensors"
+SCALAR_INPUTS = ("chunk_size", "rotary_dim_divisor")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]{0,199}$")
+_MAX_HEADER = 100 * 1024 * 1024
+
+# safetensors dtype codes
+_ST_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+_ST_FROM_CODE = {code: dtype for dtype, code in _ST_DTYPES.items()}
+# manifest dtype names
+_DTYPE_NAMES = {dtype: str(dtype).replace("torch.", "") for dtype in _ST_DTYPES}
+_DTYPE_FROM_NAME = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+
+PathLike = Union[str, os.PathLike]
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be written or does not verify. ``path`` is the offending file (or the bundle)."""
+
+    def __init__(self, path: PathLike, message: str):
+        self.path = str(path)
+        super().__init__(f"{self.path}: {message}")
+
+
+# ---------------------------------------------------------------------------------------------------------- cases
+@dataclass(frozen=True, eq=False)
+class BundleCase:
+    """One case of a bundle: its inputs, its outputs and where they came from.
+
+    Attributes:
+        name (str): unique within the bundle, ``[A-Za-z0-9][A-Za-z0-9_.+=-]*`` (it names the tensor files);
+            ``CaseSpec.case_id`` for cases of ``mimo_numerics.cases``.
+        inputs (dict): the 17 tensors by ``INPUT_NAMES`` (``None`` for absent optional ones) plus ``chunk_size`` and
+            ``rotary_dim_divisor`` (ints): the format of ``cases.make_inputs``.
+        outputs (MimoBwdFwdOutputs | None): the five outputs; None when the run was skipped or not done.
+        spec (CaseSpec | dict | None): how the inputs were made: a ``CaseSpec``, or any JSON-serialisable dict.
+        policy (RoundingPolicy | None): the policy of the run; None for the upstream kernel or when not applicable.
+        backend (str): ``"reference"``, ``"triton"``, ``"upstream"``, ... (free text).
+        device (str): the torch device the run used (``"cpu"``, ``"cuda:0"``, ``"npu:0"``).
+        device_name (str | None): e.g. ``"NVIDIA H200 (sm_90)"`` (``envinfo.device_name``).
+        versions (dict): package versions (``envinfo.versions()``).
+        created (str | None): ISO-8601 UTC time; ``save_bundle`` fills it in when None.
+        skipped (str | None): why there are no outputs (e.g. a shape the upstream kernel refuses).
+        meta (dict): free-form JSON metadata (timings, provenance...).
+    """
+
+    name: str
+    inputs: Mapping[str, Any]
+    outputs: Optional[MimoBwdFwdOutputs] = None
+    spec: Any = None
+    policy: Optional[RoundingPolicy] = None
+    backend: str = "unknown"
+    device: str = "cpu"
+    device_name: Optional[str] = None
+    versions: Mapping[str, str] = field(default_factory=dict)
+    created: Optional[str] = None
+    skipped: Optional[str] = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def replace(self, **changes) -> "BundleCase":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def spec_dict(self) -> Optional[dict]:
+        """The spec as a plain dict (``CaseSpec.to_dict()`` for a CaseSpec), or None."""
+        return _spec_to_json(self.spec)[1]
+
+    @property
+    def args(self) -> tuple:
+        """The 17 input tensors in API order."""
+        return tuple(self.inputs[name] for name in INPUT_NAMES)
+
+    @property
+    def kwargs(self) -> dict:
+        """``{"chunk_size": ..., "rotary_dim_divisor": ...}``."""
+        return {name: self.inputs[name] for name in SCALAR_INPUTS}
+
+    @property
+    def dims(self) -> Dims:
+        """The validated sizes of the inputs."""
+        return validate_inputs(*self.args, **self.kwargs)
+
+    @property
+    def inputs_digest(self) -> str:
+        """sha256 over the names, dtypes, shapes and bytes of the inputs and the two ints (layout-independent)."""
+        return inputs_digest(self.inputs)
+
+    @property
+    def has_outputs(self) -> bool:
+        return self.outputs is not None
+
+
+@dataclass(frozen=True, eq=False)
+class Bundle:
+    """A loaded bundle: its cases in stored order and the bundle-level metadata."""
+
+    path: Optional[Path]
+    cases: Tuple[BundleCase, ...]
+    created: Optional[str] = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def names(self) -> Tuple[str, ...]:
+        return tuple(c.name for c in self.cases)
+
+    def case(self, name: str) -> BundleCase:
+        """The case called ``name`` (``KeyError`` listing the names otherwise)."""
+        for c in self.cases:
+            if c.name == name:
+                return c
+        raise KeyError(f"no case {name!r} in bundle {self.path}; cases: {list(self.names())}")
+
+    def __iter__(self) -> Iterator[BundleCase]:
+        return iter(self.cases)
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+    def __getitem__(self, key: Union[int, str]) -> BundleCase:
+        return self.cases[key] if isinstance(key, int) else self.case(key)
+
+
+# ---------------------------------------------------------------------------------------------------------- helpers
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 with seconds (``2026-01-31T12:00:00Z``)."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    t = tensor.detach().to("cpu").contiguous().reshape(-1)
+    if t.numel() == 0:
+        return b""
+    return t.view(torch.uint8).numpy().tobytes()
+
+
+def _check_little_endian() -> None:
+    if sys.byteorder != "little":  # pragma: no cover
+        raise RuntimeError("bundles store little-endian bytes; this big-endian host is not supported")
+
+
+def inputs_digest(inputs: Mapping[str, Any]) -> str:
+    """A sha256 of the input tensors (name, dtype, shape, bytes; ``None`` for absent ones) and the two ints."""
+    h = hashlib.sha256()
+    for name in INPUT_NAMES:
+        value = inputs.get(name)
+        if value is None:
+            h.update(f"{name}:none;".encode())
+            continue
+        h.update(f"{name}:{_DTYPE_NAMES.get(value.dtype, str(value.dtype))}:{list(value.shape)};".encode())
+        h.update(_tensor_bytes(value))
+    for name in SCALAR_INPUTS:
+        h.update(f"{name}={int(inputs[name])};".encode())
+    return h.hexdigest()
+
+
+def bit_identical(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
+    """True when both are None, or both tensors have the same dtype, shape and bytes (NaN payloads, -0 included)."""
+    if a is None or b is None:
+        return a is None and b is None
+    return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) and _tensor_bytes(a) == _tensor_bytes(b)
+
+
+def _spec_to_json(spec) -> Tuple[Optional[str], Optional[dict]]:
+    if spec is None:
+        return None, None
+    if hasattr(spec, "to_dict") and type(spec).__name__ == "CaseSpec":
+        return "CaseSpec", spec.to_dict()
+    if isinstance(spec, Mapping):
+        return "dict", json.loads(json.dumps(dict(spec)))
+    raise TypeError(f"spec must be a CaseSpec, a dict or None, got {type(spec).__name__}")
+
+
+def _spec_from_json(kind: Optional[str], data, where: Path):
+    if kind is None:
+        return None
+    if kind == "dict":
+        return data
+    if kind == "CaseSpec":
+        from .cases import CaseSpec
+
+        try:
+            return CaseSpec.from_dict(data)
+        except (TypeError, ValueError) as exc:
+            raise BundleError(where, f"case spec does not load as a CaseSpec: {exc}") from None
+    raise BundleError(where, f"unknown spec_type {kind!r} (expected 'CaseSpec', 'dict' or null)")
+
+
+def _sha256_file_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------- safetensors
+def encode_safetensors(tensors: Mapping[str, torch.Tensor], metadata: Optional[Mapping[str, str]] = None) -> bytes:
+    """The safetensors serialisation of ``tensors`` (in the given order), with string ``metadata``."""
+    _check_little_endian()
+    header: Dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    chunks: List[bytes] = []
+    offset = 0
+    for name, tensor in tensors.items():
+        if tensor.dtype not in _ST_DTYPES:
+            raise TypeError(f"tensor {name!r} has dtype {tensor.dtype}, which bundles cannot store")
+        data = _tensor_bytes(tensor)
+        header[name] = {"dtype": _ST_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # pad so the data starts 8-byte aligned, as the reference writer does
+    return struct.pack("<Q", len(text)) + text + b"".join(chunks)
+
+
+def decode_safetensors(data: bytes, where: PathLike = "<bytes>") -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
+    """Parse safetensors bytes into ``({name: tensor}, metadata)``; ``BundleError`` naming ``where`` if malformed."""
+    _check_little_endian()
+    if len(data) < 8:
+        raise BundleError(where, f"truncated tensor file: {len(data)} bytes, shorter than the 8-byte header length")
+    (header_len,) = struct.unpack("<Q", data[:8])
+    if header_len > min(_MAX_HEADER, len(data) - 8):
+        raise BundleError(where, f"truncated or corrupt tensor file: header length {header_len} exceeds the "
+                                 f"{len(data) - 8} bytes that follow it")
+    try:
+        header = json.loads(data[8:8 + header_len].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(where, f"corrupt tensor file: header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise BundleError(where, "corrupt tensor file: header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    body = data[8 + header_len:]
+    spans = []
+    tensors: Dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        try:
+            dtype = _ST_FROM_CODE[info["dtype"]]
+            shape = [int(s) for s in info["shape"]]
+            begin, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise BundleError(where, f"corrupt tensor file: bad header entry for {name!r}: {info!r}") from None
+        numel = 1
+        for s in shape:
+            if s < 0:
+                raise BundleError(where, f"corrupt tensor file: negative size in the shape of {name!r}")
+            numel *= s
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if not 0 <= begin <= end <= len(body) or end - begin != numel * itemsize:
+            raise BundleError(where, f"truncated or corrupt tensor file: tensor {name!r} ({info['dtype']} "
+                                     f"{shape}) needs bytes [{begin}, {end}) of a {len(body)}-byte data section")
+        spans.append((begin, end, name))
+        if numel == 0:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+        else:
+            tensors[name] = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype).reshape(shape)
+    position = 0
+    for begin, end, name in sorted(spans):
+        if begin != position:
+            raise BundleError(where, f"corrupt tensor file: data of {name!r} starts at {begin}, expected {position}")
+        position = end
+    if position != len(body):
+        raise BundleError(where, f"corrupt tensor file: {len(body) - position} trailing bytes after the last tensor")
+    return tensors, {str(k): str(v) for k, v in metadata.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------- checks
+def _check_name(name) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name.endswith("."):
+        raise ValueError(f"case name {name!r} is not usable as a file name; use letters, digits and _ . + = - "
+                         "(at most 200 characters, not starting with a symbol)")
+    return name
+
+
+def _output_layout(dims: Dims, policy: Optional[RoundingPolicy]) -> Dict[str, Optional[Tuple[tuple, tuple]]]:
+    """Per output: ``(shape, allowed dtypes)`` implied by the inputs (and the policy), or None where absent."""
+    B, S, H, N, P, R, nc = (dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank,
+                            dims.nchunks)
+    lp, fp32 = (dims.lp_dtype,), (torch.float32,)
+    if policy is not None and not policy.round_outputs:
+        lp = fp32 = (policy.math_torch_dtype,)
+    elif policy is not None:
+        fp32 = (torch.float32, policy.math_torch_dtype)
+    return {
+        "dmimo_o": ((B, H, R, P), fp32) if dims.reduce_o else None,
+        "states": ((B, H, nc, N, P), lp),
+        "dz": ((B, S, H, P), lp) if dims.has_z else None,
+        "dmimo_z": ((B, H, R, P), fp32) if dims.has_z else None,
+        "qk_dot": ((B, H, S, R, R), lp),
+    }
+
+
+def _check_spec_matches(spec, dims: Dims, where: PathLike) -> None:
+    if type(spec).__name__ != "CaseSpec":
+        return
+    expected = {"B": spec.batch, "S": spec.seqlen, "H": spec.heads, "G": spec.groups, "N": spec.state_dim,
+                "P": spec.value_dim, "R": spec.rank, "C": spec.chunk_size, "rotary_dim_divisor":
+                spec.rotary_dim_divisor, "reduce_o": spec.reduce_o, "has_z": spec.has_z, "has_d": spec.has_d,
+                "dtype": spec.lp_dtype}
+    got = {"B": dims.batch, "S": dims.seqlen, "H": dims.heads, "G": dims.groups, "N": dims.state_dim,
+           "P": dims.value_dim, "R": dims.rank, "C": dims.chunk_size, "rotary_dim_divisor": dims.rotary_dim_divisor,
+           "reduce_o": dims.reduce_o, "has_z": dims.has_z, "has_d": dims.has_d, "dtype": dims.lp_dtype}
+    bad = [f"{k}={got[k]} (spec says {expected[k]})" for k in expected if expected[k] != got[k]]
+    if bad:
+        raise BundleError(where, "the input tensors disagree with the case spec: " + ", ".join(bad))
+
+
+def _validate_case(case: BundleCase, where: PathLike, out_where: Optional[PathLike] = None) -> Dims:
+    """Check the inputs (validate_inputs), the spec and the output shapes/dtypes of ``case``."""
+    missing = [n for n in tuple(INPUT_NAMES) + SCALAR_INPUTS if n not in case.inputs]
+    if missing:
+        raise BundleError(where, f"inputs lack {missing}")
+    try:
+        dims = validate_inputs(*case.args, **case.kwargs)
+    except (TypeError, ValueError) as exc:
+        raise BundleError(where, f"inputs of case {case.name!r} are inconsistent: {exc}") from None
+    _check_spec_matches(case.spec, dims, where)
+    if case.outputs is None:
+        return dims
+    out_where = out_where if out_where is not None else where
+    if not isinstance(case.outputs, MimoBwdFwdOutputs):
+        raise BundleError(out_where, f"outputs of case {case.name!r} must be a MimoBwdFwdOutputs, got "
+                                     f"{type(case.outputs).__name__}")
+    layout = _output_layout(dims, case.policy)
+    for name in OUTPUT_NAMES:
+        value, expect = getattr(case.outputs, name), layout[name]
+        if expect is None:
+            if value is not None:
+                raise BundleError(out_where, f"output {name} of case {case.name!r} is present, but its branch is "
+                                             "off for these inputs")
+            continue
+        shape, dtypes = expect
+        if value is None:
+            raise BundleError(out_where, f"output {name} of case {case.name!r} is missing")
+        if tuple(value.shape) != shape:
+            raise BundleError(out_where, f"output {name} of case {case.name!r} has shape {list(value.shape)}, but "
+                                         f"the case implies {list(shape)}")
+        if value.dtype not in dtypes:
+            raise BundleError(out_where, f"output {name} of case {case.name!r} has dtype {value.dtype}, but the "
+                                         f"case implies {' or '.join(str(d) for d in dtypes)}")
+    return dims
+
+
+def _tensor_table(tensors: Mapping[str, Optional[torch.Tensor]], names: Sequence[str]) -> Dict[str, Any]:
+    return {n: (None if tensors.get(n) is None else {"dtype": _DTYPE_NAMES[tensors[n].dtype],
+                                                    "shape": list(tensors[n].shape)}) for n in names}
+
+
+# ---------------------------------------------------------------------------------------------------------- writing
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _case_entry(case: BundleCase, directory: Path) -> dict:
+    spec_type, spec = _spec_to_json(case.spec)
+    entry: Dict[str, Any] = {
+        "name": case.name,
+        "spec_type": spec_type,
+        "spec": spec,
+        "policy": None if case.policy is None else case.policy.to_dict(),
+        "backend": str(case.backend),
+        "device": str(case.device),
+        "device_name": case.device_name,
+        "versions": dict(case.versions),
+        "created": case.created or utc_now(),
+        "skipped": case.skipped,
+        "meta": json.loads(json.dumps(dict(case.meta))),
+        "scalars": {n: int(case.inputs[n]) for n in SCALAR_INPUTS},
+        "inputs_digest": case.inputs_digest,
+        "tensors": {"inputs": _tensor_table(case.inputs, INPUT_NAMES),
+                    "outputs": None if case.outputs is None else _tensor_table(case.outputs._asdict(), OUTPUT_NAMES)},
+        "files": {},
+    }
+    groups = [("inputs", INPUTS_SUFFIX, {n: case.inputs[n] for n in INPUT_NAMES if case.inputs[n] is not None})]
+    if case.outputs is not None:
+        groups.append(("outputs", OUTPUTS_SUFFIX, {n: t for n, t in case.outputs._asdict().items() if t is not None}))
+    for kind, suffix, tensors in groups:
+        file_name = case.name + suffix
+        data = encode_safetensors(tensors, {"format": "pt", "case": case.name, "kind": kind})
+        _write_synced(directory / file_name, data)
+        entry["files"][kind] = {"path": file_name, "sha256": _sha256_file_bytes(data), "size": len(data)}
+    return entry
+
+
+def save_bundle(path: PathLike, cases: Iterable[BundleCase], *, meta: Optional[Mapping[str, Any]] = None,
+                overwrite: bool = False) -> Path:
+    """Write ``cases`` as a bundle at ``path``, atomically.
+
+    Every case is validated first (inputs, spec, output shapes and dtypes), so an inconsistent bundle is never
+    written. Files go to a hidden temporary directory in the same parent (``.<name>.tmp-*``), are fsynced, and the
+    directory is renamed to ``path`` at the end.
+
+    Args:
+        path: the bundle directory to create. Its parent is created if needed.
+        cases: ``BundleCase`` objects with unique names.
+        meta (dict, optional): free-form JSON metadata for the whole bundle (e.g. the command that made it).
+        overwrite (bool): replace an existing bundle at ``path`` (default: ``FileExistsError``).
+
+    Returns:
+        Path: ``path``.
+    """
+    path = Path(path)
+    cases = list(cases)
+    seen = set()
+    for case in cases:
+        if not isinstance(case, BundleCase):
+            raise TypeError(f"cases must be BundleCase objects, got {type(case).__name__}")
+        _check_name(case.name)
+        if case.name in seen:
+            raise ValueError(f"duplicate case name {case.name!r}: names must be unique within a bundle")
+        seen.add(case.name)
+        _validate_case(case, f"case {case.name}")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists; choose another --out or pass overwrite=True (--overwrite)")
+    parent = path.parent if str(path.parent) else Path(".")
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=parent))
+    old: Optional[Path] = None
+    try:
+        os.chmod(tmp, 0o755)
+        entries = [_case_entry(case, tmp) for case in cases]
+        manifest = {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "created": utc_now(),
+            "meta": json.loads(json.dumps(dict(meta or {}))),
+            "cases": entries,
+        }
+        _write_synced(tmp / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
+        _fsync_dir(tmp)
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=parent))
+            os.rmdir(old)
+            os.rename(path, old)
+        os.rename(tmp, path)
+        _fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not path.exists():
+            os.rename(old, path)
+            old = None
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------- reading
+def _read_manifest(path: Path) -> dict:
+    if not path.is_dir():
+        raise BundleError(path, "not a bundle: no such directory" if not path.exists() else
+                          "not a bundle: not a directory")
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise BundleError(manifest_path, "missing: this directory is not a bundle (or its write was interrupted)")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(manifest_path, f"not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        raise BundleError(manifest_path, f"not a bundle manifest (expected \"schema\": \"{SCHEMA}\")")
+    version = manifest.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise BundleError(manifest_path, f"unknown schema_version {version!r} (this mimo_numerics reads "
+                                         f"schema_version {SCHEMA_VERSION})")
+    if version > SCHEMA_VERSION:
+        raise BundleError(manifest_path, f"schema_version {version} is newer than this mimo_numerics reads "
+                                         f"({SCHEMA_VERSION}); upgrade mimo_numerics to read this bundle")
+    if not isinstance(manifest.get("cases"), list):
+        raise BundleError(manifest_path, "manifest has no \"cases\" list")
+    return manifest
+
+
+def _expected_files(manifest: dict, manifest_path: Path) -> Dict[str, Tuple[int, str]]:
+    files: Dict[str, Tuple[int, str]] = {}
+    names = set()
+    for index, entry in enumerate(manifest["cases"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("files"), dict):
+            raise BundleError(manifest_path, f"case entry #{index} is malformed")
+        name = entry.get("name")
+        try:
+            _check_name(name)
+        except ValueError as exc:
+            raise BundleError(manifest_path, f"case entry #{index}: {exc}") from None
+        if name in names:
+            raise BundleError(manifest_path, f"duplicate case name {name!r}")
+        names.add(name)
+        for kind, info in entry["files"].items():
+            file_name = info.get("path") if isinstance(info, dict) else None
+            if (not isinstance(file_name, str) or "/" in file_name or "\\" in file_name
+                    or file_name in ("", ".", "..", MANIFEST) or file_name in files):
+                raise BundleError(manifest_path, f"case {name!r}: bad or duplicate file path {file_name!r}")
+            files[file_name] = (index, kind)
+    return files
+
+
+def _check_file_set(path: Path, expected: Mapping[str, Any]) -> None:
+    present = set()
+    for item in sorted(os.listdir(path)):
+        if item == MANIFEST:
+            continue
+        if not (path / item).is_file() or (path / item).is_symlink():
+            raise BundleError(path / item, "extra entry in the bundle: not a regular file listed in manifest.json")
+        present.add(item)
+    for name in sorted(expected):
+        if name not in present:
+            raise BundleError(path / name, "missing: listed in manifest.json but not in the bundle")
+    extra = sorted(present - set(expected))
+    if extra:
+        raise BundleError(path / extra[0], "extra file: not listed in manifest.json")
+
+
+def _check_table(table, tensors: Mapping[str, torch.Tensor], names: Sequence[str], where: Path, case: str) -> None:
+    if not isinstance(table, dict):
+        raise BundleError(where, f"manifest tensor table of case {case!r} is malformed")
+    unknown = sorted(set(tensors) - set(names))
+    if unknown:
+        raise BundleError(where, f"unexpected tensor(s) {unknown} for case {case!r}")
+    for n in names:
+        info = table.get(n)
+        if info is None:
+            if n in tensors:
+                raise BundleError(where, f"tensor {n!r} is in the file but manifest.json says case {case!r} has "
+                                         "none")
+            continue
+        if n not in tensors:
+            raise BundleError(where, f"tensor {n!r} of case {case!r} is missing from the file")
+        t = tensors[n]
+        if _DTYPE_NAMES[t.dtype] != info.get("dtype") or list(t.shape) != info.get("shape"):
+            raise BundleError(where, f"tensor {n!r} of case {case!r} is {_DTYPE_NAMES[t.dtype]} {list(t.shape)} "
+                                     f"in the file but {info.get('dtype')} {info.get('shape')} in manifest.json")
+
+
+def _load_file(path: Path, info: dict, verify: bool) -> Dict[str, torch.Tensor]:
+    data = path.read_bytes()
+    if verify:
+        if "size" in info and len(data) != info["size"]:
+            raise BundleError(path, f"size {len(data)} bytes does not match manifest.json ({info['size']}): the "
+                                    "file is truncated or was modified")
+        digest = _sha256_file_bytes(data)
+        if digest != info.get("sha256"):
+            raise BundleError(path, f"sha256 mismatch: file has {digest[:16]}..., manifest.json says "
+                                    f"{str(info.get('sha256'))[:16]}...: the file is corrupt or was modified")
+    return decode_safetensors(data, path)[0]
+
+
+def load_bundle(path: PathLike, verify: bool = True) -> Bundle:
+    """Read a bundle written by :func:`save_bundle`.
+
+    Args:
+        path: the bundle directory.
+        verify (bool): check the sha256 and size of every file and the inputs digest (default). Structure, file
+            set, tensor names, dtypes and shapes are always checked.
+
+    Returns:
+        Bundle: cases in stored order, tensors on the CPU.
+
+    Raises:
+        BundleError: naming the offending file (see the module docstring for what is checked).
+    """
+    path = Path(path)
+    manifest = _read_manifest(path)
+    manifest_path = path / MANIFEST
+    expected = _expected_files(manifest, manifest_path)
+    _check_file_set(path, expected)
+    cases: List[BundleCase] = []
+    for entry in manifest["cases"]:
+        name = entry["name"]
+        try:
+            policy = None if entry.get("policy") is None else RoundingPolicy.from_dict(entry["policy"])
+        except (TypeError, ValueError, NotImplementedError) as exc:
+            raise BundleError(manifest_path, f"policy of case {name!r} does not load: {exc}") from None
+        spec = _spec_from_json(entry.get("spec_type"), entry.get("spec"), manifest_path)
+        tables = entry.get("tensors") or {}
+        files = entry["files"]
+        if "inputs" not in files:
+            raise BundleError(manifest_path, f"case {name!r} lists no inputs file")
+        in_path = path / files["inputs"]["path"]
+        tensors = _load_file(in_path, files["inputs"], verify)
+        _check_table(tables.get("inputs"), tensors, INPUT_NAMES, in_path, name)
+        scalars = entry.get("scalars") or {}
+        try:
+            inputs: Dict[str, Any] = {n: tensors.get(n) for n in INPUT_NAMES}
+            inputs.update({n: int(scalars[n]) for n in SCALAR_INPUTS})
+        except (KeyError, TypeError, ValueError):
+            raise BundleError(manifest_path, f"case {name!r} lacks chunk_size/rotary_dim_divisor") from None
+        outputs = None
+        out_path = None
+        if "outputs" in files:
+            out_path = path / files["outputs"]["path"]
+            out_tensors = _load_file(out_path, files["outputs"], verify)
+            if tables.get("outputs") is None:
+                raise BundleError(manifest_path, f"case {name!r} has an outputs file but no outputs table")
+            _check_table(tables["outputs"], out_tensors, OUTPUT_NAMES, out_path, name)
+            outputs = MimoBwdFwdOutputs(**{n: out_tensors.get(n) for n in OUTPUT_NAMES})
+        elif tables.get("outputs") is not None:
+            raise BundleError(manifest_path, f"case {name!r} has an outputs table but no outputs file")
+        case = BundleCase(name=name, inputs=inputs, outputs=outputs, spec=spec, policy=policy,
+                          backend=entry.get("backend", "unknown"), device=entry.get("device", "cpu"),
+                          device_name=entry.get("device_name"), versions=entry.get("versions") or {},
+                          created=entry.get("created"), skipped=entry.get("skipped"), meta=entry.get("meta") or {})
+        _validate_case(case, in_path, out_path)
+        if verify and case.inputs_digest != entry.get("inputs_digest"):
+            raise BundleError(in_path, f"inputs digest of case {name!r} does not match manifest.json")
+        cases.append(case)
+    return Bundle(path=path, cases=tuple(cases), created=manifest.get("created"), meta=manifest.get("meta") or {},
+                  schema_version=manifest["schema_version"])
+
+
+def verify_bundle(path: PathLike) -> Bundle:
+    """``load_bundle(path, verify=True)``: raises ``BundleError`` unless every check passes."""
+    return load_bundle(path, verify=True)
+
+
+# ---------------------------------------------------------------------------------------------------------- golden data
+#: Provenance of ``tests/data/upstream_h200_seed_cases.pt`` (see ``shared/golden/README.md``).
+GOLDEN_DEVICE_NAME = "NVIDIA H200 (sm_90)"
+GOLDEN_VERSIONS = {"torch": "2.11.0+cu130", "torch_cuda": "13.0", "tilelang": "0.1.15", "mamba_ssm": "2.3.2.post1"}
+
+
+def _golden_spec(kind: str, kw: dict, inputs: Mapping[str, Any]):
+    """A CaseSpec when the seed formula reproduces the stored inputs bit for bit, else a free-form dict."""
+    free = {"formula": kind, "kw": kw}
+    if kind != "seed":
+        return free
+    from . import cases
+
+    try:
+        spec = cases.spec_from_seed_kwargs(kw)
+        made = cases.make_inputs(spec)
+    except (TypeError, ValueError):
+        return free
+    if all(bit_identical(made[n], inputs.get(n)) for n in INPUT_NAMES) and all(
+            made[n] == inputs[n] for n in SCALAR_INPUTS):
+        return spec
+    return free
+
+
+def cases_from_golden(golden: Union[PathLike, Mapping[str, Any]], *, match_specs: bool = True) -> List[BundleCase]:
+    """The cases of the golden upstream file as ``BundleCase`` objects (backend ``"upstream"``, no policy).
+
+    Args:
+        golden: the path of ``upstream_h200_seed_cases.pt`` or its loaded dict
+            (``name -> {"kind", "kw", "inputs", "upstream"}``).
+        match_specs (bool): give a case a ``CaseSpec`` when ``cases.make_inputs`` reproduces its stored inputs bit
+            for bit (otherwise, or when False, the spec is ``{"formula": kind, "kw": kw}``).
+
+    Returns:
+        list: one case per golden entry, in file order; the golden name is the case name and the outputs are the
+        stored upstream outputs (``dmimo_o``/``dmimo_z`` per batch, as the kernel writes them).
+    """
+    source_sha = None
+    if not isinstance(golden, Mapping):
+        golden_path = Path(golden)
+        source_sha = hashlib.sha256(golden_path.read_bytes()).hexdigest()
+        golden = torch.load(golden_path, weights_only=True)
+    out = []
+    for name, item in golden.items():
+        inputs = dict(item["inputs"])
+        kw = dict(item.get("kw") or {})
+        kind = str(item.get("kind", "unknown"))
+        spec = _golden_spec(kind, kw, inputs) if match_specs else {"formula": kind, "kw": kw}
+        meta = {"golden_name": name, "golden_kind": kind, "golden_kw": kw, "source": "upstream_h200_seed_cases.pt"}
+        if source_sha:
+            meta["source_sha256"] = source_sha
+        out.append(BundleCase(name=name, inputs=inputs, outputs=MimoBwdFwdOutputs(**item["upstream"]), spec=spec,
+                              policy=None, backend="upstream", device="cuda", device_name=GOLDEN_DEVICE_NAME,
+                              versions=dict(GOLDEN_VERSIONS), meta=meta))
+    return out
+
+
+def golden_to_bundle(golden: PathLike, out: PathLike, *, overwrite: bool = False) -> Path:
+    """Convert the golden ``.pt`` file into a bundle at ``out`` (lossless; see :func:`cases_from_golden`)."""
+    return save_bundle(out, cases_from_golden(golden), overwrite=overwrite,
+                       meta={"converted_from": str(golden), "note": "golden upstream outputs (H200), see "
+                                                                   "shared/golden/README.md"})

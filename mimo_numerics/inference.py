@@ -1,0 +1,557 @@
+"""Recover the rounding policy that produced a set of outputs of ``mamba_mimo_bwd_fwd``.
+
+Given the inputs of one or more cases and the outputs some implementation returned for them (a device run, a bundle,
+the golden H200 data), :func:`infer_policy` searches the ``RoundingPolicy`` space for the policy whose reference
+outputs are closest to them.
+
+Distance
+--------
+For one case, with ``u`` the unit roundoff of the inputs' lp dtype (``2**-8`` for bfloat16, ``2**-11`` for
+float16), the distance of a candidate's outputs ``a`` to the target outputs ``e`` is::
+
+    D = Σ_o  m_o · (1 − eq_o)  +  rel_rms(a_o, e_o) / u
+
+summed over the outputs ``o`` the target provides (missing or None outputs are skipped). ``eq_o`` is the fraction of
+bit-equal elements (value-equal when the two dtypes differ); ``m_o`` is 1 for the outputs stored in lp (``states``,
+``dz``, ``qk_dot``) and 0 for the float32 projections ``dmimo_o`` and ``dmimo_z``. Why:
+
+* the lp outputs are where a policy's roundings show up bit for bit. A target output that agrees bit-exactly with a
+  candidate contributes 0, while a 1-ulp flip in 1 % of its elements costs 0.01 plus its RMS term: bit-exact
+  agreement is what a candidate must reach to win, so it weighs strongly;
+* the low bits of float32 outputs also depend on the FP32-level knobs that no policy models yet (tensor-core
+  accumulation, fast-math special functions, FMA contraction, summation order, ``docs/semantics.md``). Their
+  bit-equal fraction is about 0.1 for the correct policy on the H200 data, so counting it would only add noise;
+  they enter through their relative RMS;
+* dividing the relative RMS by ``u`` puts every output on the scale of one lp rounding: a policy error of the
+  order of the lp rounding costs about 1 per output, an FP32-level residual about 1e-3.
+
+``D = 0`` exactly when every provided output is equal to the candidate's. With several cases, the distance is the
+mean of the per-case distances. If a target's ``dmimo_o``/``dmimo_z`` is ``[H, R, P]`` (the wrapper's sum over the
+batch), the candidate's per-batch ``[B, H, R, P]`` values are summed over the batch in float32 before comparing.
+
+Search
+------
+Only the fields the reference honours are searched: the 19 switches and the knobs ``diag_mode``, ``state_update``
+and ``silu_form``. ``lp_dtype`` is fixed by the inputs, ``math_dtype`` is float32 and ``round_outputs`` is True
+(the kernel contract). From ``start`` (normalised to those fixed values), each round does
+
+1. an exhaustive sweep over every combination of the searched knobs, the switches held;
+2. best-improvement descent: evaluate every single-field change (a switch flip or another knob value), move to the
+   best one while it strictly lowers the distance;
+3. if the distance is still above 0, an escape step over every pair of single-field changes.
+
+Rounds repeat until one changes nothing. Ties never move: a field whose value does not change the outputs keeps its
+``start`` value, and :attr:`InferenceResult.ties` lists the fields whose change leaves the best distance unchanged
+(those are not identifiable from these data). Every reference evaluation is cached by policy, and everything is
+deterministic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import presets as _presets
+from .cases import as_args, as_kwargs
+from .metrics import bit_equal_fraction, rel_rms
+from .outputs import INPUT_NAMES, OUTPUT_NAMES
+from .policy import KNOBS, SWITCHES, RoundingPolicy
+from .reference import mamba_mimo_bwd_fwd
+
+#: Knobs the search varies (the others are fixed: lp_dtype by the inputs, math_dtype float32, round_outputs True).
+SEARCHED_KNOBS: Tuple[str, ...] = ("diag_mode", "state_update", "silu_form")
+#: Every field the search varies, switches first.
+SEARCHED_FIELDS: Tuple[str, ...] = tuple(SWITCHES) + SEARCHED_KNOBS
+#: Outputs stored in lp: their bit-mismatch fraction counts in the distance (``m_o = 1``).
+LP_OUTPUTS: Tuple[str, ...] = ("states", "dz", "qk_dot")
+#: Weight ``w`` of the bit-mismatch fraction of an lp output in the distance.
+MISMATCH_WEIGHT = 1.0
+#: Unit roundoff of each lp dtype.
+UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+_LP_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+PolicyLike = Union[str, RoundingPolicy]
+CasesLike = Union[Mapping[str, Any], Sequence[Mapping[str, Any]]]
+
+
+# ---------------------------------------------------------------------------------------------- case helpers
+def as_case_list(inputs: CasesLike) -> List[Mapping[str, Any]]:
+    """One inputs dict, or a sequence of them, as a list (``ValueError`` when empty or not input dicts)."""
+    if isinstance(inputs, Mapping):
+        cases = [inputs]
+    else:
+        cases = list(inputs)
+    if not cases:
+        raise ValueError("need at least one case of inputs")
+    for i, case in enumerate(cases):
+        if not isinstance(case, Mapping):
+            raise TypeError(f"case {i}: inputs must be a dict of the 17 tensors plus chunk_size and "
+                            f"rotary_dim_divisor, got {type(case).__name__}")
+        missing = [n for n in INPUT_NAMES + ("chunk_size", "rotary_dim_divisor") if n not in case]
+        if missing:
+            raise ValueError(f"case {i}: inputs lack {missing}")
+    return cases
+
+
+def as_output_list(outputs, n_cases: int) -> List[Dict[str, Optional[torch.Tensor]]]:
+    """One outputs mapping (or ``MimoBwdFwdOutputs``), or a sequence of ``n_cases`` of them, as a list of dicts.
+
+    Outputs not given, or None, are left out of the comparison.
+    """
+    if isinstance(outputs, Mapping) or hasattr(outputs, "_asdict"):
+        items = [outputs]
+    else:
+        items = list(outputs)
+    if len(items) != n_cases:
+        raise ValueError(f"got {len(items)} sets of outputs for {n_cases} case(s)")
+    result = []
+    for i, item in enumerate(items):
+        mapping = item._asdict() if hasattr(item, "_asdict") else dict(item)
+        unknown = sorted(set(mapping) - set(OUTPUT_NAMES))
+        if unknown:
+            raise ValueError(f"case {i}: unknown output name(s) {unknown}; outputs are {list(OUTPUT_NAMES)}")
+        result.append({n: mapping.get(n) for n in OUTPUT_NAMES})
+    return result
+
+
+def lp_dtype_of(inputs: CasesLike) -> str:
+    """The lp dtype name (``"bfloat16"``/``"float16"``) of the cases' ``q``; ``ValueError`` if they disagree."""
+    names = set()
+    for case in as_case_list(inputs):
+        dtype = case["q"].dtype
+        if dtype not in _LP_NAMES:
+            raise ValueError(f"q must be bfloat16 or float16, got {dtype}")
+        names.add(_LP_NAMES[dtype])
+    if len(names) != 1:
+        raise ValueError(f"cases mix lp dtypes {sorted(names)}; infer each dtype separately")
+    return names.pop()
+
+
+def run_reference(inputs: Mapping[str, Any], policy: PolicyLike, record: Optional[dict] = None) -> Dict[str, Any]:
+    """The policy reference's outputs on one case, as a dict by output name."""
+    out = mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=_presets.resolve(policy), record=record)
+    return out.as_dict()
+
+
+def normalise_policy(policy: PolicyLike, lp_dtype: str) -> RoundingPolicy:
+    """``policy`` with the fields the search fixes: ``lp_dtype`` of the inputs, float32 math, rounded outputs."""
+    return _presets.resolve(policy).replace(lp_dtype=lp_dtype, math_dtype="float32", round_outputs=True)
+
+
+# ---------------------------------------------------------------------------------------------- distance
+@dataclass(frozen=True)
+class Evaluation:
+    """Distance of one policy's outputs to a target, with its parts (means over the cases).
+
+    Attributes:
+        distance (float): the combined distance ``D`` (module docstring).
+        per_output (dict): output -> its share of ``D``.
+        rel_rms (dict): output -> relative RMS error against the target.
+        mismatch (dict): output -> fraction of elements that are not bit-equal to the target.
+    """
+
+    distance: float
+    per_output: Dict[str, float]
+    rel_rms: Dict[str, float]
+    mismatch: Dict[str, float]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"distance": self.distance, "per_output": dict(self.per_output), "rel_rms": dict(self.rel_rms),
+                "mismatch": dict(self.mismatch)}
+
+
+def _matched(candidate: torch.Tensor, target: torch.Tensor, name: str) -> torch.Tensor:
+    if tuple(candidate.shape) == tuple(target.shape):
+        return candidate
+    if name in ("dmimo_o", "dmimo_z") and tuple(candidate.shape[1:]) == tuple(target.shape):
+        return candidate.to(torch.float32).sum(dim=0)
+    raise ValueError(f"output {name}: candidate shape {list(candidate.shape)} does not match the target's "
+                     f"{list(target.shape)}")
+
+
+def _mismatch(a: torch.Tensor, e: torch.Tensor) -> float:
+    if a.numel() == 0:
+        return 0.0
+    if a.dtype == e.dtype:
+        return 1.0 - bit_equal_fraction(a, e)
+    a64, e64 = a.detach().to(torch.float64), e.detach().to(torch.float64)
+    same = (a64 == e64) | (torch.isnan(a64) & torch.isnan(e64))
+    return 1.0 - same.to(torch.float64).mean().item()
+
+
+def output_distance(candidate: Mapping[str, Optional[torch.Tensor]], target: Mapping[str, Optional[torch.Tensor]],
+                    lp_dtype: str = "bfloat16") -> Evaluation:
+    """The distance ``D`` of one case's candidate outputs to the target outputs (module docstring).
+
+    Args:
+        candidate (dict): output name -> tensor (a policy's reference outputs).
+        target (dict): output name -> tensor or None; absent and None outputs are skipped.
+        lp_dtype (str): ``"bfloat16"`` or ``"float16"``: sets the unit roundoff ``u``.
+
+    Returns:
+        Evaluation: the distance and its parts (``nan`` relative RMS counts as ``inf``).
+
+    Raises:
+        ValueError: when the candidate lacks an output the target has, or shapes disagree.
+    """
+    u = UNIT_ROUNDOFF[lp_dtype]
+    per_output, rms, mism = {}, {}, {}
+    for name in OUTPUT_NAMES:
+        e = target.get(name)
+        if e is None:
+            continue
+        a = candidate.get(name)
+        if a is None:
+            raise ValueError(f"output {name}: the target has it but the candidate does not (different branches)")
+        a = _matched(a, e, name)
+        r = rel_rms(a, e)
+        if math.isnan(r):
+            r = math.inf
+        m = _mismatch(a, e)
+        rms[name], mism[name] = r, m
+        per_output[name] = (MISMATCH_WEIGHT * m if name in LP_OUTPUTS else 0.0) + r / u
+    return Evaluation(sum(per_output.values()), per_output, rms, mism)
+
+
+def _mean_evaluations(evals: Sequence[Evaluation]) -> Evaluation:
+    def mean_of(attr):
+        keys = [k for k in OUTPUT_NAMES if any(k in getattr(e, attr) for e in evals)]
+        return {k: sum(getattr(e, attr)[k] for e in evals if k in getattr(e, attr))
+                / sum(1 for e in evals if k in getattr(e, attr)) for k in keys}
+
+    return Evaluation(sum(e.distance for e in evals) / len(evals), mean_of("per_output"), mean_of("rel_rms"),
+                      mean_of("mismatch"))
+
+
+class PolicyEvaluator:
+    """Reference outputs and their distance to fixed targets, cached by policy.
+
+    Args:
+        inputs: one inputs dict or a sequence of them (the cases).
+        targets: the target outputs of each case (see :func:`as_output_list`).
+        lp_dtype (str, optional): the lp dtype; default that of the inputs.
+        keep_outputs (bool): also cache the reference outputs (memory grows with the policies evaluated).
+    """
+
+    def __init__(self, inputs: CasesLike, targets, lp_dtype: Optional[str] = None, keep_outputs: bool = False):
+        self.cases = as_case_list(inputs)
+        self.targets = as_output_list(targets, len(self.cases))
+        self.lp_dtype = lp_dtype or lp_dtype_of(self.cases)
+        self.keep_outputs = keep_outputs
+        self._evaluations: Dict[RoundingPolicy, Evaluation] = {}
+        self._outputs: Dict[RoundingPolicy, List[Dict[str, Any]]] = {}
+        self.reference_calls = 0
+
+    def outputs(self, policy: PolicyLike) -> List[Dict[str, Any]]:
+        """The reference outputs of every case under ``policy``."""
+        policy = _presets.resolve(policy)
+        if policy in self._outputs:
+            return self._outputs[policy]
+        outs = [run_reference(case, policy) for case in self.cases]
+        self.reference_calls += len(self.cases)
+        if self.keep_outputs:
+            self._outputs[policy] = outs
+        return outs
+
+    def evaluate(self, policy: PolicyLike) -> Evaluation:
+        """The :class:`Evaluation` of ``policy`` (mean over the cases), cached."""
+        policy = _presets.resolve(policy)
+        cached = self._evaluations.get(policy)
+        if cached is None:
+            outs = self.outputs(policy)
+            cached = _mean_evaluations([output_distance(o, t, self.lp_dtype) for o, t in zip(outs, self.targets)])
+            self._evaluations[policy] = cached
+        return cached
+
+    def distance(self, policy: PolicyLike) -> float:
+        """The combined distance of ``policy``."""
+        return self.evaluate(policy).distance
+
+    @property
+    def evaluated(self) -> Dict[RoundingPolicy, Evaluation]:
+        """Every policy evaluated so far."""
+        return dict(self._evaluations)
+
+
+# ---------------------------------------------------------------------------------------------- moves
+def field_alternatives(policy: RoundingPolicy, name: str) -> Tuple[Any, ...]:
+    """The values of a searched field other than ``policy``'s."""
+    if name in SWITCHES:
+        return (not getattr(policy, name),)
+    if name in SEARCHED_KNOBS:
+        return tuple(v for v in KNOBS[name] if v != getattr(policy, name))
+    raise ValueError(f"{name!r} is not a searched field; searched fields: {list(SEARCHED_FIELDS)}")
+
+
+def single_moves(policy: RoundingPolicy, fields: Sequence[str] = SEARCHED_FIELDS) -> List[Tuple[str, Any]]:
+    """Every single-field change of ``policy`` as ``(field, new value)``, in field order."""
+    return [(name, value) for name in fields for value in field_alternatives(policy, name)]
+
+
+def neighbours(policy: RoundingPolicy, fields: Sequence[str] = SEARCHED_FIELDS) -> List[RoundingPolicy]:
+    """Policies one searched field away from ``policy``."""
+    return [policy.replace(**{name: value}) for name, value in single_moves(policy, fields)]
+
+
+def identifiable_fields(inputs: CasesLike, policy: PolicyLike,
+                        fields: Sequence[str] = SEARCHED_FIELDS) -> Dict[str, bool]:
+    """Which fields of ``policy`` can be told apart from the reference outputs on these inputs.
+
+    A field is identifiable when some other value of it, all other fields held, changes at least one output bit on
+    at least one case. A field that is not identifiable (e.g. ``diag_mode`` with ``diag_accum`` off, ``phi_weight``
+    without reduced DOUT and Z) cannot be recovered by any inference from outputs.
+
+    Returns:
+        dict: field -> bool, in ``fields`` order.
+    """
+    cases = as_case_list(inputs)
+    policy = _presets.resolve(policy)
+    base = PolicyEvaluator(cases, [run_reference(c, policy) for c in cases])
+    return {name: any(base.distance(policy.replace(**{name: v})) > 0 for v in field_alternatives(policy, name))
+            for name in fields}
+
+
+# ---------------------------------------------------------------------------------------------- result
+@dataclass(frozen=True)
+class Candidate:
+    """One evaluated policy.
+
+    Attributes:
+        policy (RoundingPolicy): the policy.
+        distance (float): its distance to the target.
+        per_output (dict): output -> share of the distance.
+        change (dict): fields that differ from the best policy, ``{field: value here}``.
+    """
+
+    policy: RoundingPolicy
+    distance: float
+    per_output: Dict[str, float]
+    change: Dict[str, Any]
+
+    def label(self) -> str:
+        """``"best"`` or the changed fields as ``field=value`` (presets by name)."""
+        if not self.change:
+            return "best"
+        return ", ".join(f"{k}={v}" for k, v in self.change.items())
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"policy": self.policy.to_dict(), "name": self.policy.name, "distance": self.distance,
+                "per_output": dict(self.per_output), "change": dict(self.change)}
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """One accepted move of the search (``kind`` is start, knobs, single, pair or candidate)."""
+
+    step: int
+    kind: str
+    change: Dict[str, Any]
+    distance: float
+    evaluations: int
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"step": self.step, "kind": self.kind, "change": dict(self.change), "distance": self.distance,
+                "evaluations": self.evaluations}
+
+
+@dataclass
+class InferenceResult:
+    """Outcome of :func:`infer_policy`.
+
+    Attributes:
+        best (RoundingPolicy): the recovered policy.
+        distance (float): its distance to the target (0: every provided output reproduced bit for bit).
+        evaluation (Evaluation): the distance's parts for ``best``.
+        start (RoundingPolicy): the normalised start policy; ``start_distance`` its distance.
+        alternatives (list of Candidate): the best evaluated policies, ranked (``best`` first).
+        neighbours (list of Candidate): every single-field change of ``best``, ranked by distance.
+        ties (tuple of str): fields whose change leaves the distance at ``distance``: not identifiable here.
+        trace (list of TraceStep): accepted moves, in order.
+        evaluations (int): distinct policies evaluated.
+        lp_dtype (str), n_cases (int): the data's lp dtype and number of cases.
+    """
+
+    best: RoundingPolicy
+    distance: float
+    evaluation: Evaluation
+    start: RoundingPolicy
+    start_distance: float
+    alternatives: List[Candidate]
+    neighbours: List[Candidate]
+    ties: Tuple[str, ...]
+    trace: List[TraceStep]
+    evaluations: int
+    lp_dtype: str
+    n_cases: int
+    distances: Dict[RoundingPolicy, float] = field(default_factory=dict, repr=False)
+
+    def distance_of(self, policy: PolicyLike) -> Optional[float]:
+        """The distance of an evaluated policy (None when the search never evaluated it)."""
+        return self.distances.get(_presets.resolve(policy))
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain JSON types."""
+        return {
+            "best": self.best.to_dict(), "best_name": self.best.name, "distance": self.distance,
+            "evaluation": self.evaluation.to_dict(), "start": self.start.to_dict(), "start_name": self.start.name,
+            "start_distance": self.start_distance, "ties": list(self.ties),
+            "alternatives": [c.to_dict() for c in self.alternatives],
+            "neighbours": [c.to_dict() for c in self.neighbours],
+            "trace": [s.to_dict() for s in self.trace], "evaluations": self.evaluations,
+            "lp_dtype": self.lp_dtype, "n_cases": self.n_cases,
+        }
+
+    def to_markdown(self, neighbours: int = 10) -> str:
+        """A short Markdown summary: best policy, distance, start, the changes from start and nearest neighbours."""
+        lines = [f"**Recovered policy**: `{self.best.name}`, distance {self.distance:.4g} over {self.n_cases} "
+                 f"case(s) ({self.evaluations} policies evaluated)", "",
+                 f"Start `{self.start.name}`: distance {self.start_distance:.4g}; changes from start: "
+                 + (", ".join(f"`{k}`: {a} → {b}" for k, (a, b) in self.start.diff(self.best).items()) or "none"),
+                 ""]
+        if self.ties:
+            lines += [f"Not identifiable from these data (changing them leaves the distance unchanged): "
+                      + ", ".join(f"`{t}`" for t in self.ties), ""]
+        lines += ["| neighbour of best | distance | ratio to best |", "|---|---|---|"]
+        for cand in self.neighbours[:neighbours]:
+            ratio = cand.distance / self.distance if self.distance > 0 else math.inf
+            lines.append(f"| {cand.label()} | {cand.distance:.4g} | {ratio:.3g} |")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- search
+class _Search:
+    def __init__(self, evaluator: PolicyEvaluator, fields: Sequence[str], knobs: Sequence[str]):
+        self.ev = evaluator
+        self.fields = tuple(fields)
+        self.knobs = tuple(knobs)
+        self.trace: List[TraceStep] = []
+
+    def d(self, policy):
+        return self.ev.distance(policy)
+
+    def accept(self, kind, current, new):
+        change = {k: b for k, (a, b) in current.diff(new).items()}
+        self.trace.append(TraceStep(len(self.trace), kind, change, self.d(new), len(self.ev.evaluated)))
+        return new
+
+    def best_of(self, current, options):
+        """The first option with the lowest distance, if it is strictly below the current one."""
+        best, best_d = current, self.d(current)
+        for option in options:
+            dist = self.d(option)
+            if dist < best_d:
+                best, best_d = option, dist
+        return best
+
+    def knob_sweep(self, current):
+        combos = itertools.product(*(KNOBS[k] for k in self.knobs))
+        options = [current.replace(**dict(zip(self.knobs, combo))) for combo in combos]
+        return self.best_of(current, options)
+
+    def descend(self, current):
+        while True:
+            new = self.best_of(current, neighbours(current, self.fields))
+            if new == current:
+                return current
+            current = self.accept("single", current, new)
+            if self.d(current) == 0:
+                return current
+
+    def pair_step(self, current):
+        moves = single_moves(current, self.fields)
+        options = [current.replace(**{f1: v1, f2: v2})
+                   for (f1, v1), (f2, v2) in itertools.combinations(moves, 2) if f1 != f2]
+        return self.best_of(current, options)
+
+    def run(self, current, pair_moves: bool, max_rounds: int):
+        self.accept("start", current, current)
+        for _ in range(max_rounds):
+            start_of_round = current
+            if self.knobs:
+                new = self.knob_sweep(current)
+                if new != current:
+                    current = self.accept("knobs", current, new)
+            if self.d(current) > 0:
+                current = self.descend(current)
+            if self.d(current) > 0 and pair_moves:
+                new = self.pair_step(current)
+                if new != current:
+                    current = self.accept("pair", current, new)
+            if current == start_of_round or self.d(current) == 0:
+                break
+        return current
+
+
+def _candidate(evaluator: PolicyEvaluator, policy: RoundingPolicy, best: RoundingPolicy) -> Candidate:
+    ev = evaluator.evaluate(policy)
+    return Candidate(policy, ev.distance, dict(ev.per_output), {k: a for k, (a, b) in policy.diff(best).items()})
+
+
+def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
+                 candidates: Optional[Iterable[PolicyLike]] = None, *, fields: Sequence[str] = SEARCHED_FIELDS,
+                 pair_moves: bool = True, max_rounds: int = 20, top: int = 10) -> InferenceResult:
+    """The policy whose reference outputs are closest to ``outputs`` (module docstring: distance and search).
+
+    Args:
+        inputs (dict | sequence of dict): one case (the 17 tensors by name plus ``chunk_size`` and
+            ``rotary_dim_divisor``) or several.
+        outputs (dict | sequence of dict): the target outputs of each case, by output name; missing or None
+            outputs are skipped. A ``MimoBwdFwdOutputs`` works too.
+        start (str | RoundingPolicy): where the search starts; normalised to the inputs' lp dtype, float32 math and
+            rounded outputs.
+        candidates (iterable, optional): when given, no search: these policies (names or objects) are ranked and
+            the best one returned (its single-field neighbours are evaluated too, for :attr:`neighbours`).
+        fields (sequence of str): the searched fields (default every switch and ``SEARCHED_KNOBS``).
+        pair_moves (bool): try pairs of single-field changes when descent stalls above distance 0.
+        max_rounds (int): upper bound on search rounds.
+        top (int): how many ranked alternatives to keep.
+
+    Returns:
+        InferenceResult
+    """
+    cases = as_case_list(inputs)
+    lp = lp_dtype_of(cases)
+    evaluator = PolicyEvaluator(cases, outputs, lp)
+    for name in fields:
+        if name not in SEARCHED_FIELDS:
+            raise ValueError(f"{name!r} is not a searchable field; searchable: {list(SEARCHED_FIELDS)}")
+    start_policy = normalise_policy(start, lp)
+    knobs = tuple(k for k in SEARCHED_KNOBS if k in fields)
+    search = _Search(evaluator, fields, knobs)
+    if candidates is None:
+        best = search.run(start_policy, pair_moves, max_rounds)
+    else:
+        pool = [_presets.resolve(c) for c in candidates]
+        if not pool:
+            raise ValueError("candidates is empty")
+        search.accept("start", start_policy, start_policy)
+        best = min(pool, key=lambda p: (search.d(p), pool.index(p)))
+        search.accept("candidate", start_policy, best)
+    best_eval = evaluator.evaluate(best)
+    neigh = sorted((_candidate(evaluator, p, best) for p in neighbours(best, fields)),
+                   key=lambda c: (c.distance, c.label()))
+    ties = tuple(dict.fromkeys(name for c in neigh if c.distance == best_eval.distance for name in c.change))
+    ranked = sorted(evaluator.evaluated, key=lambda p: (evaluator.distance(p), p != best))
+    alternatives = [_candidate(evaluator, p, best) for p in ranked[:top]]
+    return InferenceResult(
+        best=best, distance=best_eval.distance, evaluation=best_eval, start=start_policy,
+        start_distance=evaluator.distance(start_policy), alternatives=alternatives, neighbours=neigh, ties=ties,
+        trace=search.trace, evaluations=len(evaluator.evaluated), lp_dtype=lp, n_cases=len(cases),
+        distances={p: e.distance for p, e in evaluator.evaluated.items()})
+
+
+def random_policy(generator: torch.Generator, lp_dtype: str = "bfloat16") -> RoundingPolicy:
+    """A random policy over the searched fields (each switch on with probability 1/2, knobs uniform).
+
+    Used by the synthetic inference tests; float32 math and rounded outputs as the search assumes.
+    """
+    bits = torch.randint(0, 2, (len(SWITCHES),), generator=generator).tolist()
+    values: Dict[str, Any] = {name: bool(b) for name, b in zip(SWITCHES, bits)}
+    for knob in SEARCHED_KNOBS:
+        choices = KNOBS[knob]
+        values[knob] = choices[int(torch.randint(0, len(choices), (1,), generator=generator))]
+    return RoundingPolicy(**values, lp_dtype=lp_dtype, math_dtype="float32", round_outputs=True)

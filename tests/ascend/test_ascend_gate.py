@@ -1,0 +1,112 @@
+"""The Ascend compile gate (scripts/ascend_compile_gate.py) passes good kernels and catches bad ones.
+
+Runs only in the triton-ascend environment (see conftest.py); compiles take well under a second each.
+"""
+
+import importlib.metadata as md
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    md.version("triton-ascend")
+except md.PackageNotFoundError:
+    pytest.skip("needs the triton-ascend compile environment (scripts/setup_ascend_env.sh)", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import toy_kernels  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location("ascend_compile_gate", ROOT / "scripts" / "ascend_compile_gate.py")
+gate = importlib.util.module_from_spec(_spec)
+sys.modules["ascend_compile_gate"] = gate
+_spec.loader.exec_module(gate)
+
+PARTS = gate.DEFAULT_PARTS
+
+pytestmark = pytest.mark.ascend_compile
+
+
+def test_environment_is_triton_ascend_with_bishengir():
+    info = gate.check_environment()
+    assert info["triton-ascend"] == "3.2.0"
+    assert Path(info["bishengir-compile"]).is_file()
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_good_kernels_reach_hivmc(part):
+    results = gate.run_gate(toy_kernels.plans_ok(), parts=(part,))
+    assert len(results) == 2
+    for r in results:
+        assert r.ok, r.describe()
+        assert r.stage in ("hivmc", "binary")
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_gate_catches_unified_buffer_overflow(part):
+    r = gate.compile_plan(toy_kernels.plan_oversized(), part)
+    assert not r.ok
+    assert r.stage == "bishengir"
+    assert r.ub_required_bits is not None and r.ub_required_bits > gate.UB_BITS
+    text = r.describe()
+    assert "toy_oversized_tile" in text and "R=128 C=256" in text and part in text
+    assert f"requires {r.ub_required_bits} bits" in text
+    assert "ub overflow" in r.message
+
+
+def test_gate_catches_fp64_rejected_by_bishengir():
+    r = gate.compile_plan(toy_kernels.plan_fp64(), PARTS[0])
+    assert not r.ok and r.stage == "bishengir" and r.ub_required_bits is None
+    # the compiler's own message comes first, not buried in a stack dump
+    first = r.message.splitlines()[0]
+    assert "unsupported datatype" in first and "ExtFOp" in first, r.message
+
+
+def test_gate_catches_tf32_dot_rejected_by_frontend():
+    r = gate.compile_plan(toy_kernels.plan_tf32(), PARTS[0])
+    assert not r.ok and r.stage == "frontend"
+    assert "hf32" in r.message and "toy_tf32_dot" in r.describe()
+
+
+def test_grid_over_ascend_cap_fails_without_compiling():
+    plan = dict(toy_kernels.plans_ok()[0], grid=(70000,))
+    r = gate.compile_plan(plan, PARTS[0])
+    assert not r.ok and r.stage == "grid" and "65535" in r.message
+
+
+def test_classifier():
+    probe = ("[ERROR] Cannot find hivmc under $PATH \n[ERROR] Failed to run `hivmc --version`.\n"
+             "[WARNING] Failed to detect hivmc version for backward compatibility\n")
+    stop = ('[ERROR] Cannot find hivmc under $PATH \nloc("k.mlir":1:1): error: External hivmc run fails, '
+            "returning module before running external compiler\n[ERROR] Failed to run BiShengIR pipeline\n")
+    assert gate.classify_bishengir(1, probe + stop, False)[:2] == (True, "hivmc")
+    # the start-up probe alone is not the stop at hivmc
+    ok, stage, msg, _ = gate.classify_bishengir(134, probe + "LLVM ERROR: unsupported datatype\n", False)
+    assert not ok and msg.startswith("LLVM ERROR: unsupported datatype")
+    # any other error before the stop fails
+    assert not gate.classify_bishengir(1, probe + 'loc("k":2:3): error: something else\n' + stop, False)[0]
+    ok, _, _, ub = gate.classify_bishengir(
+        1, probe + 'error: ub overflow, requires 2097152 bits while 1572864 bits available!\n', False)
+    assert not ok and ub == 2097152
+    assert not gate.classify_bishengir(1, "", False)[0]
+    assert gate.classify_bishengir(0, "", True)[:2] == (True, "binary")
+
+
+def test_cli_exit_status_and_report(tmp_path, capsys):
+    report = tmp_path / "report.md"
+    rc = gate.main(["--plans", "tests.ascend.toy_kernels:plans", "--parts", ",".join(PARTS),
+                    "--report", str(report), "--quiet", "--jobs", "1"])
+    assert rc == 1
+    out = capsys.readouterr().out
+    assert "toy_oversized_tile [R=128 C=256 fp32] on Ascend910B3: FAIL" in out
+    text = report.read_text()
+    assert "| toy_add | BLOCK=1024 |  | Ascend910B3 | pass | hivmc |" in text
+    assert "| toy_add | BLOCK=1024 |  | Ascend910_9382 | pass | hivmc |" in text
+    assert "| Ascend910B3 | 5 | 2 | 3 |" in text
+    rc = gate.main(["--plans", "tests.ascend.toy_kernels:plans_ok", "--no-report", "--quiet"])
+    assert rc == 0
