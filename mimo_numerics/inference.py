@@ -69,7 +69,7 @@ SEARCHED_FIELDS: Tuple[str, ...] = tuple(SWITCHES) + SEARCHED_KNOBS
 #: Outputs stored in lp: their bit-mismatch fraction counts in the distance (``m_o = 1``).
 LP_OUTPUTS: Tuple[str, ...] = ("states", "dz", "qk_dot")
 #: Weight ``w`` of the bit-mismatch fraction of an lp output in the distance.
-MISMATCH_WEIGHT = 1.0
+MISMATCH_WEIGHT = 10.0
 #: Unit roundoff of each lp dtype.
 UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 _LP_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}

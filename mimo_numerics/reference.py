@@ -124,17 +124,21 @@ def _state_recurrence(k_state: torch.Tensor, psiv: torch.Tensor, decay: torch.Te
         slices = [kt[..., s:s + STATE_ACCUMULATE_ROWS] @ psiv[..., s:s + STATE_ACCUMULATE_ROWS, :]
                   for s in range(0, rows, STATE_ACCUMULATE_ROWS)]
         steps = torch.stack(slices, dim=3)  # [B, H, nc, n_slices, N, P]
-    # chunk-major copies so each step of the Python loop touches contiguous memory
-    steps = steps.permute(2, 3, 0, 1, 4, 5).contiguous()
-    decay = decay.permute(2, 0, 1)[..., None, None].contiguous()  # [nc, B, H, 1, 1]
-    states = torch.empty((nchunks,) + steps.shape[2:], dtype=steps.dtype, device=steps.device)
-    states[0].zero_()
-    h = torch.empty_like(states[0])
+    # chunk-major copies, unbound once into views, so the Python loop does no indexing of its own
+    n_steps = steps.shape[3]
+    steps = steps.permute(2, 3, 0, 1, 4, 5).reshape((nchunks * n_steps,) + steps.shape[:2] + steps.shape[4:])
+    step_views = steps.unbind(0)
+    decay_views = decay.permute(2, 0, 1)[..., None, None].contiguous().unbind(0)  # nc x [B, H, 1, 1]
+    states = torch.empty((nchunks,) + steps.shape[1:], dtype=steps.dtype, device=steps.device)
+    state_views = states.unbind(0)
+    state_views[0].zero_()
+    h = torch.empty_like(state_views[0])
     for c in range(nchunks - 1):
-        torch.mul(states[c], decay[c], out=h)
-        for s in range(steps.shape[1] - 1):
-            h.add_(steps[c, s])
-        torch.add(h, steps[c, -1], out=states[c + 1])
+        torch.mul(state_views[c], decay_views[c], out=h)
+        first = c * n_steps
+        for s in range(first, first + n_steps - 1):
+            h.add_(step_views[s])
+        torch.add(h, step_views[first + n_steps - 1], out=state_views[c + 1])
     return states.permute(1, 2, 0, 3, 4)
 
 

@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "reports" / "bench"))
+    parser.add_argument("--commit", default=None, help="commit to record (default: git rev-parse of the checkout)")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
@@ -81,7 +82,7 @@ def main(argv=None) -> int:
                      "repeats": len(times)})
         print(f"{name:>16}: median {statistics.median(times):9.2f} ms  (min {min(times):.2f}, n={len(times)})",
               flush=True)
-    meta = {"commit": _commit(), "device": device_name, "torch": torch.__version__, "python": sys.version.split()[0],
+    meta = {"commit": args.commit or _commit(), "device": device_name, "torch": torch.__version__, "python": sys.version.split()[0],
             "shape": HEADLINE.to_dict() if hasattr(HEADLINE, "to_dict") else str(HEADLINE),
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "results": rows}
     out = Path(args.out)
