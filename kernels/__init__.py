@@ -1,0 +1,28 @@
+"""Policy-configured Triton kernels of ``mamba_mimo_bwd_fwd`` (installed as ``mimo_numerics.kernels``).
+
+Usage::
+
+    import mimo_numerics as mn
+    from mimo_numerics import kernels
+    out = kernels.mamba_mimo_bwd_fwd(*tensors, chunk_size=16, rotary_dim_divisor=4,
+                                     policy=mn.presets.get("upstream_sm90"))
+
+CPU tensors run in Triton's interpreter (set up internally: nothing to export), CUDA tensors run compiled, NPU
+tensors go to triton-ascend. Importing this package never imports ``triton``; calling the kernels without it
+raises ``ImportError`` naming the extra to install. Design, grids and rounding sites: ``docs/kernels.md``.
+"""
+
+from .mimo_bwd_fwd import (  # noqa: F401
+    INTERPRETER_LIMIT_S,
+    SUPPORTED_DIMS,
+    SlowInterpreterError,
+    UnsupportedPolicyError,
+    estimate_interpreter_seconds,
+    mamba_mimo_bwd_fwd,
+    plan,
+    policy_constexprs,
+    triton_available,
+)
+
+__all__ = ["mamba_mimo_bwd_fwd", "policy_constexprs", "UnsupportedPolicyError", "SlowInterpreterError",
+           "triton_available", "estimate_interpreter_seconds", "plan", "SUPPORTED_DIMS", "INTERPRETER_LIMIT_S"]

@@ -21,6 +21,14 @@ no libdevice, no fp64, no unsigned types (Triton-Ascend lacks uint tensors and t
 import triton
 import triton.language as tl
 
+try:  # the combine function of tl.sum: Triton's interpreter maps a reduce with it onto numpy's sum
+    from triton.language.standard import _sum_combine
+except ImportError:  # pragma: no cover - other Triton layouts
+
+    @triton.jit
+    def _sum_combine(a, b):
+        return a + b
+
 
 @triton.jit
 def _rne_bf16_u(u):
@@ -151,6 +159,16 @@ def operand(x, LP_OPS: tl.constexpr, LPK: tl.constexpr):
 
 
 @triton.jit
+def bits_operand(bits, LPK: tl.constexpr):
+    """int16 lp bits reinterpreted as a bf16/fp16 ``tl.dot`` operand (devices only: the interpreter cannot dot
+    bf16)."""
+    if LPK == 0:
+        return bits.to(tl.bfloat16, bitcast=True)
+    else:
+        return bits.to(tl.float16, bitcast=True)
+
+
+@triton.jit
 def mma(a, b, LP_OPS: tl.constexpr, LPK: tl.constexpr):
     """``a @ b`` with an FP32 result: low-precision operands on devices when exact, IEEE FP32 otherwise."""
     if LP_OPS:
@@ -180,3 +198,16 @@ def tanh(x):
     e = tl.exp(-2.0 * tl.abs(x))
     t = (1.0 - e) / (1.0 + e)
     return tl.where(x < 0.0, -t, t)
+
+
+@triton.jit
+def tsum(x, axis: tl.constexpr):
+    """Sum over ``axis`` (``tl.sum`` for FP32 inputs without calling a jit function of ``triton.language``: the
+    interpreted copy of these kernels can only call interpreted functions; the numpy fast path is kept)."""
+    return tl.reduce(x, axis, _sum_combine)
+
+
+@triton.jit
+def fzeros(M: tl.constexpr, N: tl.constexpr):
+    """An [M, N] FP32 tile of zeros (``tl.full``, a builtin; ``tl.zeros`` is a jit function of triton.language)."""
+    return tl.full([M, N], 0.0, tl.float32)

@@ -515,8 +515,11 @@ def save_bundle(path: PathLike, cases: Iterable[BundleCase], *, meta: Optional[M
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and not path.exists():
-            os.rename(old, path)
-            old = None
+            try:
+                os.rename(old, path)  # put the previous bundle back
+                old = None
+            except OSError:
+                pass  # it stays, complete, in the hidden .old directory
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -9,15 +9,18 @@ Distance
 For one case, with ``u`` the unit roundoff of the inputs' lp dtype (``2**-8`` for bfloat16, ``2**-11`` for
 float16), the distance of a candidate's outputs ``a`` to the target outputs ``e`` is::
 
-    D = Σ_o  m_o · (1 − eq_o)  +  rel_rms(a_o, e_o) / u
+    D = Σ_o  w · m_o · (1 − eq_o)  +  rel_rms(a_o, e_o) / u
 
 summed over the outputs ``o`` the target provides (missing or None outputs are skipped). ``eq_o`` is the fraction of
-bit-equal elements (value-equal when the two dtypes differ); ``m_o`` is 1 for the outputs stored in lp (``states``,
+equal elements (compared as values: ``+0`` equals ``−0``, whose sign the FP32-level details of a device decide, and
+NaN equals NaN); ``w = MISMATCH_WEIGHT = 10`` and ``m_o`` is 1 for the outputs stored in lp (``states``,
 ``dz``, ``qk_dot``) and 0 for the float32 projections ``dmimo_o`` and ``dmimo_z``. Why:
 
-* the lp outputs are where a policy's roundings show up bit for bit. A target output that agrees bit-exactly with a
-  candidate contributes 0, while a 1-ulp flip in 1 % of its elements costs 0.01 plus its RMS term: bit-exact
-  agreement is what a candidate must reach to win, so it weighs strongly;
+* the lp outputs are where a policy's roundings show up bit for bit. A target output that agrees exactly with a
+  candidate contributes 0, while a 1-ulp flip in 1 % of its elements costs 0.1 plus its RMS term (about 0.02):
+  exact agreement weighs strongly. The weight 10 was chosen on synthetic data: with 1 the descent stalled in a local
+  minimum for about 1 in 15 random policies (mismatched roundings early in the pipeline make later roundings look
+  wrong in RMS terms while the mismatch fraction still points the right way), with 10 none in 90;
 * the low bits of float32 outputs also depend on the FP32-level knobs that no policy models yet (tensor-core
   accumulation, fast-math special functions, FMA contraction, summation order, ``docs/semantics.md``). Their
   bit-equal fraction is about 0.1 for the correct policy on the H200 data, so counting it would only add noise;
@@ -48,6 +51,8 @@ deterministic.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -57,7 +62,7 @@ import torch
 
 from . import presets as _presets
 from .cases import as_args, as_kwargs
-from .metrics import bit_equal_fraction, rel_rms
+from .metrics import rel_rms
 from .outputs import INPUT_NAMES, OUTPUT_NAMES
 from .policy import KNOBS, SWITCHES, RoundingPolicy
 from .reference import mamba_mimo_bwd_fwd
@@ -76,6 +81,31 @@ _LP_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 PolicyLike = Union[str, RoundingPolicy]
 CasesLike = Union[Mapping[str, Any], Sequence[Mapping[str, Any]]]
+
+
+# ---------------------------------------------------------------------------------------------- threads
+@contextlib.contextmanager
+def torch_threads(n: int = 1):
+    """Run the block with ``n`` torch intra-op threads, then restore the previous count.
+
+    The searches here evaluate the reference hundreds of times on small tensors, where extra threads only add
+    overhead (10x slower on a busy 2-core machine). This is a speed setting; it does not select numerics.
+    """
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def single_threaded(fn):
+    """Decorator: run ``fn`` under :func:`torch_threads` (1)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with torch_threads(1):
+            return fn(*args, **kwargs)
+    return wrapper
 
 
 # ---------------------------------------------------------------------------------------------- case helpers
@@ -142,6 +172,17 @@ def normalise_policy(policy: PolicyLike, lp_dtype: str) -> RoundingPolicy:
     return _presets.resolve(policy).replace(lp_dtype=lp_dtype, math_dtype="float32", round_outputs=True)
 
 
+def describe_policy(policy: PolicyLike) -> str:
+    """The preset name, or the nearest preset (fewest differing fields) and the differences: ``"upstream_sm90 with
+    silu_form=sigmoid"``."""
+    policy = _presets.resolve(policy)
+    if policy.name != "custom":
+        return policy.name
+    nearest = min(_presets.names(), key=lambda n: (len(_presets.get(n).diff(policy)), _presets.names().index(n)))
+    changes = ", ".join(f"{k}={b}" for k, (a, b) in _presets.get(nearest).diff(policy).items())
+    return f"{nearest} with {changes}"
+
+
 # ---------------------------------------------------------------------------------------------- distance
 @dataclass(frozen=True)
 class Evaluation:
@@ -151,7 +192,7 @@ class Evaluation:
         distance (float): the combined distance ``D`` (module docstring).
         per_output (dict): output -> its share of ``D``.
         rel_rms (dict): output -> relative RMS error against the target.
-        mismatch (dict): output -> fraction of elements that are not bit-equal to the target.
+        mismatch (dict): output -> fraction of elements whose value differs from the target's.
     """
 
     distance: float
@@ -174,10 +215,9 @@ def _matched(candidate: torch.Tensor, target: torch.Tensor, name: str) -> torch.
 
 
 def _mismatch(a: torch.Tensor, e: torch.Tensor) -> float:
+    """Fraction of elements whose values differ (+0 equals −0, NaN equals NaN)."""
     if a.numel() == 0:
         return 0.0
-    if a.dtype == e.dtype:
-        return 1.0 - bit_equal_fraction(a, e)
     a64, e64 = a.detach().to(torch.float64), e.detach().to(torch.float64)
     same = (a64 == e64) | (torch.isnan(a64) & torch.isnan(e64))
     return 1.0 - same.to(torch.float64).mean().item()
@@ -297,6 +337,7 @@ def neighbours(policy: RoundingPolicy, fields: Sequence[str] = SEARCHED_FIELDS) 
     return [policy.replace(**{name: value}) for name, value in single_moves(policy, fields)]
 
 
+@single_threaded
 def identifiable_fields(inputs: CasesLike, policy: PolicyLike,
                         fields: Sequence[str] = SEARCHED_FIELDS) -> Dict[str, bool]:
     """Which fields of ``policy`` can be told apart from the reference outputs on these inputs.
@@ -389,6 +430,13 @@ class InferenceResult:
     n_cases: int
     distances: Dict[RoundingPolicy, float] = field(default_factory=dict, repr=False)
 
+    def weakly_determined(self, rtol: float = 0.01) -> Tuple[str, ...]:
+        """Fields whose change raises the distance by less than ``rtol`` relative (ties included): the data barely
+        tell their values apart (e.g. ``silu_form`` on the H200 data, where neither form is the device's fast-math
+        tanh)."""
+        limit = self.distance * (1.0 + rtol)
+        return tuple(dict.fromkeys(name for c in self.neighbours if c.distance <= limit for name in c.change))
+
     def distance_of(self, policy: PolicyLike) -> Optional[float]:
         """The distance of an evaluated policy (None when the search never evaluated it)."""
         return self.distances.get(_presets.resolve(policy))
@@ -396,9 +444,10 @@ class InferenceResult:
     def to_dict(self) -> Dict[str, Any]:
         """Plain JSON types."""
         return {
-            "best": self.best.to_dict(), "best_name": self.best.name, "distance": self.distance,
-            "evaluation": self.evaluation.to_dict(), "start": self.start.to_dict(), "start_name": self.start.name,
+            "best": self.best.to_dict(), "best_name": describe_policy(self.best), "distance": self.distance,
+            "evaluation": self.evaluation.to_dict(), "start": self.start.to_dict(), "start_name": describe_policy(self.start),
             "start_distance": self.start_distance, "ties": list(self.ties),
+            "weakly_determined": list(self.weakly_determined()),
             "alternatives": [c.to_dict() for c in self.alternatives],
             "neighbours": [c.to_dict() for c in self.neighbours],
             "trace": [s.to_dict() for s in self.trace], "evaluations": self.evaluations,
@@ -407,14 +456,18 @@ class InferenceResult:
 
     def to_markdown(self, neighbours: int = 10) -> str:
         """A short Markdown summary: best policy, distance, start, the changes from start and nearest neighbours."""
-        lines = [f"**Recovered policy**: `{self.best.name}`, distance {self.distance:.4g} over {self.n_cases} "
+        lines = [f"**Recovered policy**: `{describe_policy(self.best)}`, distance {self.distance:.4g} over {self.n_cases} "
                  f"case(s) ({self.evaluations} policies evaluated)", "",
-                 f"Start `{self.start.name}`: distance {self.start_distance:.4g}; changes from start: "
+                 f"Start `{describe_policy(self.start)}`: distance {self.start_distance:.4g}; changes from start: "
                  + (", ".join(f"`{k}`: {a} → {b}" for k, (a, b) in self.start.diff(self.best).items()) or "none"),
                  ""]
         if self.ties:
             lines += [f"Not identifiable from these data (changing them leaves the distance unchanged): "
                       + ", ".join(f"`{t}`" for t in self.ties), ""]
+        weak = [f for f in self.weakly_determined() if f not in self.ties]
+        if weak:
+            lines += [f"Weakly determined (changing them raises the distance by less than 1 %): "
+                      + ", ".join(f"`{t}`" for t in weak), ""]
         lines += ["| neighbour of best | distance | ratio to best |", "|---|---|---|"]
         for cand in self.neighbours[:neighbours]:
             ratio = cand.distance / self.distance if self.distance > 0 else math.inf
@@ -491,6 +544,7 @@ def _candidate(evaluator: PolicyEvaluator, policy: RoundingPolicy, best: Roundin
     return Candidate(policy, ev.distance, dict(ev.per_output), {k: a for k, (a, b) in policy.diff(best).items()})
 
 
+@single_threaded
 def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
                  candidates: Optional[Iterable[PolicyLike]] = None, *, fields: Sequence[str] = SEARCHED_FIELDS,
                  pair_moves: bool = True, max_rounds: int = 20, top: int = 10) -> InferenceResult:

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import presets as _presets
 from .inference import (CasesLike, PolicyEvaluator, PolicyLike, as_case_list, as_output_list, lp_dtype_of,
-                        run_reference)
+                        run_reference, single_threaded)
 from .outputs import OUTPUT_NAMES
 from .policy import KNOBS, SWITCHES, RoundingPolicy
 
@@ -67,6 +67,7 @@ def all_off(policy: PolicyLike) -> RoundingPolicy:
     return _presets.resolve(policy).replace(**{s: False for s in SWITCHES})
 
 
+@single_threaded
 def output_errors(inputs: CasesLike, policies: Mapping[str, PolicyLike] | Sequence[PolicyLike],
                   baseline: Any = "fp64") -> Dict[str, Dict[str, float]]:
     """Relative RMS error of each policy's outputs against the baseline.
@@ -210,6 +211,7 @@ def _one_on_policy(floor: RoundingPolicy, site: str, value: Any = None) -> Round
     return floor.replace(**{site: value})
 
 
+@single_threaded
 def rank_sites(inputs: CasesLike, policy: PolicyLike = "upstream_sm90", baseline: Any = "fp64") -> SensitivityTable:
     """One-on/one-off sensitivity of every switch and knob value of ``policy`` against ``baseline``.
 
@@ -344,6 +346,7 @@ class GapAttribution:
         return "\n".join(lines)
 
 
+@single_threaded
 def attribute_gap(inputs: CasesLike, policy_a: PolicyLike, policy_b: PolicyLike, target: Any = None,
                   metric: str = "rel_rms") -> GapAttribution:
     """Explain the distance between two policies' outputs one differing field at a time.

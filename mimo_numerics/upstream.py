@@ -198,6 +198,9 @@ def _exec_file(name: str, path: Path) -> types.ModuleType:
     except BaseException:
         del sys.modules[name]
         raise
+    parent, _, child = name.rpartition(".")
+    if parent in sys.modules:
+        setattr(sys.modules[parent], child, module)  # as the import system does for submodules
     return module
 
 

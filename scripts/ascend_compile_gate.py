@@ -524,20 +524,89 @@ def compile_plan(plan: Any, part: str = DEFAULT_PARTS[0]) -> CompileResult:
 
 # ---------------------------------------------------------------------------------------------- project plans
 
-def project_plans(presets: Optional[Sequence[str]] = None) -> List[LaunchPlan]:
-    """Every launch the project's launcher can make for the gated presets and shape classes.
+#: Presets the gate compiles (acceptance list of issue 7). upstream_sm80 equals seed_bf16 except the SiLU and
+#: state-update knobs; it is included because the launcher can produce it and compiling it is cheap.
+GATE_PRESETS: Tuple[str, ...] = ("fp32", "seed_bf16", "upstream_sm80", "upstream_sm90", "upstream_sm90_fp16",
+                                 "upstream_sm80_fp16")
+#: Supported state / value dims (the launcher's SUPPORTED_DIMS).
+GATE_DIMS: Tuple[int, ...] = (16, 32, 64, 128)
+#: (chunk_size C, rank R) classes: C·R from 16 to 128, powers of two and padded non-powers of two
+#: (18 → 32, 24 → 32, 48 → 64, 96 → 128, 100 → 128), R = 1 … 4, C below the 16-row minimum tile (C = 6, 8).
+GATE_CR: Tuple[Tuple[int, int], ...] = ((16, 1), (8, 2), (6, 3), (16, 2), (8, 3), (16, 4), (16, 3), (32, 4),
+                                        (64, 2), (25, 4), (128, 1))
+#: (reduce_o, has_z, has_d): all eight branch combinations.
+GATE_BRANCHES: Tuple[Tuple[bool, bool, bool], ...] = tuple(
+    (ro, z, d) for ro in (True, False) for z in (False, True) for d in (False, True))
 
-    The enumeration belongs to the kernels package: ``mimo_numerics.kernels.ascend_compile_plans(...)`` (see
-    docs/ascend.md, "Hook the gate needs"). The gate does not reimplement the launcher's tiling decisions.
+
+def project_plans(presets: Optional[Sequence[str]] = None, cr: Sequence[Tuple[int, int]] = GATE_CR,
+                  dims: Sequence[int] = GATE_DIMS,
+                  branches: Sequence[Tuple[bool, bool, bool]] = GATE_BRANCHES) -> List[LaunchPlan]:
+    """Every launch the project's launcher makes for the gated presets and shape classes.
+
+    Preferred source: ``mimo_numerics.kernels.ascend_compile_plans(presets=...)`` (the kernels package enumerates
+    its own launches; docs/ascend_findings.md §1). Until it exists, the gate runs the real launcher,
+    ``mimo_numerics.kernels.mamba_mimo_bwd_fwd``, on small CPU inputs of each shape class with its backend
+    forced to ``"npu"`` and its ``_launch`` replaced by a recorder (see ``recorded_launcher_plans``), so the
+    constexprs, tile sizes, arguments and grids are the launcher's own and nothing is launched.
     """
+    presets = tuple(presets or GATE_PRESETS)
     mod = importlib.import_module("mimo_numerics.kernels")
-    hook = getattr(mod, "ascend_compile_plans", None) or getattr(mod, "enumerate_launches", None)
-    if hook is None:
-        raise GateEnvironmentError(
-            "mimo_numerics.kernels provides no ascend_compile_plans(); the gate needs the launcher to enumerate "
-            "its (kernel, args, constexprs, grid) launches without launching (docs/ascend.md)")
-    kw = {} if presets is None else {"presets": tuple(presets)}
-    return [as_plan(p) for p in hook(**kw)]
+    hook = getattr(mod, "ascend_compile_plans", None)
+    if hook is not None:
+        return [as_plan(p) for p in hook(presets=presets)]
+    return recorded_launcher_plans(presets, cr, dims, branches)
+
+
+def recorded_launcher_plans(presets: Sequence[str], cr: Sequence[Tuple[int, int]] = GATE_CR,
+                            dims: Sequence[int] = GATE_DIMS,
+                            branches: Sequence[Tuple[bool, bool, bool]] = GATE_BRANCHES) -> List[LaunchPlan]:
+    """Run the launcher in record mode for every preset × (N, P) × (C, R) × branches (see ``project_plans``).
+
+    The runtime ints (B, S, H, …) are one representative size per class: B = 2, H = 2, G = 1, S = 3·C − 1
+    (three chunks, the last one padded), so none of them is specialised as 1 or as a multiple of 16 the way a
+    unit batch would be; the constexpr specializations are enumerated in full.
+    """
+    import torch
+
+    from mimo_numerics import cases as _cases
+    from mimo_numerics import presets as _presets
+
+    launcher = importlib.import_module("mimo_numerics.kernels.mimo_bwd_fwd")
+    backend_mod = importlib.import_module("mimo_numerics.kernels._backend")
+    recorded: List[LaunchPlan] = []
+    current = {"name": "", "group": ""}
+
+    def record(kernel, grid, args, cx, backend, warps=4, stages=2):
+        kw = launcher._kwargs_for(kernel, cx)
+        grid_t = tuple(grid) if isinstance(grid, (tuple, list)) else (int(grid),)
+        recorded.append(LaunchPlan(kernel=kernel, args=tuple(args), kwargs=kw, grid=grid_t,
+                                   name=current["name"], group=current["group"]))
+
+    saved = (launcher._launch, backend_mod.backend_of)
+    launcher._launch = record
+    backend_mod.backend_of = lambda device: "npu"
+    try:
+        for preset in presets:
+            policy = _presets.get(preset)
+            dtype = policy.lp_dtype
+            for n in dims:
+                for p in dims:
+                    for c, r in cr:
+                        for ro, z, d in branches:
+                            spec = _cases.CaseSpec(batch=2, heads=2, groups=1, seqlen=3 * c - 1, state_dim=n,
+                                                   value_dim=p, rank=r, chunk_size=c, reduce_o=ro, has_z=z,
+                                                   has_d=d, dtype=dtype)
+                            inputs = _cases.make_inputs(spec, "cpu")
+                            current["name"] = (f"N{n}_P{p}_R{r}_C{c}_" + ("ro" if ro else "fo")
+                                               + ("Z" if z else "-") + ("D" if d else "-"))
+                            current["group"] = preset
+                            with torch.no_grad():
+                                launcher.mamba_mimo_bwd_fwd(*_cases.as_args(inputs), **_cases.as_kwargs(inputs),
+                                                            policy=policy)
+    finally:
+        launcher._launch, backend_mod.backend_of = saved
+    return recorded
 
 
 # ---------------------------------------------------------------------------------------------- report

@@ -4,7 +4,7 @@
 # mamba-ssm 2.3.2.post1 sdist, packed into ONE xz tarball in a git-ignored folder (default: wheelhouse/).
 #
 # The wheels are stored unpacked inside the tarball because xz compresses the unpacked files far better than the
-# deflate-compressed wheels (tilelang + z3-solver alone are ~80 MB as wheels, the tarball ~55 MB): that keeps the
+# deflate-compressed wheels (all five are ~82 MB as wheels, the tarball ~40 MB): that keeps the
 # folder under the 64 MiB a device run may carry. scripts/use_upstream_wheels.sh re-zips them into wheels and installs
 # them with pip --no-index --target.
 #
@@ -21,7 +21,8 @@ PIP=${PIP:-"python -m pip"}
 MAX_BYTES=$((64 * 1024 * 1024))
 TARBALL=upstream_wheels.tar.xz
 
-# Pinned so that every preparation gives the same environment (versions resolved on 2026-xx for tilelang 0.1.15).
+# Pinned so that every preparation gives the same environment: the newest versions tilelang 0.1.15's
+# Requires-Dist allowed when this script was written.
 WHEELS=(
   "tilelang==0.1.15"
   "apache-tvm-ffi==0.1.12"

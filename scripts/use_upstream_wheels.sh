@@ -8,6 +8,17 @@
 # MIMO_NUMERICS_UPSTREAM_SRC (where mimo_numerics.upstream finds the kernel source). Idempotent: a second run reuses
 # SITE when its stamp matches the tarball.
 
+_uw_untar() {  # python's tarfile: no dependency on xz-utils being installed
+  python - "$1" "$2" <<'PY'
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as tar:
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(sys.argv[2], filter="data")
+    else:
+        tar.extractall(sys.argv[2])
+PY
+}
+
 _uw_main() {
   local wheel_dir=${1:-wheelhouse} site=${2:-/tmp/site}
   local tarball="$wheel_dir/upstream_wheels.tar.xz"
@@ -27,7 +38,7 @@ _uw_main() {
   if [ "$(cat "$site/.stamp" 2>/dev/null)" != "$stamp" ]; then
     local work
     work=$(mktemp -d) || return 1
-    tar -C "$work" -xJf "$tarball" || return 1
+    _uw_untar "$tarball" "$work" || return 1
     python - "$work/wheels" <<'PY' || return 1
 import os, sys, zipfile
 root = sys.argv[1]
@@ -44,7 +55,7 @@ for name in sorted(os.listdir(root)):
 PY
     rm -rf "$site" && mkdir -p "$site/src" || return 1
     python -m pip install --no-index --no-deps --no-compile --quiet --target "$site" "$work"/wheels/*.whl || return 1
-    tar -C "$site/src" -xzf "$work"/sdist/mamba_ssm-*.tar.gz || return 1
+    _uw_untar "$work"/sdist/mamba_ssm-*.tar.gz "$site/src" || return 1
     cp "$work/README.txt" "$site/WHEELHOUSE_README.txt"
     rm -rf "$work"
     echo "$stamp" > "$site/.stamp"

@@ -1,0 +1,658 @@
+"""``mimo-numerics``: run ``mamba_mimo_bwd_fwd`` into result bundles, compare and verify bundles, inspect policies.
+
+Commands (``mimo-numerics <command> --help`` for every option)::
+
+    run       --backend {reference,triton,upstream} [--policy NAME|FILE.json]
+              (--grid NAME | --case SPEC ... | --inputs-from BUNDLE) [--only GLOB ...] [--device DEV] --out DIR
+    compare   A B [--threshold X] [--metric rel_rms|max_abs|max_rel] [--allow-different-inputs] [--allow-missing]
+              [--json FILE]
+    verify    BUNDLE
+    import-golden [GOLDEN.pt] --out DIR
+    presets
+    policy    show NAME|FILE.json  |  policy diff A B
+    report    ...  (delegates to mimo_numerics.report)
+
+``--case SPEC``: a comma-separated ``key=value`` list of ``CaseSpec`` fields, with the dimension letters as aliases
+(``B S H G N P R C`` for batch, seqlen, heads, groups, state_dim, value_dim, rank, chunk_size; ``rd`` for
+rotary_dim_divisor). Booleans are ``true/false/1/0/yes/no``. Unlisted fields keep their ``CaseSpec`` defaults.
+Example: ``--case B=1,S=64,H=2,N=64,P=64,R=4,C=16,has_z=true,formula=realistic,dtype=bfloat16,seed=7``. A JSON
+object (``--case '{"seqlen": 64}'``) or ``@file.json`` is accepted too. ``--case`` may be repeated.
+
+Exit status: 0 success; 1 ``compare`` found a metric above ``--threshold`` (NaN counts as above), a case with
+mismatched outputs, or a case present in only one bundle; 2 any error (one line on stderr with a hint; ``--debug``
+shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+PROG = "mimo-numerics"
+BACKENDS = ("reference", "triton", "upstream")
+METRICS = ("rel_rms", "max_abs", "max_rel")
+_ALIASES = {"B": "batch", "S": "seqlen", "H": "heads", "G": "groups", "N": "state_dim", "P": "value_dim",
+            "R": "rank", "C": "chunk_size", "rd": "rotary_dim_divisor"}
+_TRUE = ("1", "true", "yes", "on", "y", "t")
+_FALSE = ("0", "false", "no", "off", "n", "f")
+
+
+class CliError(Exception):
+    """An error reported as one line, with a hint."""
+
+    def __init__(self, message: str, hint: Optional[str] = None):
+        super().__init__(message)
+        self.hint = hint
+
+
+# ---------------------------------------------------------------------------------------------------------- helpers
+def parse_case_spec(text: str):
+    """A ``CaseSpec`` from the ``--case`` syntax (module docstring)."""
+    from .cases import CaseSpec
+    import dataclasses
+
+    text = text.strip()
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise CliError(f"--case {text}: cannot read the file ({exc.strerror})") from None
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CliError(f"--case: not valid JSON ({exc})", "use key=value pairs or a JSON object") from None
+        return CaseSpec.from_dict(data)
+    defaults = {f.name: f.default for f in dataclasses.fields(CaseSpec)}
+    values: Dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        if "=" not in item:
+            raise CliError(f"--case: {item!r} is not key=value", "example: --case B=1,S=32,N=64,P=64,R=4,C=16")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        name = _ALIASES.get(key, key)
+        if name not in defaults:
+            raise CliError(f"--case: unknown field {key!r}",
+                           f"fields: {', '.join(defaults)}; aliases: {', '.join(f'{a}={n}' for a, n in _ALIASES.items())}")
+        if name in values:
+            raise CliError(f"--case: field {name!r} given twice")
+        kind = type(defaults[name])
+        if kind is bool:
+            if raw.lower() not in _TRUE + _FALSE:
+                raise CliError(f"--case: {key}={raw!r} is not a boolean", "use true/false")
+            values[name] = raw.lower() in _TRUE
+        elif kind is int:
+            try:
+                values[name] = int(raw)
+            except ValueError:
+                raise CliError(f"--case: {key}={raw!r} is not an integer") from None
+        else:
+            values[name] = raw
+    return CaseSpec(**values)
+
+
+def _resolve_policy(text: str):
+    from . import presets
+
+    if text.endswith(".json") and not os.path.exists(text):
+        raise CliError(f"policy file {text} not found", "give a preset name (mimo-numerics presets) or a JSON file")
+    try:
+        return presets.resolve(text)
+    except ValueError as exc:
+        raise CliError(str(exc), "mimo-numerics presets lists the preset names; a file must end in .json") from None
+
+
+def _import_device_support(device: str) -> None:
+    if device.startswith("npu"):
+        try:
+            import torch_npu  # noqa: F401
+        except ImportError:
+            raise CliError(f"--device {device}: torch_npu is not installed",
+                           "on an Ascend machine: pip install 'mimo_numerics[npu]'") from None
+
+
+class _Progress:
+    """A progress bar over cases on stderr (one line per case when stderr is not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool = True, stream=None):
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.stream = stream or sys.stderr
+        self.tty = self.enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.start = time.monotonic()
+
+    def step(self, label: str, status: str = "") -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        width = 24
+        filled = int(width * self.done / max(self.total, 1))
+        bar = "#" * filled + "." * (width - filled)
+        text = f"[{bar}] {self.done}/{self.total} {time.monotonic() - self.start:6.1f}s {label} {status}".rstrip()
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            if self.done == self.total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def note(self, text: str) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K")
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+# ---------------------------------------------------------------------------------------------------------- run
+def _collect_cases(args) -> List[tuple]:
+    """``[(name, spec, cpu_inputs)]`` from --grid / --case / --inputs-from, filtered by --only."""
+    from . import cases
+
+    sources = sum(bool(x) for x in (args.grid, args.case, args.inputs_from))
+    if sources == 0:
+        raise CliError("run needs cases: --grid NAME, --case SPEC or --inputs-from BUNDLE",
+                       f"grids: {', '.join(cases.grid_names())}")
+    if args.inputs_from and (args.grid or args.case):
+        raise CliError("--inputs-from cannot be combined with --grid/--case")
+    found: List[tuple] = []
+    if args.inputs_from:
+        from .bundles import load_bundle
+
+        for bc in load_bundle(args.inputs_from):
+            found.append((bc.name, bc.spec, dict(bc.inputs)))
+    else:
+        specs = []
+        if args.grid:
+            try:
+                specs.extend(cases.grid(args.grid))
+            except ValueError as exc:
+                raise CliError(str(exc)) from None
+        for text in args.case or ():
+            specs.append(parse_case_spec(text))
+        for spec in specs:
+            found.append((spec.case_id, spec, None))
+    if args.only:
+        found = [c for c in found if any(fnmatch.fnmatchcase(c[0], pattern) for pattern in args.only)]
+        if not found:
+            raise CliError(f"--only {' '.join(args.only)} matches no case")
+    names = [c[0] for c in found]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise CliError(f"duplicate cases: {dupes}", "each case may appear once")
+    return found
+
+
+def _backend_fn(backend: str, args):
+    if backend == "reference":
+        from . import reference
+
+        return reference.mamba_mimo_bwd_fwd
+    if backend == "triton":
+        from . import kernels
+
+        if not kernels.triton_available():
+            raise CliError("the triton backend needs Triton",
+                           "pip install 'mimo_numerics[triton]' (NVIDIA/CPU) or 'mimo_numerics[npu]' (Ascend)")
+
+        def run_triton(*tensors, **kw):
+            return kernels.mamba_mimo_bwd_fwd(*tensors, allow_slow_interpreter=args.allow_slow_interpreter, **kw)
+
+        return run_triton
+    from . import upstream
+
+    def run_upstream(*tensors, policy=None, **kw):
+        return upstream.mamba_mimo_bwd_fwd(*tensors, source_dir=args.upstream_src, **kw)
+
+    return run_upstream
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    elif device.startswith("npu") and hasattr(torch, "npu"):
+        torch.npu.synchronize()
+
+
+def cmd_run(args) -> int:
+    import torch
+
+    from . import envinfo
+    from .bundles import BundleCase, save_bundle
+    from .cases import make_inputs
+    from .outputs import INPUT_NAMES, MimoBwdFwdOutputs
+
+    backend = args.backend
+    device = args.device or ("cuda" if backend == "upstream" else "cpu")
+    _import_device_support(device)
+    if backend == "upstream":
+        if args.policy is not None:
+            raise CliError("--policy does not apply to --backend upstream (the real kernel has no policy)",
+                           "drop --policy")
+        from . import upstream
+
+        upstream.check_cuda(device)
+        base_policy = None
+    else:
+        base_policy = _resolve_policy(args.policy or "upstream_sm90")
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise CliError(f"{out} already exists", "pass --overwrite or choose another --out")
+    found = _collect_cases(args)
+    fn = _backend_fn(backend, args)
+    versions = envinfo.versions()
+    extra_meta: Dict[str, Any] = {}
+    if backend == "upstream":
+        from . import upstream
+
+        info = upstream.source_info(args.upstream_src)
+        versions["mamba_ssm"] = info.get("mamba_ssm", versions.get("mamba_ssm", "?"))
+        extra_meta["upstream_source"] = info
+    name_of_device = envinfo.device_name(device)
+    progress = _Progress(len(found), enabled=not args.quiet)
+    results = []
+    adapted = set()
+    for name, spec, inputs in found:
+        cpu_inputs = inputs if inputs is not None else make_inputs(spec, "cpu")
+        policy = base_policy
+        lp = str(cpu_inputs["q"].dtype).replace("torch.", "")
+        if policy is not None and policy.lp_dtype != lp:
+            if args.strict_dtype:
+                raise CliError(f"case {name} has {lp} inputs but the policy's lp_dtype is {policy.lp_dtype}",
+                               "drop --strict-dtype to adapt the policy per case, or pick cases of one dtype")
+            policy = policy.replace(lp_dtype=lp)
+            if lp not in adapted:
+                adapted.add(lp)
+                progress.note(f"note: {lp} cases run with the policy's lp_dtype set to {lp} "
+                              f"(recorded per case as policy {policy.name!r})")
+        dev_inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in cpu_inputs.items()}
+        tensors = [dev_inputs[n] for n in INPUT_NAMES]
+        kw = {"chunk_size": dev_inputs["chunk_size"], "rotary_dim_divisor": dev_inputs["rotary_dim_divisor"]}
+        meta: Dict[str, Any] = dict(extra_meta)
+        skipped = None
+        outputs = None
+        t0 = time.perf_counter()
+        try:
+            raw = fn(*tensors, policy=policy, **kw) if backend != "upstream" else fn(*tensors, **kw)
+            _sync(device)
+            outputs = MimoBwdFwdOutputs(*(None if t is None else t.detach().to("cpu") for t in raw))
+            status = "ok"
+        except Exception as exc:
+            if backend == "upstream":
+                from . import upstream
+
+                if isinstance(exc, upstream.UpstreamUnsupported):
+                    skipped = str(exc)
+                    status = "skipped (upstream limitation)"
+                    progress.note(f"skip: {name}: {exc}")
+                else:
+                    raise
+            else:
+                raise
+        meta["wall_s"] = round(time.perf_counter() - t0, 6)
+        if backend == "upstream":
+            from . import upstream
+
+            if upstream.last_launch:
+                meta["upstream_launch"] = dict(upstream.last_launch)
+        if policy is not None:
+            meta["policy_name"] = policy.name
+        results.append(BundleCase(name=name, inputs=cpu_inputs, outputs=outputs, spec=spec, policy=policy,
+                                  backend=backend, device=str(device), device_name=name_of_device,
+                                  versions=versions, skipped=skipped, meta=meta))
+        progress.step(name, status)
+    bundle_meta = {"command": " ".join([PROG] + list(args.argv)), "backend": backend,
+                   "policy": None if base_policy is None else base_policy.name, "grid": args.grid,
+                   "device": str(device), "device_name": name_of_device}
+    save_bundle(out, results, meta=bundle_meta, overwrite=args.overwrite)
+    ok = sum(r.outputs is not None for r in results)
+    print(f"wrote {out}: {len(results)} case(s), {ok} with outputs, {len(results) - ok} skipped "
+          f"(backend {backend}, device {name_of_device})")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------- compare
+def _describe(bundle) -> str:
+    def uniq(values):
+        values = sorted({str(v) for v in values})
+        return values[0] if len(values) == 1 else "{" + ", ".join(values) + "}"
+
+    backends = uniq(c.backend for c in bundle)
+    policies = uniq("-" if c.policy is None else c.policy.name for c in bundle)
+    devices = uniq(c.device_name or c.device for c in bundle)
+    return f"{bundle.path} [{len(bundle)} cases; backend {backends}; policy {policies}; device {devices}]"
+
+
+def _json_safe(obj):
+    """NaN -> null and ±inf -> "inf"/"-inf", recursively (JSON has neither)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def _fmt(x: float) -> str:
+    return "nan" if isinstance(x, float) and math.isnan(x) else f"{x:.3e}"
+
+
+def cmd_compare(args) -> int:
+    from .bundles import load_bundle
+    from .metrics import compare_outputs
+
+    a, b = load_bundle(args.a), load_bundle(args.b)
+    print(f"A (expected): {_describe(a)}")
+    print(f"B (actual):   {_describe(b)}")
+    names_a, names_b = a.names(), b.names()
+    common = [n for n in names_a if n in names_b]
+    only_a = [n for n in names_a if n not in names_b]
+    only_b = [n for n in names_b if n not in names_a]
+    if not common:
+        raise CliError("the bundles have no case in common", "compare bundles made from the same grid or inputs")
+    differing = [n for n in common if a.case(n).inputs_digest != b.case(n).inputs_digest]
+    if differing and not args.allow_different_inputs:
+        raise CliError(f"inputs differ between the bundles for {len(differing)} case(s), e.g. {differing[0]}",
+                       "the outputs are not comparable; pass --allow-different-inputs to compare anyway")
+    report: Dict[str, Any] = {"a": str(a.path), "b": str(b.path), "metric": args.metric,
+                              "threshold": args.threshold, "cases": {}, "only_in_a": only_a, "only_in_b": only_b,
+                              "inputs_differ": differing}
+    failures: List[str] = []
+    header = f"{'case':<52} {'output':<8} {'rel_rms':>10} {'max_abs':>10} {'max_rel':>10} {'bit_equal':>9}"
+    print(header)
+    print("-" * len(header))
+    for name in common:
+        ca, cb = a.case(name), b.case(name)
+        if ca.outputs is None or cb.outputs is None:
+            why = ca.skipped if ca.outputs is None else cb.skipped
+            side = "A" if ca.outputs is None else "B"
+            print(f"{name:<52} skipped in {side}: {why or 'no outputs'}")
+            report["cases"][name] = {"skipped": f"{side}: {why or 'no outputs'}"}
+            continue
+        try:
+            metrics = compare_outputs(cb.outputs, ca.outputs)
+        except (TypeError, ValueError) as exc:
+            print(f"{name:<52} ERROR: {exc}")
+            report["cases"][name] = {"error": str(exc)}
+            failures.append(f"{name}: {exc}")
+            continue
+        report["cases"][name] = metrics
+        for output, m in metrics.items():
+            if m is None:
+                continue
+            bit = "n/a" if math.isnan(m["bit_equal_fraction"]) else f"{100 * m['bit_equal_fraction']:.2f}%"
+            flag = ""
+            if args.threshold is not None and not m[args.metric] <= args.threshold:
+                flag = "  > threshold"
+                failures.append(f"{name}/{output}: {args.metric} {_fmt(m[args.metric])}")
+            print(f"{name:<52} {output:<8} {_fmt(m['rel_rms']):>10} {_fmt(m['max_abs']):>10} "
+                  f"{_fmt(m['max_rel']):>10} {bit:>9}{flag}")
+    for side, names in (("A", only_a), ("B", only_b)):
+        for n in names:
+            print(f"{n:<52} only in {side}")
+    if differing:
+        print(f"warning: inputs differ for {len(differing)} case(s) (--allow-different-inputs)")
+    missing = (only_a or only_b) and not args.allow_missing
+    if missing:
+        failures.append(f"{len(only_a) + len(only_b)} case(s) present in only one bundle")
+    report["failures"] = failures
+    if args.json:
+        text = json.dumps(_json_safe(report), indent=1, allow_nan=False)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n", encoding="utf-8")
+    if failures:
+        print(f"FAIL: {len(failures)} problem(s): " + "; ".join(failures[:5]) + (" ..." if len(failures) > 5 else ""))
+        return 1
+    verdict = "within threshold" if args.threshold is not None else "no threshold given"
+    print(f"OK: {len(common)} case(s) compared ({verdict})")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------- others
+def cmd_verify(args) -> int:
+    from .bundles import verify_bundle
+
+    bundle = verify_bundle(args.bundle)
+    with_out = sum(c.outputs is not None for c in bundle)
+    files = len(bundle) + with_out
+    print(f"OK {bundle.path}: schema_version {bundle.schema_version}, {len(bundle)} case(s) ({with_out} with "
+          f"outputs, {len(bundle) - with_out} skipped), {files} tensor file(s) verified (sha256, shapes, dtypes)")
+    return 0
+
+
+def cmd_import_golden(args) -> int:
+    from .bundles import golden_to_bundle, load_bundle
+
+    source = args.golden
+    if source is None:
+        from . import golden
+
+        source = golden.default_path()
+    if not Path(source).is_file():
+        raise CliError(f"golden file {source} not found", "pass the path of upstream_h200_seed_cases.pt")
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise CliError(f"{out} already exists", "pass --overwrite or choose another --out")
+    golden_to_bundle(source, out, overwrite=args.overwrite)
+    print(f"wrote {out}: {len(load_bundle(out))} golden case(s) from {source}")
+    return 0
+
+
+def _first_sentence(text: str) -> str:
+    head = text.split(" Evidence:")[0]
+    return head.split(". ")[0].rstrip(".") + "."
+
+
+def cmd_presets(args) -> int:
+    from . import presets
+
+    rows = []
+    for name in presets.names():
+        text = presets.describe(name)
+        evidence = text.split("Evidence:", 1)[1].strip() if "Evidence:" in text else "-"
+        rows.append((name, presets.get(name).lp_dtype, _first_sentence(text), evidence.split(". ")[0].rstrip(".")))
+    width = max(len(r[0]) for r in rows)
+    print(f"{'preset':<{width}}  {'lp':<8}  models / evidence")
+    for name, lp, what, evidence in rows:
+        print(f"{name:<{width}}  {lp:<8}  {what}")
+        print(f"{'':<{width}}  {'':<8}  evidence: {evidence}")
+    return 0
+
+
+def cmd_policy_show(args) -> int:
+    policy = _resolve_policy(args.policy)
+    print(f"# {args.policy}: preset {policy.name!r}" if policy.name != "custom" else f"# {args.policy}: custom policy")
+    print(policy.to_json())
+    return 0
+
+
+def cmd_policy_diff(args) -> int:
+    a, b = _resolve_policy(args.a), _resolve_policy(args.b)
+    diff = a.diff(b)
+    if not diff:
+        print(f"{args.a} and {args.b} are identical")
+        return 0
+    width = max(len(f) for f in diff)
+    print(f"{'field':<{width}}  {args.a}  ->  {args.b}")
+    for field, (va, vb) in diff.items():
+        print(f"{field:<{width}}  {va!r}  ->  {vb!r}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks instead of one-line errors")
+    parser = argparse.ArgumentParser(
+        prog=PROG, parents=[common],
+        description="Rounding semantics of the Mamba-3 MIMO backward kernel mamba_mimo_bwd_fwd: run backends into "
+                    "result bundles, compare and verify bundles, inspect policies.",
+        epilog="Workflow (run on machine A, compare on machine B): docs/workflow.md")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("run", parents=[common], help="run a backend over cases and write a bundle",
+                       description="Run a backend over cases and write a result bundle (inputs and outputs).")
+    p.add_argument("--backend", required=True, choices=BACKENDS)
+    p.add_argument("--policy", help="preset name or policy JSON file (reference/triton; default upstream_sm90). "
+                                    "Cases whose dtype differs from the policy's lp_dtype run with lp_dtype adapted")
+    src = p.add_argument_group("cases (one source)")
+    src.add_argument("--grid", help="a named grid of mimo_numerics.cases (smoke, gate, sweep)")
+    src.add_argument("--case", action="append", metavar="SPEC",
+                     help="a case: key=value list (B=1,S=32,N=64,P=64,R=4,C=16,has_z=true,...), JSON or @file.json; "
+                          "repeatable")
+    src.add_argument("--inputs-from", metavar="BUNDLE", help="run on the inputs stored in another bundle")
+    p.add_argument("--only", action="append", metavar="GLOB", help="keep only cases whose name matches (repeatable)")
+    p.add_argument("--device", help="torch device: cpu (default for reference/triton; triton runs its interpreter), "
+                                    "cuda (default for upstream), npu")
+    p.add_argument("--out", required=True, help="bundle directory to create")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --out")
+    p.add_argument("--upstream-src", metavar="DIR", help="mamba-ssm 2.3.2.post1 source (sdist dir or .tar.gz) for "
+                                                         "--backend upstream; default: $MIMO_NUMERICS_UPSTREAM_SRC, "
+                                                         "then an installed mamba_ssm")
+    p.add_argument("--strict-dtype", action="store_true",
+                   help="refuse cases whose dtype differs from the policy's lp_dtype instead of adapting the policy")
+    p.add_argument("--allow-slow-interpreter", action="store_true",
+                   help="triton on cpu: run cases the interpreter would take long on")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("compare", parents=[common], help="compare two bundles case by case",
+                       description="Per case and output: rel RMS, max abs, max rel and bit-equal fraction of B "
+                                   "against A. Exit 1 when a metric exceeds --threshold (NaN counts as exceeding), "
+                                   "outputs mismatch, or a case is in one bundle only.")
+    p.add_argument("a", help="expected bundle (e.g. the upstream or golden run)")
+    p.add_argument("b", help="actual bundle")
+    p.add_argument("--threshold", type=float, help="fail when --metric exceeds this for any case/output")
+    p.add_argument("--metric", choices=METRICS, default="rel_rms", help="metric the threshold applies to")
+    p.add_argument("--allow-different-inputs", action="store_true",
+                   help="compare even when the inputs of a case differ between the bundles")
+    p.add_argument("--allow-missing", action="store_true", help="do not fail on cases present in only one bundle")
+    p.add_argument("--json", metavar="FILE", help="also write the metrics as JSON ('-' for stdout)")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("verify", parents=[common], help="check a bundle's hashes, files, shapes and dtypes")
+    p.add_argument("bundle")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("import-golden", parents=[common], help="convert the golden upstream .pt file into a bundle")
+    p.add_argument("golden", nargs="?", help="path of upstream_h200_seed_cases.pt (default: the repository's)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=cmd_import_golden)
+
+    p = sub.add_parser("presets", parents=[common], help="list the preset policies and their evidence")
+    p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("policy", parents=[common], help="show or diff policies")
+    psub = p.add_subparsers(dest="policy_command", metavar="ACTION")
+    q = psub.add_parser("show", parents=[common], help="print a policy as JSON")
+    q.add_argument("policy", help="preset name or policy JSON file")
+    q.set_defaults(func=cmd_policy_show)
+    q = psub.add_parser("diff", parents=[common], help="fields that differ between two policies")
+    q.add_argument("a")
+    q.add_argument("b")
+    q.set_defaults(func=cmd_policy_diff)
+    p.set_defaults(func=lambda args: _usage_error(p))
+
+    sub.add_parser("report", help="write a report (mimo_numerics.report; 'report --help' for its options)",
+                   add_help=False)
+    return parser
+
+
+def _usage_error(parser) -> int:
+    parser.print_usage(sys.stderr)
+    raise CliError("missing action", f"see {parser.prog} --help")
+
+
+def _run_report(argv: Sequence[str]) -> int:
+    try:
+        from . import report
+    except ImportError as exc:
+        raise CliError(f"the report subcommand is unavailable: mimo_numerics.report cannot be imported ({exc})",
+                       "update mimo_numerics (report.py is part of the package)") from None
+    parser = argparse.ArgumentParser(prog=f"{PROG} report", description="Write a report (mimo_numerics.report).")
+    report.add_report_arguments(parser)
+    return int(report.run_report(parser.parse_args(list(argv))) or 0)
+
+
+def _hint_for(exc: BaseException) -> str:
+    from .bundles import BundleError
+
+    if isinstance(exc, BundleError) and str(exc).endswith("no such directory"):
+        return "check the path"
+    if isinstance(exc, BundleError):
+        return "the bundle is incomplete, corrupt or from a newer version; copy it again or re-create it"
+    if isinstance(exc, FileExistsError):
+        return "pass --overwrite or choose another --out"
+    if isinstance(exc, FileNotFoundError):
+        return "check the path"
+    name = type(exc).__name__
+    if name in ("UpstreamUnavailable",):
+        return "see docs/workflow.md (upstream on a GPU machine, offline wheel folder)"
+    if name == "UpstreamUnsupported":
+        return "an upstream limitation: run this shape with the reference or triton backend"
+    if name == "UnsupportedPolicyError":
+        return "the Triton kernels cannot express this policy: use --backend reference"
+    if name == "SlowInterpreterError":
+        return "pass --allow-slow-interpreter, use a smaller case, or run on cuda/npu"
+    if isinstance(exc, ImportError):
+        return "install the missing package (see pyproject extras: triton, npu, upstream)"
+    return "rerun with --debug for the traceback"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``mimo-numerics`` console script and ``python -m mimo_numerics``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        rest = [a for a in argv if a != "--debug"]
+        if rest and rest[0] == "report":
+            return _run_report(rest[1:])
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        args.argv = argv
+        if not getattr(args, "func", None):
+            parser.print_help(sys.stderr)
+            return 2
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `mimo-numerics presets | head`
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 141
+    except SystemExit:
+        raise
+    except BaseException as exc:  # one line unless --debug
+        if debug:
+            traceback.print_exc()
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        hint = exc.hint if isinstance(exc, CliError) else _hint_for(exc)
+        if not isinstance(exc, (CliError, OSError, ValueError, TypeError, RuntimeError, ImportError,
+                                NotImplementedError, KeyError)):
+            message = f"{type(exc).__name__}: {message}"
+        print(f"{PROG}: error: {message}" + (f" (hint: {hint})" if hint else ""), file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

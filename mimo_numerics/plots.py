@@ -1,0 +1,308 @@
+"""Figures of the drift, sensitivity and inference results (matplotlib, no pyplot state).
+
+Every function returns a ``matplotlib.figure.Figure`` (or draws into ``ax`` when given and returns its figure), with
+labelled axes, log scales where errors span decades and a legend naming the runs or policies. Zeros cannot sit on a
+log axis: they are drawn at the axis floor with a hollow marker (or a hatched bar) and the legend says so.
+:func:`save_figure` writes a PNG. Figures made here display in Jupyter as the last expression of a cell.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .drift import DriftTable, SequenceDrift
+from .inference import InferenceResult, describe_policy
+from .sensitivity import GapAttribution, SensitivityTable
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+_STYLES = ("-", "--", "-.", ":")
+
+
+def _style(i: int) -> dict:
+    """Marker, line style and a marker size that shrinks with ``i``, so runs that coincide stay visible."""
+    return {"marker": _MARKERS[i % len(_MARKERS)], "linestyle": _STYLES[i % len(_STYLES)],
+            "markersize": max(8.0 - 1.3 * i, 3.0)}
+
+
+def _legend_outside(ax, handles=None, labels=None, fontsize=8):
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, labels, fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def _axes(ax, size: Tuple[float, float]):
+    if ax is not None:
+        return ax.figure, ax
+    fig = Figure(figsize=size, layout="constrained")
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def _positive_floor(values) -> float:
+    finite = [v for v in values if v is not None and np.isfinite(v) and v > 0]
+    return min(finite) / 10.0 if finite else 1e-12
+
+
+def save_figure(fig: Figure, path: Union[str, Path], dpi: int = 120) -> Path:
+    """Write ``fig`` as a PNG (parent directories created) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, format="png")
+    return path
+
+
+def _short(stage: str) -> str:
+    return stage.replace("output.", "out:")
+
+
+# ---------------------------------------------------------------------------------------------- drift
+def plot_stage_drift(table: DriftTable, metric: str = "rel_rms", ax=None, title: Optional[str] = None) -> Figure:
+    """Error of every run against the baseline, stage by stage in pipeline order (log y)."""
+    stages = table.stages()
+    data = table.pivot(metric)
+    fig, ax = _axes(ax, (max(8.0, 0.42 * len(stages) + 2), 4.8))
+    floor = _positive_floor([v for run in data.values() for v in run.values()])
+    x = np.arange(len(stages))
+    zero_drawn = False
+    for i, label in enumerate(table.labels()):
+        ys = np.array([data[label].get(s, np.nan) for s in stages], dtype=float)
+        plotted = np.where(ys > 0, ys, np.nan)
+        style = _style(i)
+        line = ax.plot(x, plotted, linewidth=1.2, label=label, **style)[0]
+        zeros = np.where(ys == 0)[0]
+        if zeros.size:
+            zero_drawn = True
+            ax.plot(x[zeros], np.full(zeros.size, floor), linestyle="none", marker=style["marker"],
+                    markersize=style["markersize"], markerfacecolor="none", color=line.get_color())
+    ax.set_yscale("log")
+    ax.set_xticks(x)
+    ax.set_xticklabels([_short(s) for s in stages], rotation=60, ha="right", fontsize=8)
+    names = {"rel_rms": "relative RMS error", "max_abs": "max abs error", "max_ulp": f"max error [{table.lp_dtype} ULP]"}
+    ax.set_ylabel(f"{names.get(metric, metric)} vs {table.baseline}")
+    ax.set_xlabel("stage (pipeline order; out: = kernel output)")
+    ax.grid(True, which="major", axis="y", alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if zero_drawn:
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="none", color="gray"))
+        labels.append("hollow: 0 (exact), drawn at the floor")
+    _legend_outside(ax, handles, labels)
+    ax.set_title(title or "Error by stage")
+    return fig
+
+
+def plot_sequence_drift(drift: SequenceDrift, stages: Optional[Sequence[str]] = None, title: Optional[str] = None
+                        ) -> Figure:
+    """Error along the sequence (per chunk or token), one panel per stage, one line per run (log y)."""
+    available = drift.stages()
+    stages = [s for s in (stages or available) if s in available]
+    if not stages:
+        raise ValueError(f"none of the stages is in the drift result; available: {available}")
+    fig = Figure(figsize=(max(6.0, 4.2 * len(stages)), 4.0), layout="constrained")
+    axes = fig.subplots(1, len(stages), squeeze=False)[0]
+    for ax, stage in zip(axes, stages):
+        values = [v for run in drift.values.values() if stage in run for v in run[stage]]
+        floor = _positive_floor(values)
+        for i, (label, run) in enumerate(drift.values.items()):
+            if stage not in run:
+                continue
+            ys = run[stage]
+            xs = np.arange(len(ys))
+            style = _style(i)
+            line = ax.plot(xs, np.where(ys > 0, ys, np.nan), linewidth=1.2, label=label, **style)[0]
+            zeros = np.where(ys == 0)[0]
+            if zeros.size:
+                ax.plot(xs[zeros], np.full(zeros.size, floor), linestyle="none", marker=style["marker"],
+                        markersize=style["markersize"], markerfacecolor="none", color=line.get_color())
+        ax.set_yscale("log")
+        ax.set_xlabel(f"{drift.per} index along the sequence")
+        ax.set_ylabel(f"relative RMS error vs {drift.baseline}")
+        ax.set_title(_short(stage))
+        ax.grid(True, which="major", axis="y", alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes[1:]:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            if l not in labels:
+                handles.append(h)
+                labels.append(l)
+    if any((run[s] == 0).any() for run in drift.values.values() for s in stages if s in run):
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="none", color="gray"))
+        labels.append("hollow: 0 (exact), drawn at the floor")
+    fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncol=min(len(labels), 5))
+    fig.suptitle(title or f"Error along the sequence, per {drift.per}")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- sensitivity
+def plot_sensitivity(table: SensitivityTable, output: Optional[str] = None, top: Optional[int] = None, ax=None,
+                     title: Optional[str] = None, show_policy_values: bool = False) -> Figure:
+    """The sensitivity ranking as horizontal bars (log x).
+
+    With ``output`` None: each site's score (fraction of the policy's error it reproduces alone, mean over
+    outputs). With an output: its one-on and one-off errors, with the all-off floor and the full policy's error as
+    vertical lines. Knob rows at the policy's own value (one-off = the policy itself) are left out unless
+    ``show_policy_values`` (``diag_mode`` is always shown: its one-on turns ``diag_accum`` on).
+    """
+    rows = [r for r in table.ranked(output) if show_policy_values or r.kind == "switch" or r.site == "diag_mode"
+            or r.value != getattr(table.policy, r.site)]
+    if top is not None:
+        rows = rows[:top]
+    rows = rows[::-1]  # best at the top
+    fig, ax = _axes(ax, (8.0, max(3.5, 0.28 * len(rows) + 1.5)))
+    y = np.arange(len(rows))
+    labels = [r.label for r in rows]
+    if output is None:
+        values = np.array([r.score for r in rows])
+        floor = _positive_floor(values)
+        colors = ["tab:blue" if r.kind == "switch" else "tab:purple" for r in rows]
+        bars = ax.barh(y, np.where(values > 0, values, floor), color=colors)
+        for bar, v in zip(bars, values):
+            if v <= 0:
+                bar.set_hatch("//")
+                bar.set_facecolor("none")
+        ax.set_xlabel(f"score: fraction of {table.policy.name}'s error the site adds alone (mean over outputs)")
+        from matplotlib.patches import Patch
+
+        handles = [Patch(color="tab:blue", label="switch on alone"), Patch(color="tab:purple", label="knob value")]
+        if (values <= 0).any():
+            handles.append(Patch(facecolor="none", hatch="//", edgecolor="black", label="0 (no effect), at floor"))
+        ax.legend(handles=handles, fontsize=8, loc="lower right")
+    else:
+        on = np.array([r.one_on[output] for r in rows])
+        off = np.array([r.one_off[output] for r in rows])
+        floor = _positive_floor(np.concatenate([on, off]))
+        h = 0.4
+        ax.barh(y + h / 2, np.where(on > 0, on, floor), height=h, color="tab:orange", label="one-on (only this site)")
+        ax.barh(y - h / 2, np.where(off > 0, off, floor), height=h, color="tab:green",
+                label="one-off (all but this site)")
+        ax.axvline(table.floor_error[output], color="gray", linestyle="--", label="all switches off")
+        ax.axvline(table.policy_error[output], color="black", linestyle=":", label=f"all of {table.policy.name}")
+        ax.set_xlabel(f"relative RMS error of {output} vs {table.baseline}")
+        ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.04), ncol=2)
+    ax.set_xscale("log")
+    ax.set_yticks(y)
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_ylabel("site (switch, or knob=value)")
+    ax.grid(True, which="major", axis="x", alpha=0.3)
+    ax.set_title(title or f"Sensitivity of {table.policy.name} vs {table.baseline} ({table.n_cases} case(s))"
+                 + (f": {output}" if output else ""), pad=40 if output else None)
+    return fig
+
+
+def plot_output_errors(errors: Mapping[str, Mapping[str, float]], baseline: str = "fp64", ax=None,
+                       title: Optional[str] = None) -> Figure:
+    """Grouped bars: per output, one bar per policy (log y). ``errors`` is ``{label: {output: error}}``."""
+    labels = list(errors)
+    outputs = list(dict.fromkeys(o for e in errors.values() for o in e))
+    fig, ax = _axes(ax, (max(7.0, 1.4 * len(outputs) + 0.3 * len(labels) * len(outputs)), 4.5))
+    floor = _positive_floor([v for e in errors.values() for v in e.values()])
+    width = 0.8 / max(len(labels), 1)
+    x = np.arange(len(outputs))
+    for i, label in enumerate(labels):
+        values = np.array([errors[label].get(o, np.nan) for o in outputs], dtype=float)
+        bars = ax.bar(x - 0.4 + width * (i + 0.5), np.where(values > 0, values, floor), width=width, label=label)
+        for bar, v in zip(bars, values):
+            if v == 0:
+                bar.set_hatch("//")
+                bar.set_alpha(0.4)
+    ax.set_yscale("log")
+    ax.set_xticks(x)
+    ax.set_xticklabels(outputs)
+    ax.set_xlabel("output")
+    ax.set_ylabel(f"relative RMS error vs {baseline}")
+    ax.grid(True, which="major", axis="y", alpha=0.3)
+    _legend_outside(ax)
+    ax.set_title(title or "Output error per policy (hatched: 0)")
+    return fig
+
+
+def plot_gap_attribution(gap: GapAttribution, ax=None, title: Optional[str] = None) -> Figure:
+    """Per output, the fraction of ``d(A)`` each differing field closes on its own, plus the interactions."""
+    outputs = [o for o in gap.outputs if gap.gap[o] > 0]
+    fig, ax = _axes(ax, (max(6.0, 1.6 * len(outputs) + 2), 4.2))
+    names = [f"{r.field}: {r.value_a}→{r.value_b}" for r in gap.rows] + ["interactions"]
+    width = 0.8 / max(len(names), 1)
+    x = np.arange(len(outputs))
+    for i, name in enumerate(names):
+        if i < len(gap.rows):
+            values = [gap.rows[i].forward[o] / gap.gap[o] for o in outputs]
+        else:
+            values = [gap.interaction[o] / gap.gap[o] for o in outputs]
+        ax.bar(x - 0.4 + width * (i + 0.5), values, width=width, label=name)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(x)
+    ax.set_xticklabels(outputs)
+    ax.set_xlabel("output")
+    ax.set_ylabel(f"fraction of d({gap.policy_a.name}) closed")
+    _legend_outside(ax)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_title(title or f"Gap {gap.policy_a.name} → {gap.policy_b.name} ({gap.metric} to {gap.target})")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- inference
+def plot_inference(result: InferenceResult, top: int = 15, extra: Optional[Mapping[str, float]] = None, ax=None,
+                   title: Optional[str] = None) -> Figure:
+    """Distance of the recovered policy and of its nearest single-field neighbours (log x).
+
+    Args:
+        result (InferenceResult): from ``infer_policy``.
+        top (int): how many neighbours to draw.
+        extra (dict, optional): more labelled distances to draw (e.g. the start policy's).
+    """
+    entries = [(f"best: {describe_policy(result.best)}", result.distance, "tab:green")]
+    entries += [(c.label(), c.distance, "tab:gray") for c in result.neighbours[:top]]
+    for label, value in (extra or {}).items():
+        entries.append((label, value, "tab:orange"))
+    entries = entries[::-1]
+    fig, ax = _axes(ax, (8.0, max(3.5, 0.3 * len(entries) + 1.5)))
+    values = np.array([v for _, v, _ in entries], dtype=float)
+    floor = _positive_floor(values)
+    y = np.arange(len(entries))
+    bars = ax.barh(y, np.where(values > 0, values, floor), color=[c for _, _, c in entries])
+    for bar, v in zip(bars, values):
+        if v == 0:
+            bar.set_hatch("//")
+            bar.set_facecolor("none")
+            bar.set_edgecolor("tab:green")
+    ax.set_xscale("log")
+    ax.set_yticks(y)
+    ax.set_yticklabels([label for label, _, _ in entries], fontsize=8)
+    ax.set_xlabel("distance to the target outputs (see mimo_numerics.inference)")
+    ax.set_ylabel("policy (best, then one field changed)")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color="tab:green", label="recovered policy"),
+               Patch(color="tab:gray", label="neighbour (one field changed)")]
+    if extra:
+        handles.append(Patch(color="tab:orange", label="other policies"))
+    if (values == 0).any():
+        handles.append(Patch(facecolor="none", hatch="//", edgecolor="tab:green", label="0 (bit-exact)"))
+    ax.legend(handles=handles, fontsize=8, loc="lower right")
+    ax.grid(True, which="major", axis="x", alpha=0.3)
+    ax.set_title(title or f"Recovered: {describe_policy(result.best)} (distance {result.distance:.3g})")
+    return fig
+
+
+def is_png(path: Union[str, Path]) -> bool:
+    """Whether ``path`` is a non-empty PNG file (signature check)."""
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size <= 8:
+        return False
+    with open(path, "rb") as fh:
+        return fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path: Union[str, Path]) -> Tuple[int, int]:
+    """``(width, height)`` of a PNG from its IHDR chunk."""
+    with open(path, "rb") as fh:
+        head = fh.read(24)
+    if head[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError(f"{path} is not a PNG")
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")

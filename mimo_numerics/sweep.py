@@ -1,0 +1,247 @@
+"""Sweeps over many cases × policies, in parallel across processes, with a progress bar.
+
+:func:`parallel_map` runs a picklable function over items with ``concurrent.futures.ProcessPoolExecutor`` in the
+``spawn`` start method (safe with torch and on every OS; ``workers=1`` runs in-process, without a pool) and keeps the
+input order. Each worker limits torch to one intra-op thread so ``workers`` processes use ``workers`` cores.
+
+:func:`run_sweep` evaluates every (case, policy) pair against a baseline (the ``fp64`` preset or the oracle) and,
+for golden cases, against the real H200 outputs too. Cases are ``CaseSpec`` objects (``mimo_numerics.cases``) or
+golden case names (``mimo_numerics.golden``).
+
+The progress bar is ``tqdm`` when it is installed, else a plain text bar on stderr; ``progress=False`` silences it.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+from .cases import CaseSpec
+
+CaseLike = Union[CaseSpec, str]
+
+
+# ---------------------------------------------------------------------------------------------- progress
+class Progress:
+    """A progress bar: ``tqdm`` when importable, else ``desc [#####-----] done/total elapsed`` on a stream.
+
+    Use as a context manager and call :meth:`update` once per finished item.
+    """
+
+    def __init__(self, total: int, desc: str = "", enabled: bool = True, stream=None, width: int = 30):
+        self.total, self.desc, self.enabled, self.width = total, desc, enabled, width
+        self.stream = stream if stream is not None else sys.stderr
+        self.done = 0
+        self.start = time.monotonic()
+        self._tqdm = None
+        if enabled:
+            try:
+                from tqdm.auto import tqdm  # optional
+            except ImportError:
+                tqdm = None
+            if tqdm is not None and stream is None:
+                self._tqdm = tqdm(total=total, desc=desc, file=self.stream)
+
+    def __enter__(self) -> "Progress":
+        if self.enabled and self._tqdm is None:
+            self._draw()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _draw(self) -> None:
+        filled = int(self.width * self.done / self.total) if self.total else self.width
+        bar = "#" * filled + "-" * (self.width - filled)
+        elapsed = time.monotonic() - self.start
+        end = "\n" if self.done >= self.total else ""
+        self.stream.write(f"\r{self.desc} [{bar}] {self.done}/{self.total} {elapsed:.1f}s{end}")
+        self.stream.flush()
+
+    def update(self, n: int = 1) -> None:
+        """Count ``n`` more finished items."""
+        self.done += n
+        if not self.enabled:
+            return
+        if self._tqdm is not None:
+            self._tqdm.update(n)
+        else:
+            self._draw()
+
+    def close(self) -> None:
+        if self._tqdm is not None:
+            self._tqdm.close()
+            self._tqdm = None
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def default_workers() -> int:
+    """The usable CPU count (``os.sched_getaffinity`` where it exists)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: Optional[int] = None,
+                 progress: bool = True, desc: str = "sweep", threads_per_worker: int = 1) -> List[Any]:
+    """``[fn(item) for item in items]`` across ``workers`` spawned processes, in input order.
+
+    Args:
+        fn (callable): a module-level (picklable) function.
+        items (iterable): picklable arguments.
+        workers (int, optional): process count; default :func:`default_workers`, capped at the item count.
+            ``1`` runs in this process without a pool.
+        progress (bool): show a progress bar on stderr.
+        desc (str): the bar's label.
+        threads_per_worker (int): torch intra-op threads in each worker.
+
+    Returns:
+        list: the results, in the order of ``items``. An exception in ``fn`` is raised here.
+    """
+    items = list(items)
+    if workers is None:
+        workers = default_workers()
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    workers = min(workers, max(len(items), 1))
+    results: List[Any] = [None] * len(items)
+    with Progress(len(items), desc, enabled=progress) as bar:
+        if workers == 1:
+            for i, item in enumerate(items):
+                results[i] = fn(item)
+                bar.update()
+            return results
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
+                                 initargs=(threads_per_worker,)) as pool:
+            futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                bar.update()
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- sweeps
+@dataclass(frozen=True)
+class SweepTask:
+    """One (case, policy) evaluation: ``case`` is a ``CaseSpec`` or a golden case name; ``policy`` a preset name or
+    policy JSON dict; ``baseline`` ``"fp64"`` (reference preset) or ``"oracle"``."""
+
+    case: CaseLike
+    policy: Union[str, Dict[str, Any]]
+    baseline: str = "fp64"
+
+
+def case_label(case: CaseLike) -> str:
+    """A case's id: ``CaseSpec.case_id`` or the golden name."""
+    return case.case_id if isinstance(case, CaseSpec) else str(case)
+
+
+def load_case(case: CaseLike):
+    """``(inputs, device outputs or None)`` of a CaseSpec (inputs drawn on the CPU) or a golden case name."""
+    if isinstance(case, CaseSpec):
+        from .cases import make_inputs
+
+        return make_inputs(case), None
+    from .golden import golden_case
+
+    return golden_case(case)
+
+
+def evaluate_task(task: SweepTask) -> Dict[str, Any]:
+    """Evaluate one task (runs in a worker): per output, rel RMS / max rel / bit-equal fraction vs the baseline,
+    and vs the device outputs when the case has them. Returns plain JSON types."""
+    from . import presets
+    from .metrics import compare_outputs
+    from .policy import RoundingPolicy
+    from .sensitivity import baseline_outputs
+    from .inference import run_reference
+
+    policy = (RoundingPolicy.from_dict(task.policy) if isinstance(task.policy, dict)
+              else presets.resolve(task.policy))
+    start = time.monotonic()
+    inputs, device = load_case(task.case)
+    outputs = run_reference(inputs, policy)
+    base = baseline_outputs(inputs, task.baseline)[0]
+    record: Dict[str, Any] = {"case": case_label(task.case), "policy": policy.name, "policy_json": policy.to_dict(),
+                              "baseline": task.baseline,
+                              "vs_baseline": _clean(compare_outputs(outputs, base))}
+    if device is not None:
+        record["vs_device"] = _clean(compare_outputs(outputs, device))
+    record["seconds"] = time.monotonic() - start
+    return record
+
+
+def _clean(metrics: Dict[str, Any]) -> Dict[str, Any]:
+    out = {}
+    for name, values in metrics.items():
+        if values is None:
+            continue
+        out[name] = {k: (None if isinstance(v, float) and v != v else v) for k, v in values.items()}
+    return out
+
+
+@dataclass
+class SweepResult:
+    """Records of :func:`run_sweep`, one per (case, policy), in case-major order."""
+
+    records: List[Dict[str, Any]] = field(default_factory=list)
+
+    def pivot(self, output: str, metric: str = "rel_rms", against: str = "vs_baseline") -> Dict[str, Dict[str, Any]]:
+        """``{case: {policy: value}}`` of one output's metric (``against``: vs_baseline or vs_device)."""
+        table: Dict[str, Dict[str, Any]] = {}
+        for r in self.records:
+            value = r.get(against, {}).get(output, {}).get(metric)
+            table.setdefault(r["case"], {})[r["policy"]] = value
+        return table
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"records": self.records}
+
+    def save_json(self, path) -> None:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(self.to_dict(), fh, indent=1)
+
+    def to_markdown(self, output: str = "dz", metric: str = "rel_rms", against: str = "vs_baseline") -> str:
+        """Cases as rows, policies as columns, for one output."""
+        table = self.pivot(output, metric, against)
+        policies = list(dict.fromkeys(p for row in table.values() for p in row))
+        lines = [f"{output} {metric} ({against})", "", "| case | " + " | ".join(policies) + " |",
+                 "|" + "---|" * (len(policies) + 1)]
+        for case, row in table.items():
+            cells = ["–" if row.get(p) is None else f"{row[p]:.3g}" for p in policies]
+            lines.append(f"| {case} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+
+def run_sweep(cases: Sequence[CaseLike], policies: Sequence[Union[str, Any]], baseline: str = "fp64",
+              workers: Optional[int] = None, progress: bool = True) -> SweepResult:
+    """Evaluate every (case, policy) pair in parallel (see :func:`evaluate_task`).
+
+    Args:
+        cases: ``CaseSpec`` objects and/or golden case names.
+        policies: preset names or ``RoundingPolicy`` objects.
+        baseline (str): ``"fp64"`` or ``"oracle"``.
+        workers (int, optional): processes (default: the CPU count; 1: in-process).
+        progress (bool): progress bar on stderr.
+
+    Returns:
+        SweepResult
+    """
+    from .policy import RoundingPolicy
+
+    tasks = [SweepTask(case, p.to_dict() if isinstance(p, RoundingPolicy) else p, baseline)
+             for case in cases for p in policies]
+    return SweepResult(parallel_map(evaluate_task, tasks, workers=workers, progress=progress, desc="sweep"))

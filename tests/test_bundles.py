@@ -1,0 +1,396 @@
+"""Result bundles: exact round trips (golden data included), detection of every corruption, atomic writes."""
+
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from mimo_numerics import bundles, cases, reference
+from mimo_numerics.bundles import (BundleCase, BundleError, bit_identical, cases_from_golden, decode_safetensors,
+                                   encode_safetensors, load_bundle, save_bundle)
+from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES
+
+GOLDEN = Path(__file__).parent / "data" / "upstream_h200_seed_cases.pt"
+# two golden cases of different shapes (B=2,S=20,H=4,G=2 and B=1,S=20,H=1,G=1)
+PAIR = ("seed_batch_groups", "seed_tail_chunk")
+
+
+@pytest.fixture(scope="module")
+def golden_cases():
+    return cases_from_golden(GOLDEN)
+
+
+@pytest.fixture(scope="module")
+def golden_bundle(tmp_path_factory, golden_cases):
+    return save_bundle(tmp_path_factory.mktemp("golden") / "bundle", golden_cases)
+
+
+@pytest.fixture(scope="module")
+def pair_bundle(tmp_path_factory, golden_cases):
+    chosen = [c for c in golden_cases if c.name in PAIR]
+    return save_bundle(tmp_path_factory.mktemp("pair") / "bundle", chosen)
+
+
+@pytest.fixture
+def pair_copy(pair_bundle, tmp_path):
+    target = tmp_path / "copy"
+    shutil.copytree(pair_bundle, target)
+    return target
+
+
+def _manifest(path):
+    return json.loads((path / "manifest.json").read_text())
+
+
+def _write_manifest(path, manifest):
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _rewrite_consistently(bundle_dir, file_name, edit_tensors, edit_table=True):
+    """Rewrite one tensor file with ``edit_tensors(dict) -> dict`` and update its hash/size (and tensor table) in the
+    manifest, as a careless tool would: only the semantic checks can catch what it did."""
+    path = bundle_dir / file_name
+    tensors, meta = decode_safetensors(path.read_bytes(), path)
+    tensors = edit_tensors(dict(tensors))
+    data = encode_safetensors(tensors, meta)
+    path.write_bytes(data)
+    manifest = _manifest(bundle_dir)
+    for entry in manifest["cases"]:
+        for kind, info in entry["files"].items():
+            if info["path"] == file_name:
+                info["sha256"] = bundles._sha256_file_bytes(data)
+                info["size"] = len(data)
+                if edit_table:
+                    table = entry["tensors"][kind]
+                    for name in table:
+                        table[name] = (None if name not in tensors else
+                                       {"dtype": str(tensors[name].dtype).replace("torch.", ""),
+                                        "shape": list(tensors[name].shape)})
+    _write_manifest(bundle_dir, manifest)
+
+
+# ---------------------------------------------------------------------------------------------------------- round trip
+def test_golden_converts_losslessly(golden_cases, golden_bundle):
+    raw = torch.load(GOLDEN, weights_only=True)
+    loaded = load_bundle(golden_bundle)
+    assert loaded.names() == tuple(raw)
+    for case in loaded:
+        item = raw[case.name]
+        for name in INPUT_NAMES:
+            assert bit_identical(case.inputs[name], item["inputs"][name]), (case.name, name)
+        assert case.inputs["chunk_size"] == item["inputs"]["chunk_size"]
+        assert case.inputs["rotary_dim_divisor"] == item["inputs"]["rotary_dim_divisor"]
+        for name in OUTPUT_NAMES:
+            assert bit_identical(getattr(case.outputs, name), item["upstream"][name]), (case.name, name)
+        assert case.backend == "upstream" and case.policy is None
+        assert case.device_name == bundles.GOLDEN_DEVICE_NAME
+        assert case.versions["tilelang"] == "0.1.15"
+        assert case.meta["golden_kw"] == item["kw"]
+        # every golden case is reproduced by the seed formula, so it carries a CaseSpec
+        assert isinstance(case.spec, cases.CaseSpec)
+        assert case.inputs_digest == bundles.inputs_digest(item["inputs"])
+
+
+def test_round_trip_keeps_policy_free_spec_skips_and_special_values(tmp_path):
+    spec = cases.CaseSpec(seqlen=12, state_dim=16, value_dim=16, rank=2, chunk_size=4, has_z=True, has_d=True)
+    inputs = cases.make_inputs(spec)
+    policy = reference._presets.get("seed_bf16")
+    out = reference.mamba_mimo_bwd_fwd(*cases.as_args(inputs), **cases.as_kwargs(inputs), policy=policy)
+    # special bit patterns must survive: NaN payload, -0, inf, subnormal
+    special = torch.tensor([float("nan"), -0.0, float("inf"), 1e-40], dtype=torch.float32)
+    dmimo_o = out.dmimo_o.clone()
+    dmimo_o.view(-1)[:4] = special
+    out = out._replace(dmimo_o=dmimo_o)
+    fp64 = reference._presets.get("fp64")
+    out64 = reference.mamba_mimo_bwd_fwd(*cases.as_args(inputs), **cases.as_kwargs(inputs), policy=fp64)
+    items = [
+        BundleCase(name="with_policy", inputs=inputs, outputs=out, spec=spec, policy=policy, backend="reference",
+                   meta={"note": "x", "nested": {"a": [1, 2]}}),
+        BundleCase(name="fp64_outputs", inputs=inputs, outputs=out64, spec=spec, policy=fp64, backend="reference"),
+        BundleCase(name="free_spec_skipped", inputs=inputs, spec={"origin": "hand-made", "n": 3},
+                   backend="upstream", skipped="upstream limitation: test"),
+    ]
+    path = save_bundle(tmp_path / "b", items)
+    loaded = load_bundle(path)
+    a, b, c = loaded.cases
+    assert a.policy == policy and a.spec == spec and a.meta == {"note": "x", "nested": {"a": [1, 2]}}
+    for name in OUTPUT_NAMES:
+        assert bit_identical(getattr(a.outputs, name), getattr(out, name))
+        assert bit_identical(getattr(b.outputs, name), getattr(out64, name))
+    assert b.outputs.states.dtype == torch.float64
+    assert c.outputs is None and c.skipped == "upstream limitation: test" and c.spec == {"origin": "hand-made", "n": 3}
+    assert loaded["with_policy"] is a and len(loaded) == 3 and a.created
+    assert sorted(os.listdir(path)) == sorted(["manifest.json", "with_policy.inputs.safetensors",
+                                               "with_policy.outputs.safetensors", "fp64_outputs.inputs.safetensors",
+                                               "fp64_outputs.outputs.safetensors",
+                                               "free_spec_skipped.inputs.safetensors"])
+
+
+def test_files_load_with_the_safetensors_library(pair_bundle):
+    st = pytest.importorskip("safetensors.torch", reason="the safetensors package is optional")
+    for name in PAIR:
+        loaded = st.load_file(str(pair_bundle / f"{name}.outputs.safetensors"))
+        ours = load_bundle(pair_bundle).case(name).outputs
+        for key, tensor in loaded.items():
+            assert bit_identical(tensor, getattr(ours, key))
+
+
+def test_encode_decode_handles_empty_and_odd_sized_tensors():
+    tensors = {"a": torch.arange(3, dtype=torch.float16), "b": torch.empty(0, 4), "c": torch.tensor(7, dtype=torch.int64),
+               "d": torch.tensor([True, False])}
+    data = encode_safetensors(tensors, {"k": "v"})
+    (header_len,) = struct.unpack("<Q", data[:8])
+    assert header_len % 8 == 0
+    back, meta = decode_safetensors(data)
+    assert meta == {"k": "v"} and list(back) == list(tensors)
+    assert all(bit_identical(back[k], tensors[k]) for k in tensors)
+
+
+# ---------------------------------------------------------------------------------------------------------- corruption
+def test_truncated_file_is_refused(pair_copy):
+    target = pair_copy / f"{PAIR[1]}.outputs.safetensors"
+    target.write_bytes(target.read_bytes()[:-10])
+    with pytest.raises(BundleError, match=rf"{target.name}: size .* truncated"):
+        load_bundle(pair_copy)
+    with pytest.raises(BundleError, match=rf"{target.name}: truncated or corrupt tensor file"):
+        load_bundle(pair_copy, verify=False)
+
+
+def test_truncated_to_nothing_is_refused(pair_copy):
+    target = pair_copy / f"{PAIR[0]}.inputs.safetensors"
+    target.write_bytes(b"\x01\x02")
+    with pytest.raises(BundleError, match=rf"{target.name}: truncated tensor file"):
+        load_bundle(pair_copy, verify=False)
+
+
+def test_flipped_byte_is_refused(pair_copy):
+    target = pair_copy / f"{PAIR[0]}.inputs.safetensors"
+    data = bytearray(target.read_bytes())
+    data[-100] ^= 0x01
+    target.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=rf"{target.name}: sha256 mismatch"):
+        load_bundle(pair_copy)
+
+
+def test_missing_file_is_refused(pair_copy):
+    target = pair_copy / f"{PAIR[1]}.inputs.safetensors"
+    target.unlink()
+    with pytest.raises(BundleError, match=rf"{target.name}: missing"):
+        load_bundle(pair_copy)
+
+
+def test_extra_file_is_refused(pair_copy):
+    (pair_copy / "notes.txt").write_text("hello")
+    with pytest.raises(BundleError, match=r"notes.txt: extra file"):
+        load_bundle(pair_copy)
+
+
+def test_extra_directory_is_refused(pair_copy):
+    (pair_copy / "sub").mkdir()
+    with pytest.raises(BundleError, match=r"sub: extra entry"):
+        load_bundle(pair_copy)
+
+
+def test_missing_manifest_is_refused(pair_copy):
+    (pair_copy / "manifest.json").unlink()
+    with pytest.raises(BundleError, match=r"manifest.json: missing"):
+        load_bundle(pair_copy)
+
+
+def test_manifest_from_the_future_is_refused(pair_copy):
+    manifest = _manifest(pair_copy)
+    manifest["schema_version"] = bundles.SCHEMA_VERSION + 1
+    _write_manifest(pair_copy, manifest)
+    with pytest.raises(BundleError, match=r"manifest.json: schema_version 2 is newer .* upgrade mimo_numerics"):
+        load_bundle(pair_copy)
+
+
+@pytest.mark.parametrize("version", [0, "1", None, True])
+def test_unknown_schema_version_is_refused(pair_copy, version):
+    manifest = _manifest(pair_copy)
+    manifest["schema_version"] = version
+    _write_manifest(pair_copy, manifest)
+    with pytest.raises(BundleError, match=r"manifest.json: unknown schema_version"):
+        load_bundle(pair_copy)
+
+
+def test_not_a_manifest_is_refused(pair_copy):
+    (pair_copy / "manifest.json").write_text("{not json")
+    with pytest.raises(BundleError, match=r"manifest.json: not valid JSON"):
+        load_bundle(pair_copy)
+    _write_manifest(pair_copy, {"schema": "something.else", "schema_version": 1, "cases": []})
+    with pytest.raises(BundleError, match=r"manifest.json: not a bundle manifest"):
+        load_bundle(pair_copy)
+
+
+def test_files_swapped_between_cases_are_refused(pair_copy):
+    a = pair_copy / f"{PAIR[0]}.inputs.safetensors"
+    b = pair_copy / f"{PAIR[1]}.inputs.safetensors"
+    data_a, data_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(data_b)
+    b.write_bytes(data_a)
+    with pytest.raises(BundleError, match=rf"{a.name}: size|{a.name}: sha256 mismatch"):
+        load_bundle(pair_copy)
+    # without hashes, the shapes give it away
+    with pytest.raises(BundleError, match=rf"{a.name}: tensor '.*' of case '{PAIR[0]}' is .* in the file but"):
+        load_bundle(pair_copy, verify=False)
+
+
+def test_swapped_tensors_with_updated_hash_are_refused(pair_copy):
+    name = f"{PAIR[0]}.inputs.safetensors"
+
+    def swap(t):
+        t["dt"], t["angles"] = t["angles"], t["dt"]
+        return t
+
+    _rewrite_consistently(pair_copy, name, swap, edit_table=False)
+    with pytest.raises(BundleError, match=rf"{name}: tensor 'angles' of case '{PAIR[0]}' is float32 .* in the file "
+                                          r"but float32 .* in manifest.json"):
+        load_bundle(pair_copy)
+
+
+def test_swapped_tensors_with_updated_manifest_are_refused(pair_copy):
+    name = f"{PAIR[0]}.inputs.safetensors"
+
+    def swap(t):
+        t["dt"], t["angles"] = t["angles"], t["dt"]
+        return t
+
+    _rewrite_consistently(pair_copy, name, swap)
+    with pytest.raises(BundleError, match=rf"{name}: inputs of case '{PAIR[0]}' are inconsistent: angles must have "
+                                          "shape"):
+        load_bundle(pair_copy)
+
+
+def test_same_shape_swap_is_caught_by_the_inputs_digest(pair_copy):
+    name = f"{PAIR[0]}.inputs.safetensors"
+
+    def swap(t):
+        t["q"], t["k"] = t["k"], t["q"]
+        return t
+
+    _rewrite_consistently(pair_copy, name, swap)
+    with pytest.raises(BundleError, match=rf"{name}: inputs digest of case '{PAIR[0]}' does not match"):
+        load_bundle(pair_copy)
+
+
+def test_output_dtype_disagreeing_with_the_case_is_refused(pair_copy):
+    name = f"{PAIR[1]}.outputs.safetensors"
+
+    def widen(t):
+        t["qk_dot"] = t["qk_dot"].float()
+        return t
+
+    _rewrite_consistently(pair_copy, name, widen)
+    with pytest.raises(BundleError, match=rf"{name}: output qk_dot of case '{PAIR[1]}' has dtype torch.float32, but "
+                                          "the case implies torch.bfloat16"):
+        load_bundle(pair_copy)
+
+
+def test_output_shape_disagreeing_with_the_case_is_refused(pair_copy):
+    name = f"{PAIR[1]}.outputs.safetensors"
+
+    def cut(t):
+        t["states"] = t["states"][:, :, :1].contiguous()
+        return t
+
+    _rewrite_consistently(pair_copy, name, cut)
+    with pytest.raises(BundleError, match=rf"{name}: output states of case '{PAIR[1]}' has shape .* but the case "
+                                          "implies"):
+        load_bundle(pair_copy)
+
+
+def test_inputs_disagreeing_with_the_spec_are_refused(pair_copy):
+    manifest = _manifest(pair_copy)
+    manifest["cases"][1]["spec"]["seqlen"] = 21
+    _write_manifest(pair_copy, manifest)
+    with pytest.raises(BundleError, match=r"the input tensors disagree with the case spec: S=20 \(spec says 21\)"):
+        load_bundle(pair_copy)
+
+
+def test_a_missing_tensor_is_refused(pair_copy):
+    name = f"{PAIR[1]}.outputs.safetensors"
+
+    def drop(t):
+        del t["dz"]
+        return t
+
+    _rewrite_consistently(pair_copy, name, drop, edit_table=False)
+    with pytest.raises(BundleError, match=rf"{name}: tensor 'dz' of case '{PAIR[1]}' is missing from the file"):
+        load_bundle(pair_copy)
+
+
+# ---------------------------------------------------------------------------------------------------------- writing
+def test_interrupted_write_leaves_nothing(tmp_path, golden_cases, monkeypatch):
+    calls = {"n": 0}
+    real = bundles.encode_safetensors
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("simulated interruption")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bundles, "encode_safetensors", failing)
+    target = tmp_path / "b"
+    with pytest.raises(KeyboardInterrupt):
+        save_bundle(target, golden_cases[:3])
+    assert not target.exists()
+    assert os.listdir(tmp_path) == []
+
+
+def test_interrupted_rename_keeps_the_old_bundle(tmp_path, golden_cases, monkeypatch):
+    target = save_bundle(tmp_path / "b", golden_cases[:1])
+    real_rename = os.rename
+    failed = []
+
+    def failing_rename(src, dst):
+        if Path(dst) == target and not failed:  # the new bundle's rename into place fails once
+            failed.append(src)
+            raise OSError("simulated crash during rename")
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(bundles.os, "rename", failing_rename)
+    with pytest.raises(OSError, match="simulated"):
+        save_bundle(target, golden_cases[1:3], overwrite=True)
+    monkeypatch.undo()
+    assert load_bundle(target).names() == (golden_cases[0].name,)
+    assert sorted(os.listdir(tmp_path)) == ["b"]
+
+
+def test_overwrite(tmp_path, golden_cases):
+    target = save_bundle(tmp_path / "b", golden_cases[:1])
+    with pytest.raises(FileExistsError, match="already exists"):
+        save_bundle(target, golden_cases[1:2])
+    save_bundle(target, golden_cases[1:3], overwrite=True)
+    assert load_bundle(target).names() == tuple(c.name for c in golden_cases[1:3])
+    assert sorted(os.listdir(tmp_path)) == ["b"]
+
+
+def test_save_refuses_inconsistent_cases(tmp_path, golden_cases):
+    case = golden_cases[0]
+    with pytest.raises(ValueError, match="duplicate case name"):
+        save_bundle(tmp_path / "x", [case, case])
+    with pytest.raises(ValueError, match="not usable as a file name"):
+        save_bundle(tmp_path / "x", [case.replace(name="../evil")])
+    bad = case.outputs._replace(states=case.outputs.states[:, :, :1])
+    with pytest.raises(BundleError, match="output states .* has shape"):
+        save_bundle(tmp_path / "x", [case.replace(outputs=bad)])
+    inputs = dict(case.inputs, k=case.inputs["k"].float())
+    with pytest.raises(BundleError, match="inputs of case .* are inconsistent: k must have dtype"):
+        save_bundle(tmp_path / "x", [case.replace(inputs=inputs)])
+    assert not (tmp_path / "x").exists()
+
+
+def test_decode_rejects_garbage():
+    with pytest.raises(BundleError, match="header length"):
+        decode_safetensors(struct.pack("<Q", 1000) + b"{}", "f")
+    with pytest.raises(BundleError, match="not valid JSON"):
+        decode_safetensors(struct.pack("<Q", 2) + b"{x", "f")
+    data = encode_safetensors({"a": torch.zeros(2)}) + b"junk"
+    with pytest.raises(BundleError, match="trailing bytes"):
+        decode_safetensors(data, "f")

@@ -1,0 +1,290 @@
+"""The ``mimo-numerics`` command line, end to end on CPU (reference backend, Triton interpreter, bundles)."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mimo_numerics import cli
+from mimo_numerics.bundles import cases_from_golden, load_bundle, save_bundle
+from mimo_numerics.cases import CaseSpec
+
+GOLDEN = Path(__file__).parent / "data" / "upstream_h200_seed_cases.pt"
+SMALL = "B=1,S=12,N=16,P=16,R=2,C=4,has_z=true,has_d=true"
+
+
+def _kernels_unusable():
+    try:
+        from mimo_numerics import kernels
+    except Exception as exc:  # pragma: no cover - depends on the checkout
+        return f"mimo_numerics.kernels does not import: {exc}"
+    if not kernels.triton_available():
+        return "triton is not installed"
+    if not hasattr(kernels, "mamba_mimo_bwd_fwd"):  # pragma: no cover
+        return "mimo_numerics.kernels has no mamba_mimo_bwd_fwd"
+    return None
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def smoke_reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "smoke_ref"
+    assert cli.main(["run", "--backend", "reference", "--policy", "upstream_sm90", "--grid", "smoke", "--out",
+                     str(out), "--quiet"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def golden_bundle(tmp_path_factory):
+    return save_bundle(tmp_path_factory.mktemp("cli") / "golden", cases_from_golden(GOLDEN))
+
+
+# ---------------------------------------------------------------------------------------------------------- run
+def test_run_reference_smoke_writes_a_verified_bundle(smoke_reference, capsys):
+    bundle = load_bundle(smoke_reference)
+    assert len(bundle) == 3 and all(c.outputs is not None for c in bundle)
+    assert {c.backend for c in bundle} == {"reference"}
+    assert [c.policy.name for c in bundle] == ["upstream_sm90", "upstream_sm90", "upstream_sm90_fp16"]
+    assert all(isinstance(c.spec, CaseSpec) and c.name == c.spec.case_id for c in bundle)
+    assert all("torch" in c.versions and c.device == "cpu" and c.device_name.startswith("cpu") for c in bundle)
+    assert bundle.meta["backend"] == "reference" and bundle.meta["grid"] == "smoke"
+    code, out, _ = run_cli(capsys, "verify", str(smoke_reference))
+    assert code == 0 and out.startswith("OK ") and "3 case(s)" in out
+    code, out, _ = run_cli(capsys, "compare", str(smoke_reference), str(smoke_reference), "--threshold", "0")
+    assert code == 0 and "OK: 3 case(s) compared" in out and "100.00%" in out
+
+
+def test_run_prints_progress_on_stderr(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "run", "--backend", "reference", "--case", SMALL, "--out", str(tmp_path / "b"))
+    assert code == 0 and "wrote" in out
+    assert "1/1" in err and "ok" in err
+
+
+def test_run_triton_interpreter_smoke_matches_reference(smoke_reference, tmp_path, capsys):
+    reason = _kernels_unusable()
+    if reason:
+        pytest.skip(f"Triton backend unusable here: {reason}")
+    out = tmp_path / "smoke_triton"
+    code, _, err = run_cli(capsys, "run", "--backend", "triton", "--policy", "upstream_sm90", "--grid", "smoke",
+                           "--out", str(out))
+    assert code == 0, err
+    bundle = load_bundle(out)
+    assert {c.backend for c in bundle} == {"triton"} and all(c.outputs is not None for c in bundle)
+    code, text, _ = run_cli(capsys, "compare", str(smoke_reference), str(out), "--threshold", "1e-3", "--json",
+                            str(tmp_path / "m.json"))
+    assert code == 0, text
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert set(metrics["cases"]) == set(load_bundle(smoke_reference).names())
+
+
+def test_run_on_the_inputs_of_another_bundle(golden_bundle, tmp_path, capsys):
+    out = tmp_path / "ref_on_golden"
+    code, _, err = run_cli(capsys, "run", "--backend", "reference", "--inputs-from", str(golden_bundle), "--only",
+                           "seed_branch_*", "--out", str(out), "--quiet")
+    assert code == 0, err
+    assert load_bundle(out).names() == ("seed_branch_ro1_z0_d0", "seed_branch_ro1_z1_d1", "seed_branch_ro0_z0_d1",
+                                        "seed_branch_ro0_z1_d0")
+    # same inputs, so compare accepts it; golden cases absent from B fail unless --allow-missing
+    code, text, _ = run_cli(capsys, "compare", str(golden_bundle), str(out))
+    assert code == 1 and "only in A" in text and "present in only one bundle" in text
+    code, text, _ = run_cli(capsys, "compare", str(golden_bundle), str(out), "--allow-missing", "--threshold", "0.05")
+    assert code == 0, text
+
+
+def test_run_adapts_or_refuses_the_policy_dtype(tmp_path, capsys):
+    fp16 = SMALL + ",dtype=float16"
+    code, _, err = run_cli(capsys, "run", "--backend", "reference", "--policy", "upstream_sm90", "--case", fp16,
+                           "--out", str(tmp_path / "a"))
+    assert code == 0 and "lp_dtype set to float16" in err
+    assert load_bundle(tmp_path / "a")[0].policy.lp_dtype == "float16"
+    code, _, err = run_cli(capsys, "run", "--backend", "reference", "--policy", "upstream_sm90", "--case", fp16,
+                           "--out", str(tmp_path / "b"), "--strict-dtype")
+    assert code == 2 and "lp_dtype is bfloat16" in err and not (tmp_path / "b").exists()
+
+
+def test_run_with_a_policy_file(tmp_path, capsys):
+    from mimo_numerics import presets
+
+    path = tmp_path / "p.json"
+    path.write_text(presets.get("seed_bf16").replace(dz_accum=False).to_json())
+    code, _, err = run_cli(capsys, "run", "--backend", "reference", "--policy", str(path), "--case", SMALL, "--out",
+                           str(tmp_path / "b"), "--quiet")
+    assert code == 0, err
+    assert load_bundle(tmp_path / "b")[0].policy.dz_accum is False
+
+
+def test_run_refuses_an_existing_output(smoke_reference, capsys):
+    code, _, err = run_cli(capsys, "run", "--backend", "reference", "--case", SMALL, "--out", str(smoke_reference))
+    assert code == 2 and "already exists" in err and "--overwrite" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the error raised without CUDA")
+def test_run_upstream_without_cuda_is_one_line(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "run", "--backend", "upstream", "--grid", "smoke", "--out", str(tmp_path / "u"))
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("mimo-numerics: error: CUDA is not available") and "hint:" in err
+    code, _, err = run_cli(capsys, "run", "--backend", "upstream", "--policy", "fp32", "--grid", "smoke", "--out",
+                           str(tmp_path / "u"))
+    assert code == 2 and "--policy does not apply" in err
+
+
+def test_run_triton_refuses_a_policy_it_cannot_express(tmp_path, capsys):
+    if _kernels_unusable():
+        pytest.skip(_kernels_unusable())
+    code, _, err = run_cli(capsys, "run", "--backend", "triton", "--policy", "fp64", "--case", SMALL, "--out",
+                           str(tmp_path / "t"))
+    assert code == 2 and "math_dtype" in err and "--backend reference" in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------------------------- compare
+def _variant(golden_bundle, tmp_path, name, edit):
+    """A copy of two golden cases where ``edit(case) -> case`` changed seed_gqa."""
+    bundle = load_bundle(golden_bundle)
+    return save_bundle(tmp_path / name, [bundle.case("seed_tail_chunk"), edit(bundle.case("seed_gqa"))])
+
+
+def test_compare_threshold_and_nan(golden_bundle, tmp_path, capsys):
+    def bump(case):
+        states = case.outputs.states.clone()
+        states.view(-1)[0] += 1.0
+        return case.replace(outputs=case.outputs._replace(states=states))
+
+    def nan(case):
+        dz = case.outputs.dz.clone()
+        dz.view(-1)[3] = float("nan")
+        return case.replace(outputs=case.outputs._replace(dz=dz))
+
+    a = _variant(golden_bundle, tmp_path, "a", lambda c: c)
+    b = _variant(golden_bundle, tmp_path, "b", bump)
+    c = _variant(golden_bundle, tmp_path, "c", nan)
+    code, text, _ = run_cli(capsys, "compare", str(a), str(b))
+    assert code == 0 and "no threshold given" in text
+    code, text, _ = run_cli(capsys, "compare", str(a), str(b), "--threshold", "1e-6")
+    assert code == 1 and "> threshold" in text and "FAIL" in text and "states" in text
+    code, text, _ = run_cli(capsys, "compare", str(a), str(b), "--threshold", "2", "--metric", "max_abs")
+    assert code == 0
+    code, text, _ = run_cli(capsys, "compare", str(a), str(c), "--threshold", "1e9", "--json", "-")
+    assert code == 1 and "nan" in text
+    report = json.loads(text[text.index("{"):text.rindex("}") + 1])
+    assert report["cases"]["seed_gqa"]["dz"]["rel_rms"] is None and report["failures"]
+
+
+def test_compare_refuses_different_inputs(golden_bundle, tmp_path, capsys):
+    def other_inputs(case):
+        q = case.inputs["q"].clone()
+        q.view(-1)[0] = -q.view(-1)[0]
+        return case.replace(inputs=dict(case.inputs, q=q))
+
+    a = _variant(golden_bundle, tmp_path, "a", lambda c: c)
+    b = _variant(golden_bundle, tmp_path, "b", other_inputs)
+    code, _, err = run_cli(capsys, "compare", str(a), str(b))
+    assert code == 2 and "inputs differ" in err and "--allow-different-inputs" in err
+    code, text, _ = run_cli(capsys, "compare", str(a), str(b), "--allow-different-inputs")
+    assert code == 0 and "warning: inputs differ for 1 case(s)" in text
+
+
+def test_compare_reports_skipped_cases(golden_bundle, tmp_path, capsys):
+    a = _variant(golden_bundle, tmp_path, "a", lambda c: c)
+    b = _variant(golden_bundle, tmp_path, "b", lambda c: c.replace(outputs=None, skipped="upstream limitation: x"))
+    code, text, _ = run_cli(capsys, "compare", str(a), str(b), "--threshold", "0")
+    assert code == 0 and "skipped in B: upstream limitation: x" in text
+
+
+# ---------------------------------------------------------------------------------------------------------- errors
+def test_verify_corrupt_bundle_is_one_line_unless_debug(golden_bundle, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(golden_bundle, copy)
+    target = copy / "seed_gqa.outputs.safetensors"
+    data = bytearray(target.read_bytes())
+    data[-1] ^= 0xFF
+    target.write_bytes(bytes(data))
+    code, _, err = run_cli(capsys, "verify", str(copy))
+    assert code == 2 and err.count("\n") == 1
+    assert "seed_gqa.outputs.safetensors: sha256 mismatch" in err and "hint:" in err
+    code, _, err = run_cli(capsys, "--debug", "verify", str(copy))
+    assert code == 2 and "Traceback" in err
+    code, _, err = run_cli(capsys, "verify", str(tmp_path / "nothing"))
+    assert code == 2 and "no such directory" in err and "check the path" in err
+
+
+# ---------------------------------------------------------------------------------------------------------- --case
+def test_case_spec_syntax(tmp_path):
+    spec = cli.parse_case_spec("B=2, S=64,H=4,G=2,N=32,P=16,R=2,C=8,rd=2,has_z=yes,reduce_o=0,formula=realistic,"
+                               "dtype=float16,seed=7")
+    assert spec == CaseSpec(batch=2, seqlen=64, heads=4, groups=2, state_dim=32, value_dim=16, rank=2, chunk_size=8,
+                            rotary_dim_divisor=2, has_z=True, reduce_o=False, formula="realistic", dtype="float16",
+                            seed=7)
+    assert cli.parse_case_spec('{"seqlen": 40, "has_d": true}') == CaseSpec(seqlen=40, has_d=True)
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(CaseSpec(rank=1).to_dict()))
+    assert cli.parse_case_spec(f"@{path}") == CaseSpec(rank=1)
+    for bad, message in (("X=1", "unknown field 'X'"), ("S=abc", "not an integer"), ("has_z=maybe", "not a boolean"),
+                         ("S=1,seqlen=2", "given twice"), ("S", "not key=value")):
+        with pytest.raises(cli.CliError, match=message):
+            cli.parse_case_spec(bad)
+    with pytest.raises(ValueError, match="heads .* must be a multiple of groups"):
+        cli.parse_case_spec("H=3,G=2")
+
+
+# ---------------------------------------------------------------------------------------------------------- others
+def test_presets_and_policy_commands(tmp_path, capsys):
+    from mimo_numerics import presets
+
+    code, out, _ = run_cli(capsys, "presets")
+    assert code == 0 and all(name in out for name in presets.names()) and "evidence:" in out
+    code, out, _ = run_cli(capsys, "policy", "show", "upstream_sm90")
+    assert code == 0 and "preset 'upstream_sm90'" in out
+    policy_json = out.split("\n", 1)[1]
+    assert presets.name_of(presets.RoundingPolicy.from_json(policy_json)) == "upstream_sm90"
+    path = tmp_path / "custom.json"
+    path.write_text(presets.get("upstream_sm90").replace(out=False).to_json())
+    code, out, _ = run_cli(capsys, "policy", "show", str(path))
+    assert code == 0 and "custom policy" in out
+    code, out, _ = run_cli(capsys, "policy", "diff", "upstream_sm90", str(path))
+    assert code == 0 and "out" in out and "True  ->  False" in out
+    code, out, _ = run_cli(capsys, "policy", "diff", "upstream_sm90", "upstream_sm90")
+    assert code == 0 and "identical" in out
+    code, _, err = run_cli(capsys, "policy", "show", "nope")
+    assert code == 2 and "unknown preset 'nope'" in err and "mimo-numerics presets" in err
+
+
+def test_import_golden(tmp_path, capsys):
+    code, out, _ = run_cli(capsys, "import-golden", str(GOLDEN), "--out", str(tmp_path / "g"))
+    assert code == 0 and "15 golden case(s)" in out
+    assert len(load_bundle(tmp_path / "g")) == 15
+
+
+def test_report_subcommand_delegates(capsys, monkeypatch):
+    try:
+        import mimo_numerics.report  # noqa: F401
+        available = True
+    except ImportError:
+        available = False
+    if available:
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["report", "--help"])
+        assert exc.value.code == 0
+        assert "usage: mimo-numerics report" in capsys.readouterr().out
+    import mimo_numerics
+
+    monkeypatch.delattr(mimo_numerics, "report", raising=False)
+    monkeypatch.setitem(sys.modules, "mimo_numerics.report", None)  # makes the import fail
+    code, _, err = run_cli(capsys, "report")
+    assert code == 2 and "report subcommand is unavailable" in err
+
+
+def test_python_dash_m_entry_point():
+    result = subprocess.run([sys.executable, "-m", "mimo_numerics", "--help"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0
+    for command in ("run", "compare", "verify", "presets", "policy", "report", "import-golden"):
+        assert command in result.stdout
