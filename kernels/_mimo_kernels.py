@@ -6,17 +6,21 @@ FP32, every access has a mask and an in-bounds address, no inline assembly, no f
 ``docs/semantics.md``; site numbers S… are those of ``upstream_rounding_sites.md``. The launcher
 (``mimo_bwd_fwd.py``) turns the policy into the constexpr switches named below (``policy_constexprs``).
 
-Work is split so that chunks run in parallel (upstream walks all chunks of a (batch, head) in one program):
+Work is split so that chunks run in parallel (upstream walks all chunks of a (batch, head) in one program); fused
+rows of a chunk are i = t_local·R + r (C·R of them, padded to LP, a power of two ≥ 16):
 
-1. ``_mimo_kstate_kernel``  grid B·H·nc·(row blocks), chunk-parallel: k̂ and k_state of every fused row.
-   Sites: S4, S5, S8 (dt), S6, S9, S10, S13, S17, S18, S42.
-2. ``_mimo_state_kernel``   grid B·H·(N tiles)·(P tiles), one sequential walk over the chunks per program:
-   ΨV of the chunk (S3, S11), h ← h·decay (S43, S44), the state GEMM (S45, ``state_update``), the
-   ``states`` store rnd(h_c) (S41), FP32 h when it is needed (``state_operand`` off, or a record).
-3. ``_mimo_out_kernel``     grid B·H·nc·(P tiles), chunk-parallel, from rnd(h_c): qk_dot (S14, S15), q rotation
-   (S12, S16), inter (S19, S23), scores (S20–S22), intra (S24), o (S25), diagonal (S26–S28), D (S29), out (S30),
-   gate (S31), dmimo_o partials (S32, S33), dΦO (S34–S36), dZζ (S37), dz (S38), dmimo_z partials (S39).
-4. ``_mimo_reduce_kernel``  grid B·H·(column blocks): per-chunk dmimo partials summed over the chunks in a fixed
+1. ``_mimo_prep_kernel``   grid B·H·nc, chunk-parallel, everything that does not need the state: per fused row
+   k̃, the rotation, k̂, k_state, q̃, the same-step q̃·k̃ᵀ (the ``qk_dot`` output) and ΨV. Writes k_state, k̂ and ΨV
+   (lp bits when the policy rounds them, else FP32) for the next two kernels.
+   Sites: S3, S4, S5, S6, S8 (dt), S9, S10, S11, S12, S13, S14 (+ S15 store), S17, S18, S42.
+2. ``_mimo_state_kernel``  grid B·H·(N tiles)·(P tiles), one sequential walk over the chunks per program:
+   h ← h·decay (S43, S44), the state GEMM k_stateᵀ·ΨV (S45, ``state_update``), ``states`` = rnd(h_c) (S41), FP32
+   h_c when needed (``state_operand`` off, or a record). Per chunk it only loads two lp tiles and runs K=16 MMAs.
+3. ``_mimo_out_kernel``    grid B·H·nc·(P tiles), chunk-parallel, from rnd(h_c): q rotation (S12, S16), inter
+   (S19, S23), scores (S20–S22), intra (S24), o (S25), diagonal (S26–S28), D (S29), out (S30), gate (S31), dmimo_o
+   partials (S32, S33), dΦO (S34–S36), dZζ (S37), dz (S38), dmimo_z partials (S39). Outputs are built per output
+   rank r on token rows, so the rank sums of the diagonal and of dz run in ascending order inside one program.
+4. ``_mimo_reduce_kernel`` grid B·H·(column blocks): the per-chunk dmimo partials summed over the chunks in a fixed
    order (no atomics: the result is deterministic).
 
 FP32-level orders that differ from upstream (none of them is a rounding site; all are below bf16 resolution):
@@ -24,14 +28,15 @@ FP32-level orders that differ from upstream (none of them is a rounding site; al
 * GEMMs: on devices tl.dot with bf16/fp16 operands when both are on the lp grid (exact products, FP32 tensor-core
   accumulation in the backend's own order), otherwise FP32 operands with ``input_precision="ieee"``. Under the
   interpreter every dot is an FP32 numpy matmul. Upstream: wgmma k16 steps with its truncating alignment.
-* qk_dot is a (C·1)×(C·R) GEMM per rank (upstream: one C·R×C·R GEMM); only the same-step entries are used.
-* The state GEMM: ``accumulate_into`` adds one K=16 slice of rows at a time into the live state (as upstream's
-  k16 steps and the reference); ``separate`` forms the chunk's K=C·R sum first, then adds it (the seed's order).
+* The state GEMM: ``accumulate_into`` adds one K=16 slice of rows at a time into the live state (as upstream's k16
+  steps and the reference); ``separate`` forms the chunk's K=C·R sum first, then adds it (the seed's order).
 * dmimo_o / dmimo_z: per chunk a tree sum over its tokens, then the chunk partials summed in blocks of chunks
   (upstream: one running FP32 sum over time; reference: torch's sum over t).
 * The diagonal rank sum with ``diag_accum`` off is a sequential FP32 sum over r_in (reference: a matmul).
-* Special functions are the backend's: ``tl.exp`` (ex2.approx on NVIDIA), ``tl.cos``/``tl.sin``, sigmoid as
-  1/(1+exp(−x)), tanh through exp. The reference uses torch's accurate functions; upstream uses fast math.
+* Special functions: sin/cos are ``_rounding.sincos`` (Cody–Waite + minimax polynomials, ~1 ulp, same formula on
+  every backend); ``tl.exp`` (ex2.approx on NVIDIA, numpy under the interpreter); sigmoid as 1/(1+exp(−x)); the Z
+  gate's σ(x), σ(−x) and tanh(x/2) from one e = exp(−|x|) (``_rounding.silu_parts``). The reference uses torch's
+  accurate functions; upstream uses CUDA fast math.
 * FP32 FMA contraction: the CUDA launch passes ``enable_fp_fusion=False`` (the policy's ``fp32_fma=False``);
   upstream contracts. Other backends: the backend's default.
 * FP32 denormals: the backend's default (upstream flushes them).
@@ -41,7 +46,7 @@ import triton
 import triton.language as tl
 
 from ._rounding import (bits_operand, dec, enc, fzeros, mma, mma_acc, operand, rnd, rnd_if, rnd_sum, sigmoid,
-                        tanh, tsum)
+                        silu_parts, sincos, tsum)
 
 #: record slots of ``rec_ptr`` ([NSLOT, B, H, S, R, W] FP32); the launcher maps them to the reference's stage names
 SLOT_Q_ROT = 0
@@ -68,16 +73,22 @@ NSLOT = 20
 
 
 @triton.jit
-def _rotation(ang_ptr, a_row, ok, N: tl.constexpr, AW: tl.constexpr):
-    """cos θ and sin θ laid out on [rows, N]: column n uses angles[..., n mod N/2] when that is < AW, else θ = 0.
+def _rotation(ang_ptr, a_row, ok, ROWS: tl.constexpr, N: tl.constexpr, AW: tl.constexpr):
+    """cos θ and sin θ on [ROWS, N]: column k·AW + j uses angles[..., j] when k is even (k < N/AW), else θ = 0.
 
-    ``a_row`` are element offsets of the angle rows, already clamped (0 where ``ok`` is false).
+    The AW distinct angles of a row are evaluated once and spread over the N columns (for divisor 4 the columns
+    are [rotated | kept | rotated | kept], for divisor 2 [rotated | rotated]). ``a_row``: element offsets of the
+    angle rows, clamped (0 where ``ok`` is false).
     """
-    HALF: tl.constexpr = N // 2
-    j = tl.arange(0, N) % HALF
-    am = ok[:, None] & (j < AW)[None, :]
-    theta = tl.load(ang_ptr + a_row[:, None] + tl.where(am, j[None, :], 0), mask=am, other=0.0)
-    return tl.cos(theta), tl.sin(theta)
+    D: tl.constexpr = N // AW
+    HD: tl.constexpr = D // 2
+    j = tl.arange(0, AW)
+    theta = tl.load(ang_ptr + a_row[:, None] + j[None, :], mask=ok[:, None], other=0.0)
+    sn, cs = sincos(theta)
+    rot = ((tl.arange(0, D) % HD) == 0)[None, :, None]
+    sn3 = tl.where(rot, tl.broadcast_to(sn[:, None, :], [ROWS, D, AW]), 0.0)
+    cs3 = tl.where(rot, tl.broadcast_to(cs[:, None, :], [ROWS, D, AW]), 1.0)
+    return tl.reshape(cs3, [ROWS, N]), tl.reshape(sn3, [ROWS, N])
 
 
 @triton.jit
@@ -92,7 +103,6 @@ def _biased_rotated(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
     HALF: tl.constexpr = N // 2
     n = tl.arange(0, N)
     npart = (n + HALF) % N
-    rot = (n % HALF) < AW
     m2 = ok[:, None]
     x = dec(tl.load(x_ptr + x_row[:, None] + n[None, :], mask=m2, other=0), LPK)
     xp = dec(tl.load(x_ptr + x_row[:, None] + npart[None, :], mask=m2, other=0), LPK)
@@ -101,15 +111,16 @@ def _biased_rotated(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
     xb = rnd_if(x + bias, QK_BIASED, LPK)
     xbp = rnd_if(xp + bias_p, QK_BIASED, LPK)
     first = (n < HALF)[None, :]
+    rot = ((n % HALF) < AW)[None, :]
     turned = tl.where(first, cs * xb - sn * xbp, sn * xbp + cs * xb)
-    xr = tl.where(rot[None, :], rnd_if(turned, ROTARY, LPK), xb)
+    xr = tl.where(rot, rnd_if(turned, ROTARY, LPK), xb)
     return xb, xr
 
 
 @triton.jit
 def _gamma_trap_scale(dt_ptr, trap_ptr, t, ok, S, LPK: tl.constexpr, DT_INPUT: tl.constexpr,
                       SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr):
-    """γ_t = R(dt_t)·σ(trap_t) (S8, S9, never rounded) and trap_scale_t = R(γ_t + sγ_t) (S5, S6, S10).
+    """γ_t = R(dt_t)·σ(trap_t) (S8, S9; never rounded), shifted γ (S5, S6) and trap_scale_t = R(γ + sγ) (S10).
 
     ``dt_ptr``/``trap_ptr`` point at the (b, h) row of [B, H, S]; rows where ``ok`` is false read 0 (γ = ts = 0).
     """
@@ -127,35 +138,57 @@ def _gamma_trap_scale(dt_ptr, trap_ptr, t, ok, S, LPK: tl.constexpr, DT_INPUT: t
 
 
 @triton.jit
-def _mimo_kstate_kernel(
-    k_ptr, k_bias_ptr, angles_ptr, dt_ptr, trap_ptr, da_cs_rev_ptr, kst_ptr, rec_ptr,
-    B, S, H, HPG, nc, n_rb,
-    N: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, RB: tl.constexpr, AW: tl.constexpr,
+def _store_tile(ptr, offs, x, AS_LP: tl.constexpr, LPK: tl.constexpr):
+    """Store an FP32 tile as lp bits (exact when the values are on the grid) or as FP32."""
+    if AS_LP:
+        tl.store(ptr + offs, enc(x, LPK))
+    else:
+        tl.store(ptr + offs, x)
+
+
+@triton.jit
+def _load_tile(ptr, offs, AS_LP: tl.constexpr, LPK: tl.constexpr):
+    """Load a tile written by ``_store_tile`` as FP32."""
+    if AS_LP:
+        return dec(tl.load(ptr + offs), LPK)
+    else:
+        return tl.load(ptr + offs)
+
+
+@triton.jit
+def _mimo_prep_kernel(
+    q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, angles_ptr, dt_ptr, trap_ptr, da_cs_rev_ptr,
+    kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr,
+    B, S, H, HPG, nc,
+    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, AW: tl.constexpr,
     W: tl.constexpr, LPK: tl.constexpr,
-    QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, ROTARY: tl.constexpr, DT_INPUT: tl.constexpr,
-    SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, K_SCALED: tl.constexpr, K_STATE: tl.constexpr,
-    KST_LP: tl.constexpr, RECORD: tl.constexpr,
+    PSI_WEIGHT: tl.constexpr, QK_BIAS: tl.constexpr, DT_INPUT: tl.constexpr, QK_BIASED: tl.constexpr,
+    PSIV: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, ROTARY: tl.constexpr,
+    K_SCALED: tl.constexpr, K_STATE: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr,
+    DOT_QK_LP: tl.constexpr, RECORD: tl.constexpr,
 ):
-    """k_state of every fused row of a chunk, for the state walk.
+    """Per-row quantities of one chunk that do not depend on the state.
 
-    Grid: 1-D, B·H·nc·n_rb programs; program → (b, h, chunk c, block of RB fused rows i = t_local·R + r).
+    Grid: 1-D, B·H·nc programs; program → (b, h, chunk c), all LP fused rows i = t_local·R + r of the chunk.
 
-    Inputs: k [B, S, R, G, N] (int16 bits), k_bias [H, R, N], angles [B, S, H, AW], dt, da_cs_rev [B, H, S] (FP32),
-    trap [B, H, S] (int16 bits). Output: kst [B·H·nc, LP, N], lp bits when KST_LP else FP32; rows i ≥ C·R and
-    rows of tokens t ≥ S are written as 0.
+    Inputs: q, k [B, S, R, G, N] and v [B, S, H, P], trap [B, H, S] (int16 bits); q_bias, k_bias [H, R, N],
+    mimo_v [H, R, P], angles [B, S, H, AW], dt, da_cs_rev [B, H, S] (FP32).
+    Outputs: kst (k_state) and khat (k̂) [B·H·nc, LP, N], psiv [B·H·nc, LP, P], as lp bits when the policy rounds
+    them (K_STATE, K_SCALED, PSIV) else FP32, rows of tokens t ≥ S and rows i ≥ C·R written as 0; qk_dot
+    [B, H, S, R, R] (lp bits, the output); qkf (same shape, FP32 q̃·k̃ᵀ) when QK_DOT_INTERNAL is off.
 
     Compile-time constants:
-        N, R, C: state dim, rank, chunk size. LP: padded fused rows (pow2 ≥ max(16, C·R)). RB: rows per program.
-        AW: rotated columns per half (N / rotary_dim_divisor). W: record row width. LPK: 0 bf16, 1 fp16.
-        QK_BIAS, QK_BIASED, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, K_STATE: policy switches.
-        KST_LP: store kst as lp bits (exact when K_STATE). RECORD: write the k_state record slot.
+        N, P, R, C: sizes. LP: padded fused rows. AW: rotated columns per half (N / rotary_dim_divisor).
+        W: record row width. LPK: 0 bf16, 1 fp16.
+        PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY, K_SCALED, K_STATE,
+        QK_DOT_INTERNAL: policy switches. DOT_QK_LP: lp operands for q̃·k̃ᵀ (devices, QK_BIASED).
+        RECORD: write the record slots (k_biased, k_rot, k_scaled, k_state, psiv, qk_dot).
 
-    Rounding sites: S4 (k_bias), S13 (k̃), S17 (rotation), S5/S8 (dt), S6 (shifted γ), S10 (trap_scale),
-    S18 (k̂ = k_rot·ts), S42 (k_state = k̂·exp(da_cs_rev)).
+    Rounding sites: S3 (Ψ), S4 (biases), S5/S8 (dt), S6 (shifted γ), S10 (trap_scale), S11 (ΨV), S12/S13 (q̃, k̃),
+    S14 (qk_dot_internal; the QK_DOT store is always rnd), S17 (k rotation), S18 (k̂), S42 (k_state). FP32: S9.
     """
     pid = tl.program_id(0)
-    rb = pid % n_rb
-    bhc = pid // n_rb
+    bhc = pid
     c = bhc % nc
     bh = bhc // nc
     b = bh // H
@@ -163,85 +196,106 @@ def _mimo_kstate_kernel(
     g = h // HPG
     G = H // HPG
     L: tl.constexpr = C * R
+    cC = c * C
+    row0 = b.to(tl.int64) * S + cC
+    qk_base = (row0 * R * G + g) * N
+    a_base = (row0 * H + h) * AW
+    v_base = (row0 * H + h) * P
+    hs_base = bh.to(tl.int64) * S
 
-    i = rb * RB + tl.arange(0, RB)
+    i = tl.arange(0, LP)
     t_loc = i // R
     r_i = i % R
-    t = c * C + t_loc
+    t = cC + t_loc
     ok = (i < L) & (t < S)
     i_s = tl.where(ok, i, 0)
     t_loc_s = tl.where(ok, t_loc, 0)
-    cC = c * C
-    row0 = b.to(tl.int64) * S + cC
-    k_base = (row0 * R * G + g) * N
-    a_base = (row0 * H + h) * AW
-    hs_base = bh.to(tl.int64) * S
+    n = tl.arange(0, N)
+    p = tl.arange(0, P)
 
-    cs, sn = _rotation(angles_ptr + a_base, t_loc_s * (H * AW), ok, N, AW)
-    kb, krot = _biased_rotated(k_ptr + k_base, k_bias_ptr + h * (R * N), i_s * (G * N), r_i * N, ok, cs, sn,
+    # ---- k side: k̃, rotation, k̂ = R(k_rot·ts), k_state = R(k̂·exp(da_cs_rev))
+    cs, sn = _rotation(angles_ptr + a_base, t_loc_s * (H * AW), ok, LP, N, AW)
+    kb, krot = _biased_rotated(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N), r_i * N, ok, cs, sn,
                                N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY)
     gamma, shifted, ts = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT,
                                            SHIFTED_GAMMA, TRAP_SCALE)
-    k_hat = rnd_if(krot * ts[:, None], K_SCALED, LPK)
+    k_hat = tl.where(ok[:, None], rnd_if(krot * ts[:, None], K_SCALED, LPK), 0.0)
     e_rev = tl.exp(tl.load(da_cs_rev_ptr + hs_base + tl.where(ok, t, 0), mask=ok, other=0.0))
-    k_state = rnd_if(k_hat * e_rev[:, None], K_STATE, LPK)
-    k_state = tl.where(ok[:, None], k_state, 0.0)
+    k_state = tl.where(ok[:, None], rnd_if(k_hat * e_rev[:, None], K_STATE, LPK), 0.0)
+    nk_offs = bhc.to(tl.int64) * (LP * N) + i[:, None] * N + n[None, :]
+    _store_tile(kst_ptr, nk_offs, k_state, K_STATE, LPK)
+    _store_tile(khat_ptr, nk_offs, k_hat, K_SCALED, LPK)
 
-    n = tl.arange(0, N)
-    offs = bhc.to(tl.int64) * (LP * N) + i[:, None] * N + n[None, :]
-    if KST_LP:
-        tl.store(kst_ptr + offs, enc(k_state, LPK))
-    else:
-        tl.store(kst_ptr + offs, k_state)
+    # ---- same-step q̃·k̃ᵀ (S14): a [LP, LP] product, entry (i, j) used where j = t_i·R + r_in
+    qrow = i_s * (G * N)
+    q = dec(tl.load(q_ptr + qk_base + qrow[:, None] + n[None, :], mask=ok[:, None], other=0), LPK)
+    qbias = rnd_if(tl.load(q_bias_ptr + h * (R * N) + (r_i * N)[:, None] + n[None, :]), QK_BIAS, LPK)
+    qb = rnd_if(q + qbias, QK_BIASED, LPK)
+    qk_all = mma(qb, tl.trans(kb), DOT_QK_LP, LPK)
+    qk_base_out = (bh.to(tl.int64) * S + cC) * (R * R)
+    slot_stride = B.to(tl.int64) * H * S * R * W
+    rec_base = (bh.to(tl.int64) * S + cC) * R * W
+    for r_in in tl.static_range(R):
+        sel = i[None, :] == (t_loc[:, None] * R + r_in)
+        qk = tsum(tl.where(sel, qk_all, 0.0), axis=1)
+        tl.store(qk_ptr + qk_base_out + i_s * R + r_in, enc(qk, LPK), mask=ok)
+        if not QK_DOT_INTERNAL:
+            tl.store(qkf_ptr + qk_base_out + i_s * R + r_in, qk, mask=ok)
+        if RECORD:
+            tl.store(rec_ptr + SLOT_QK_DOT * slot_stride + rec_base + i_s * W + r_in,
+                     rnd_if(qk, QK_DOT_INTERNAL, LPK), mask=ok)
+
+    # ---- ΨV = R(v·R(Ψ)) (S3, S11)
+    psi = rnd_if(tl.load(mimo_v_ptr + h * (R * P) + (r_i * P)[:, None] + p[None, :]), PSI_WEIGHT, LPK)
+    vv = dec(tl.load(v_ptr + v_base + (t_loc_s * (H * P))[:, None] + p[None, :], mask=ok[:, None], other=0), LPK)
+    psiv = tl.where(ok[:, None], rnd_if(vv * psi, PSIV, LPK), 0.0)
+    _store_tile(psiv_ptr, bhc.to(tl.int64) * (LP * P) + i[:, None] * P + p[None, :], psiv, PSIV, LPK)
+
     if RECORD:
-        slot_stride = B.to(tl.int64) * H * S * R * W
-        # [B, H, S, R, W] row of (b, h, t, r) is ((b·H + h)·S + t)·R + r = (bh·S + c·C)·R + i
-        rec = rec_ptr + ((bh.to(tl.int64) * S + cC) * R) * W + i_s[:, None] * W + n[None, :]
-        tl.store(rec + SLOT_K_STATE * slot_stride, k_state, mask=ok[:, None])
-        tl.store(rec + SLOT_K_BIASED * slot_stride, kb, mask=ok[:, None])
-        tl.store(rec + SLOT_K_ROT * slot_stride, krot, mask=ok[:, None])
+        rec = rec_ptr + rec_base + i_s[:, None] * W
+        tl.store(rec + SLOT_K_BIASED * slot_stride + n[None, :], kb, mask=ok[:, None])
+        tl.store(rec + SLOT_K_ROT * slot_stride + n[None, :], krot, mask=ok[:, None])
+        tl.store(rec + SLOT_K_SCALED * slot_stride + n[None, :], k_hat, mask=ok[:, None])
+        tl.store(rec + SLOT_K_STATE * slot_stride + n[None, :], k_state, mask=ok[:, None])
+        tl.store(rec + SLOT_PSIV * slot_stride + p[None, :], psiv, mask=ok[:, None])
 
 
 @triton.jit
 def _mimo_state_kernel(
-    kst_ptr, v_ptr, mimo_v_ptr, da_cs_ptr, states_ptr, hf32_ptr,
+    kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr,
     S, H, nc, n_nt, n_pt,
-    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr,
+    N: tl.constexpr, P: tl.constexpr, C: tl.constexpr, LP: tl.constexpr,
     BN: tl.constexpr, BP: tl.constexpr, CB: tl.constexpr, LPK: tl.constexpr,
-    PSI_WEIGHT: tl.constexpr, PSIV: tl.constexpr, KST_LP: tl.constexpr, DOT_STATE_LP: tl.constexpr,
+    K_STATE: tl.constexpr, PSIV: tl.constexpr, DOT_STATE_LP: tl.constexpr,
     ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr,
 ):
     """The sequential walk over the chunks: states[c] = rnd(h_c), h_{c+1} = h_c·decay_c (+) k_stateᵀ·ΨV.
 
     Grid: 1-D, B·H·n_nt·n_pt programs; program → (b, h, N tile of BN rows, P tile of BP columns), each walking all
-    nc chunks in order. The decays exp(da_cs[last valid t]) are loaded CB chunks at a time.
+    nc chunks in order. The decays exp(da_cs[last valid t of the chunk]) are loaded CB chunks at a time.
 
-    Inputs: kst [B·H·nc, LP, N] (from ``_mimo_kstate_kernel``), v [B, S, H, P] (int16 bits), mimo_v [H, R, P],
-    da_cs [B, H, S]. Outputs: states [B, H, nc, N, P] (lp bits); hf32 (same shape, FP32 h_c) when STORE_F32.
+    Inputs: kst [B·H·nc, LP, N] and psiv [B·H·nc, LP, P] from ``_mimo_prep_kernel`` (lp bits when K_STATE / PSIV,
+    else FP32; padded rows are 0), da_cs [B, H, S]. Outputs: states [B, H, nc, N, P] (lp bits); hf32 (same shape,
+    FP32 h_c) when STORE_F32.
 
     Compile-time constants:
-        N, P, R, C, LP: sizes (LP = padded fused rows). BN, BP: tile. CB: chunks per decay load. LPK: lp format.
-        PSI_WEIGHT, PSIV: policy switches for ΨV. KST_LP: kst holds lp bits. DOT_STATE_LP: feed the GEMM lp
-        operands (devices, both operands on the grid). ACCUMULATE: ``state_update="accumulate_into"`` (one K=16
-        slice of rows at a time into the live state) else ``"separate"`` (chunk sum, then add).
-        STORE_F32: also store FP32 h_c.
+        N, P, C, LP: sizes (LP = padded fused rows). BN, BP: tile. CB: chunks per decay load. LPK: lp format.
+        K_STATE, PSIV: the workspaces hold lp bits. DOT_STATE_LP: feed the GEMM lp operands (devices only, both
+        operands on the grid). ACCUMULATE: ``state_update="accumulate_into"`` (one K=16 slice of rows at a time
+        into the live state) else ``"separate"`` (the chunk's sum first, then added). STORE_F32: store FP32 h_c.
 
-    Rounding sites: S3 (Ψ), S11 (ΨV), S41 (states = rnd(h_c)); S43–S45 are FP32.
+    Rounding sites: S41 (states = rnd(h_c)); S43–S45 are FP32.
     """
     pid = tl.program_id(0)
     pt = pid % n_pt
     rest = pid // n_pt
     nt = rest % n_nt
     bh = rest // n_nt
-    b = bh // H
-    h = bh % H
-    L: tl.constexpr = C * R
     nn = nt * BN + tl.arange(0, BN)
     pp = pt * BP + tl.arange(0, BP)
     hs_base = bh.to(tl.int64) * S
     st_base = bh.to(tl.int64) * nc * (N * P)
     st_offs = nn[:, None] * P + pp[None, :]
-    v_base = b.to(tl.int64) * S * H * P + h * P
     cbv = tl.arange(0, CB)
 
     state = fzeros(BN, BP)
@@ -257,39 +311,33 @@ def _mimo_state_kernel(
             tl.store(states_ptr + so, enc(state, LPK))
             if STORE_F32:
                 tl.store(hf32_ptr + so, state)
-            ks_base = (bh.to(tl.int64) * nc + c) * (LP * N)
+            chunk = bh.to(tl.int64) * nc + c
             if ACCUMULATE:
                 state = state * decay
                 for s in tl.static_range(LP // 16):
                     i = s * 16 + tl.arange(0, 16)
-                    ks = tl.load(kst_ptr + ks_base + i[:, None] * N + nn[None, :])
-                    if KST_LP and DOT_STATE_LP:
-                        ks = bits_operand(ks, LPK)
-                    elif KST_LP:
-                        ks = dec(ks, LPK)
-                    t_loc = i // R
-                    t = c * C + t_loc
-                    ok = (i < L) & (t < S)
-                    vv = dec(tl.load(v_ptr + v_base + tl.where(ok, t, 0)[:, None] * (H * P) + pp[None, :],
-                                     mask=ok[:, None], other=0), LPK)
-                    psi = rnd_if(tl.load(mimo_v_ptr + (h * R + i % R)[:, None] * P + pp[None, :]), PSI_WEIGHT, LPK)
-                    psiv = tl.where(ok[:, None], rnd_if(vv * psi, PSIV, LPK), 0.0)
-                    state = mma_acc(tl.trans(ks), psiv, state, DOT_STATE_LP, LPK)
+                    ks = tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :])
+                    pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
+                    if DOT_STATE_LP:
+                        state = tl.dot(tl.trans(bits_operand(ks, LPK)), bits_operand(pv, LPK), state)
+                    else:
+                        if K_STATE:
+                            ks = dec(ks, LPK)
+                        if PSIV:
+                            pv = dec(pv, LPK)
+                        state = mma_acc(tl.trans(ks), pv, state, False, LPK)
             else:
                 i = tl.arange(0, LP)
-                ks = tl.load(kst_ptr + ks_base + i[:, None] * N + nn[None, :])
-                if KST_LP and DOT_STATE_LP:
-                    ks = bits_operand(ks, LPK)
-                elif KST_LP:
-                    ks = dec(ks, LPK)
-                t_loc = i // R
-                t = c * C + t_loc
-                ok = (i < L) & (t < S)
-                vv = dec(tl.load(v_ptr + v_base + tl.where(ok, t, 0)[:, None] * (H * P) + pp[None, :],
-                                 mask=ok[:, None], other=0), LPK)
-                psi = rnd_if(tl.load(mimo_v_ptr + (h * R + i % R)[:, None] * P + pp[None, :]), PSI_WEIGHT, LPK)
-                psiv = tl.where(ok[:, None], rnd_if(vv * psi, PSIV, LPK), 0.0)
-                local = mma(tl.trans(ks), psiv, DOT_STATE_LP, LPK)
+                ks = tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :])
+                pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
+                if DOT_STATE_LP:
+                    local = tl.dot(tl.trans(bits_operand(ks, LPK)), bits_operand(pv, LPK))
+                else:
+                    if K_STATE:
+                        ks = dec(ks, LPK)
+                    if PSIV:
+                        pv = dec(pv, LPK)
+                    local = mma(tl.trans(ks), pv, False, LPK)
                 state = state * decay + local
 
 
@@ -303,45 +351,44 @@ def _record_tile(rec_ptr, slot, slot_stride, rec_base, rows, ok, cols, ncols, va
 
 @triton.jit
 def _mimo_out_kernel(
-    dout_ptr, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr,
-    angles_ptr, da_cs_ptr, dt_ptr, trap_ptr, d_ptr, segsum_ptr, hop_ptr,
-    qk_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr,
+    dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, angles_ptr, da_cs_ptr, dt_ptr, trap_ptr, d_ptr,
+    segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr,
+    dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr,
     B, S, H, HPG, nc, n_pt,
     N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, CP: tl.constexpr, LP: tl.constexpr,
     BP: tl.constexpr, AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
     QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, ROTARY: tl.constexpr,
     DT_INPUT: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, K_SCALED: tl.constexpr,
-    PSI_WEIGHT: tl.constexpr, PSIV: tl.constexpr, STATE_OPERAND: tl.constexpr, CAUSAL_SCORES: tl.constexpr,
+    PSIV: tl.constexpr, STATE_OPERAND: tl.constexpr, CAUSAL_SCORES: tl.constexpr,
     DIAG_ACCUM: tl.constexpr, DIAG_FMA: tl.constexpr, DIAG_GAMMA: tl.constexpr, OUT: tl.constexpr,
     PHI_WEIGHT: tl.constexpr, DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr,
-    HAS_Z: tl.constexpr, HAS_D: tl.constexpr, REDUCE_O: tl.constexpr, NEED_OUT: tl.constexpr,
-    DOT_QK_LP: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_D: tl.constexpr, REDUCE_O: tl.constexpr,
+    DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
     RECORD: tl.constexpr,
 ):
-    """Everything that depends on rnd(h_c): qk_dot, o, out, the gradient branches, dmimo partials of one chunk.
+    """Everything that depends on rnd(h_c): o, out, the gradient branches and the dmimo partials of one chunk.
 
-    Grid: 1-D, B·H·nc·n_pt programs; program → (b, h, chunk c, P tile of BP columns). The k side (k̃, k̂, ΨV) is
-    held as dense fused rows i = t_local·R + r (LP rows, the K dimension of the intra GEMMs); outputs are built
-    per output rank r on token rows (CP rows), so the rank sums of the diagonal and of dz run in ascending order
-    inside one program.
+    Grid: 1-D, B·H·nc·n_pt programs; program → (b, h, chunk c, P tile of BP columns). k̂ and ΨV come from
+    ``_mimo_prep_kernel`` as dense fused rows (the K dimension of the intra GEMMs); outputs are built per output rank
+    r on CP token rows, so the rank sums of the diagonal and of dz run in ascending order in one program.
 
-    Inputs: the 17 API tensors (lp ones as int16 bits), hop [B, H, nc, N, P]: rnd(h_c) as lp bits (the ``states``
-    output) when STATE_OPERAND, else FP32 h_c. Outputs: qk_dot [B, H, S, R, R] and dz [B, S, H, P] (lp bits),
-    part_o / part_z [B·H·nc, R, P] FP32 per-chunk dmimo partials; records when RECORD.
+    Inputs: dout, q, z, trap (int16 bits), q_bias, mimo_o, mimo_z, angles, da_cs, dt, d, segsum (FP32) as in the
+    API; khat [B·H·nc, LP, N], psiv [B·H·nc, LP, P] (lp bits when K_SCALED / PSIV); hop [B, H, nc, N, P]: rnd(h_c)
+    as lp bits (the ``states`` output) when STATE_OPERAND, else FP32 h_c; qkin [B, H, S, R, R]: the qk_dot output
+    (lp bits) when QK_DOT_INTERNAL, else FP32 q̃·k̃ᵀ. Outputs: dz [B, S, H, P] (lp bits), part_o / part_z
+    [B·H·nc, R, P] FP32 per-chunk dmimo partials; records when RECORD.
 
     Compile-time constants:
         N, P, R, C: sizes. CP: token rows (pow2 ≥ max(16, C)). LP: fused rows (pow2 ≥ max(16, C·R)). BP: P tile.
         AW: rotated columns per half. W: record row width. LPK: 0 bf16, 1 fp16.
-        QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSI_WEIGHT,
-        PSIV, STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM: switches.
+        QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
+        STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM: policy switches.
         DIAG_FMA: ``diag_mode="fma"`` (one rounding of acc + a·b) else ``"mul_then_add"``. SILU_TANH: tanh form.
-        HAS_Z, HAS_D, REDUCE_O: branches. NEED_OUT: compute o/out (some branch or a record needs them).
-        DOT_*_LP: feed that GEMM bf16/fp16 operands (devices only, when both operands are on the grid).
-        RECORD: write the per-stage records.
+        HAS_Z, HAS_D, REDUCE_O: branches. DOT_*_LP: feed that GEMM bf16/fp16 operands (devices only, both operands
+        on the grid). RECORD: write the per-stage records.
 
-    Rounding sites: S4, S12–S14 (qk_dot_internal; QK_DOT store S15), S16, S17, S18, S3, S11, S19 (operand),
-    S22, S26 (diag_accum, diag_mode), S27, S30, S34, S35, S36, S38 (dz_accum; DZ store); FP32: S9, S20, S21, S23,
-    S24, S25, S28, S29, S31–S33, S37, S39.
+    Rounding sites: S4, S12 (q̃), S16 (q rotation), S19 (operand), S22, S26 (diag_accum, diag_mode), S27, S30,
+    S34, S35, S36, S38 (dz_accum; DZ store); FP32: S9, S20, S21, S23, S24, S25, S28, S29, S31–S33, S37, S39.
     """
     pid = tl.program_id(0)
     pt = pid % n_pt
@@ -361,180 +408,141 @@ def _mimo_out_kernel(
     hs_base = bh.to(tl.int64) * S
     n = tl.arange(0, N)
     pp = pt * BP + tl.arange(0, BP)
-    # P tile 0 also writes the outputs that do not depend on p (qk_dot, N-wide records); a limit, not a bool
-    # scalar, because the interpreter mishandles bool-vector & bool-scalar
-    lim0 = tl.where(pt == 0, C, 0)
-
-    # ---- k side on dense fused rows i = t_local·R + r (the K dimension of qk, scores and intra)
     i = tl.arange(0, LP)
     t_i = i // R
-    r_i = i % R
-    ok_i = (i < L) & (cC + t_i < S)
-    i_s = tl.where(ok_i, i, 0)
-    t_i_s = tl.where(ok_i, t_i, 0)
-    cs_i, sn_i = _rotation(angles_ptr + a_base, t_i_s * (H * AW), ok_i, N, AW)
-    kb, krot = _biased_rotated(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N), r_i * N, ok_i, cs_i,
-                               sn_i, N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY)
-    gamma_i, sg_i, ts_i = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, cC + t_i, ok_i, S, LPK,
-                                            DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE)
-    k_hat = rnd_if(krot * ts_i[:, None], K_SCALED, LPK)
+    # P tile 0 also writes the records that do not depend on p; a limit, not a bool scalar, because the
+    # interpreter mishandles bool-vector & bool-scalar
+    lim0 = tl.where(pt == 0, C, 0)
 
-    # ---- token rows t = c·C + tt (outputs are built per rank on these rows)
+    # ---- token rows t = c·C + tt
     tt = tl.arange(0, CP)
     t = cC + tt
     ok_t = (tt < C) & (t < S)
     tt_s = tl.where(ok_t, tt, 0)
     gamma_t, sg_t, ts_t = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok_t, S, LPK, DT_INPUT,
                                             SHIFTED_GAMMA, TRAP_SCALE)
-    cs_t, sn_t = _rotation(angles_ptr + a_base, tt_s * (H * AW), ok_t, N, AW)
+    cs_t, sn_t = _rotation(angles_ptr + a_base, tt_s * (H * AW), ok_t, CP, N, AW)
     tok_offs = tt_s[:, None] * (H * P) + pp[None, :]
-    v_t = dec(tl.load(v_ptr + v_base + tok_offs, mask=ok_t[:, None], other=0), LPK)
+    e_da = tl.exp(tl.load(da_cs_ptr + hs_base + tl.where(ok_t, t, 0), mask=ok_t, other=0.0))
+
+    # ---- operands every rank reuses, converted once (bf16/fp16 on devices when exact, else FP32)
+    chunk_rows = bhc.to(tl.int64) * LP
+    k_hat = _load_tile(khat_ptr, chunk_rows * N + i[:, None] * N + n[None, :], K_SCALED, LPK)
+    khat_t_op = operand(tl.trans(k_hat), DOT_SCORES_LP, LPK)
+    psiv_offs = chunk_rows * P + i[:, None] * P + pp[None, :]
+    psiv_op = operand(_load_tile(psiv_ptr, psiv_offs, PSIV, LPK), DOT_INTRA_LP, LPK)
+    h_offs = bhc.to(tl.int64) * (N * P) + n[:, None] * P + pp[None, :]
+    hop_op = operand(_load_tile(hop_ptr, h_offs, STATE_OPERAND, LPK), DOT_INTER_LP, LPK)
+    # causal mask t_i > t_j (strict) and exp(segsum) on the causal entries (S21)
+    causal = (tt[:, None] > t_i[None, :]) & (i[None, :] < L) & (tt[:, None] < C)
+    seg = tl.load(segsum_ptr + bhc.to(tl.int64) * (C * C) + tl.where(causal, tt[:, None] * C + t_i[None, :], 0),
+                  mask=causal, other=0.0)
+    e_seg = tl.exp(seg)
+    if HAS_D:
+        d_h = tl.load(d_ptr + h)
+    if HAS_Z:
+        z_t = dec(tl.load(z_ptr + v_base + tok_offs, mask=ok_t[:, None], other=0), LPK)
+    if REDUCE_O:
+        do_t = dec(tl.load(dout_ptr + v_base + tok_offs, mask=ok_t[:, None], other=0), LPK)
 
     slot_stride = B.to(tl.int64) * H * S * R * W
     rec_base = (bh.to(tl.int64) * S + cC) * R * W
     if RECORD:
-        _record_tile(rec_ptr, SLOT_K_SCALED, slot_stride, rec_base, i_s, ok_i & (t_i < lim0), n, N, k_hat, W)
         tok_rec = rec_base + tt_s * (R * W)
         tl.store(rec_ptr + SLOT_GAMMA * slot_stride + tok_rec, gamma_t, mask=ok_t & (tt < lim0))
         tl.store(rec_ptr + SLOT_TRAP_SCALE * slot_stride + tok_rec, ts_t, mask=ok_t & (tt < lim0))
         tl.store(rec_ptr + SLOT_SHIFTED_GAMMA * slot_stride + tok_rec, sg_t, mask=ok_t & (tt < lim0))
 
-    if NEED_OUT:
-        # ΨV on the dense rows (S3, S11): the B operand of the intra GEMM
-        psi_i = rnd_if(tl.load(mimo_v_ptr + (h * R + r_i)[:, None] * P + pp[None, :]), PSI_WEIGHT, LPK)
-        v_i = dec(tl.load(v_ptr + v_base + t_i_s[:, None] * (H * P) + pp[None, :], mask=ok_i[:, None], other=0),
-                  LPK)
-        psiv_i = tl.where(ok_i[:, None], rnd_if(v_i * psi_i, PSIV, LPK), 0.0)
-        # causal mask t_i > t_j (strict) and exp(segsum) on the causal entries (S21)
-        causal = (tt[:, None] > t_i[None, :]) & (i[None, :] < L) & (tt[:, None] < C)
-        seg = tl.load(segsum_ptr + bhc.to(tl.int64) * (C * C) + tl.where(causal, tt[:, None] * C + t_i[None, :], 0),
-                      mask=causal, other=0.0)
-        e_seg = tl.exp(seg)
-        e_da = tl.exp(tl.load(da_cs_ptr + hs_base + tl.where(ok_t, t, 0), mask=ok_t, other=0.0))
-        # rnd(h_c) or FP32 h_c (S19)
-        h_offs = bhc.to(tl.int64) * (N * P) + n[:, None] * P + pp[None, :]
-        if STATE_OPERAND:
-            hop = dec(tl.load(hop_ptr + h_offs), LPK)
-        else:
-            hop = tl.load(hop_ptr + h_offs)
-        if HAS_D:
-            d_h = tl.load(d_ptr + h)
-        if HAS_Z:
-            z_t = dec(tl.load(z_ptr + v_base + tok_offs, mask=ok_t[:, None], other=0), LPK)
-        if REDUCE_O:
-            do_t = dec(tl.load(dout_ptr + v_base + tok_offs, mask=ok_t[:, None], other=0), LPK)
-
-    # dot operands that every rank reuses, converted once (bf16/fp16 on devices when exact, else FP32)
-    kbt_op = operand(tl.trans(kb), DOT_QK_LP, LPK)
-    if NEED_OUT:
-        khat_t_op = operand(tl.trans(k_hat), DOT_SCORES_LP, LPK)
-        psiv_op = operand(psiv_i, DOT_INTRA_LP, LPK)
-        hop_op = operand(hop, DOT_INTER_LP, LPK)
-    qk_out_base = (bh.to(tl.int64) * S + cC) * (R * R)
+    qk_rows = (bh.to(tl.int64) * S + cC) * (R * R) + tt_s * (R * R)
+    psiv_rows = chunk_rows * P + (tt_s * R)[:, None] * P + pp[None, :]
     dfull_base = (row0 * R * H + h) * P
     dz_acc = fzeros(CP, BP)
     for r in tl.static_range(R):
         q_row = (tt_s * R + r) * (G * N)
         qb, qrot = _biased_rotated(q_ptr + qk_base, q_bias_ptr + h * (R * N), q_row, tt * 0 + r * N, ok_t,
                                    cs_t, sn_t, N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY)
-        # same-step q̃·k̃ᵀ for every r_in: column t·R + r_in of a [CP, LP] product (S14)
-        qk_all = mma(qb, kbt_op, DOT_QK_LP, LPK)
-        if NEED_OUT:
-            inter = mma(qrot, hop_op, DOT_INTER_LP, LPK) * e_da[:, None]
-            scores = mma(qrot, khat_t_op, DOT_SCORES_LP, LPK)
-            masked = rnd_if(tl.where(causal, scores * e_seg, 0.0), CAUSAL_SCORES, LPK)
-            intra = mma(masked, psiv_op, DOT_INTRA_LP, LPK)
-            o = intra + inter
-            psi_r = rnd_if(tl.load(mimo_v_ptr + (h * R + r) * P + pp), PSI_WEIGHT, LPK)
-            psiv_r = rnd_if(v_t * psi_r[None, :], PSIV, LPK)
-            acc = fzeros(CP, BP)
+        inter = mma(qrot, hop_op, DOT_INTER_LP, LPK) * e_da[:, None]
+        scores = mma(qrot, khat_t_op, DOT_SCORES_LP, LPK)
+        masked = rnd_if(tl.where(causal, scores * e_seg, 0.0), CAUSAL_SCORES, LPK)
+        intra = mma(masked, psiv_op, DOT_INTRA_LP, LPK)
+        o = intra + inter
+        # diagonal (S26): acc over r_in ascending, qk from the prep kernel, ΨV rows of the same token
+        acc = fzeros(CP, BP)
         for r_in in tl.static_range(R):
-            sel = i[None, :] == (tt[:, None] * R + r_in)
-            qk = tsum(tl.where(sel, qk_all, 0.0), axis=1)
-            tl.store(qk_ptr + qk_out_base + tt_s * (R * R) + (r * R + r_in), enc(qk, LPK), mask=ok_t & (tt < lim0))
-            if RECORD:
-                a_rec = rnd_if(qk, QK_DOT_INTERNAL, LPK)
-                tl.store(rec_ptr + SLOT_QK_DOT * slot_stride + rec_base + (tt_s * R + r) * W + r_in, a_rec,
-                         mask=ok_t & (tt < lim0))
-            if NEED_OUT:
-                # diagonal rank step r_in (S26): acc over r_in ascending
-                a = rnd_if(qk, QK_DOT_INTERNAL, LPK)
-                psi_in = rnd_if(tl.load(mimo_v_ptr + (h * R + r_in) * P + pp), PSI_WEIGHT, LPK)
-                bv = rnd_if(v_t * psi_in[None, :], PSIV, LPK)
-                prod = a[:, None] * bv
-                if DIAG_ACCUM:
-                    if r_in == 0:
-                        acc = rnd(prod, LPK)
-                    elif DIAG_FMA:
-                        acc = rnd_sum(acc, prod, LPK)
-                    else:
-                        acc = rnd(acc + rnd(prod, LPK), LPK)
-                else:
-                    if r_in == 0:
-                        acc = prod
-                    else:
-                        acc = acc + prod
-        if NEED_OUT:
-            diag = rnd_if(acc * gamma_t[:, None], DIAG_GAMMA, LPK)
-            o = o + diag
-            if HAS_D:
-                o = o + d_h * psiv_r
-            out = rnd_if(o, OUT, LPK)
-            if RECORD:
-                rrow = tt_s * R + r
-                rok = ok_t
-                _record_tile(rec_ptr, SLOT_Q_ROT, slot_stride, rec_base, rrow, rok & (tt < lim0), n, N, qrot, W)
-                _record_tile(rec_ptr, SLOT_Q_BIASED, slot_stride, rec_base, rrow, rok & (tt < lim0), n, N, qb, W)
-                _record_tile(rec_ptr, SLOT_PSIV, slot_stride, rec_base, rrow, rok, pp, P, psiv_r, W)
-                _record_tile(rec_ptr, SLOT_INTER, slot_stride, rec_base, rrow, rok, pp, P, inter, W)
-                _record_tile(rec_ptr, SLOT_INTRA, slot_stride, rec_base, rrow, rok, pp, P, intra, W)
-                _record_tile(rec_ptr, SLOT_DIAG_ACCUM, slot_stride, rec_base, rrow, rok, pp, P, acc, W)
-                _record_tile(rec_ptr, SLOT_DIAG, slot_stride, rec_base, rrow, rok, pp, P, diag, W)
-                _record_tile(rec_ptr, SLOT_OUT, slot_stride, rec_base, rrow, rok, pp, P, out, W)
-                cs_m = (tt[:, None] < lim0) & (i[None, :] < L)
-                tl.store(rec_cs_ptr + bhc.to(tl.int64) * (L * L)
-                         + tl.where(cs_m, (tt[:, None] * R + r) * L + i[None, :], 0), masked, mask=cs_m)
-            if HAS_Z:
-                zeta = tl.load(mimo_z_ptr + (h * R + r) * P + pp)
-                x = z_t * zeta[None, :]
-                if SILU_TANH:
-                    hx = x * 0.5
-                    gate = hx * tanh(hx) + hx
-                else:
-                    gate = x * sigmoid(x)
-            part_offs = bhc.to(tl.int64) * (R * P) + r * P + pp
-            if REDUCE_O:
-                if HAS_Z:
-                    gated = gate * out
-                else:
-                    gated = out
-                tl.store(part_o_ptr + part_offs, tsum(tl.where(ok_t[:, None], gated * do_t, 0.0), axis=0))
-                if HAS_Z:
-                    phi = rnd_if(tl.load(mimo_o_ptr + (h * R + r) * P + pp), PHI_WEIGHT, LPK)
-                    dphio = rnd_if(rnd_if(do_t * phi[None, :], DPHIO, LPK) * out, DPHIO, LPK)
+            if QK_DOT_INTERNAL:
+                a = dec(tl.load(qkin_ptr + qk_rows + (r * R + r_in), mask=ok_t, other=0), LPK)
             else:
-                if HAS_Z:
-                    d_r = dec(tl.load(dout_ptr + dfull_base + (tt_s * R + r)[:, None] * (H * P) + pp[None, :],
-                                      mask=ok_t[:, None], other=0), LPK)
-                    dphio = rnd_if(d_r * out, DPHIO, LPK)
-            if HAS_Z:
-                dzz = dphio * sigmoid(x) * (1.0 + x * sigmoid(-x))
-                term = dzz * zeta[None, :]
-                if DZ_ACCUM:
-                    if r == 0:
-                        dz_acc = rnd(term, LPK)
-                    else:
-                        dz_acc = rnd(dz_acc + term, LPK)
+                a = tl.load(qkin_ptr + qk_rows + (r * R + r_in), mask=ok_t, other=0.0)
+            bv = _load_tile(psiv_ptr, psiv_rows + r_in * P, PSIV, LPK)
+            prod = a[:, None] * bv
+            if DIAG_ACCUM:
+                if r_in == 0:
+                    acc = rnd(prod, LPK)
+                elif DIAG_FMA:
+                    acc = rnd_sum(acc, prod, LPK)
                 else:
-                    if r == 0:
-                        dz_acc = term
-                    else:
-                        dz_acc = dz_acc + term
-                tl.store(part_z_ptr + part_offs, tsum(tl.where(ok_t[:, None], dzz * z_t, 0.0), axis=0))
-                if RECORD:
-                    _record_tile(rec_ptr, SLOT_GATE, slot_stride, rec_base, tt_s * R + r, ok_t, pp, P, gate, W)
-                    _record_tile(rec_ptr, SLOT_DPHIO, slot_stride, rec_base, tt_s * R + r, ok_t, pp, P, dphio, W)
-                    _record_tile(rec_ptr, SLOT_DZZ, slot_stride, rec_base, tt_s * R + r, ok_t, pp, P, dzz, W)
+                    acc = rnd(acc + rnd(prod, LPK), LPK)
+            else:
+                if r_in == 0:
+                    acc = prod
+                else:
+                    acc = acc + prod
+            if r_in == r:
+                psiv_r = bv
+        diag = rnd_if(acc * gamma_t[:, None], DIAG_GAMMA, LPK)
+        o = o + diag
+        if HAS_D:
+            o = o + d_h * psiv_r
+        out = rnd_if(o, OUT, LPK)
+        if RECORD:
+            rrow = tt_s * R + r
+            _record_tile(rec_ptr, SLOT_Q_ROT, slot_stride, rec_base, rrow, ok_t & (tt < lim0), n, N, qrot, W)
+            _record_tile(rec_ptr, SLOT_Q_BIASED, slot_stride, rec_base, rrow, ok_t & (tt < lim0), n, N, qb, W)
+            _record_tile(rec_ptr, SLOT_INTER, slot_stride, rec_base, rrow, ok_t, pp, P, inter, W)
+            _record_tile(rec_ptr, SLOT_INTRA, slot_stride, rec_base, rrow, ok_t, pp, P, intra, W)
+            _record_tile(rec_ptr, SLOT_DIAG_ACCUM, slot_stride, rec_base, rrow, ok_t, pp, P, acc, W)
+            _record_tile(rec_ptr, SLOT_DIAG, slot_stride, rec_base, rrow, ok_t, pp, P, diag, W)
+            _record_tile(rec_ptr, SLOT_OUT, slot_stride, rec_base, rrow, ok_t, pp, P, out, W)
+            cs_m = (tt[:, None] < lim0) & (i[None, :] < L)
+            tl.store(rec_cs_ptr + bhc.to(tl.int64) * (L * L)
+                     + tl.where(cs_m, (tt[:, None] * R + r) * L + i[None, :], 0), masked, mask=cs_m)
+        if HAS_Z:
+            zeta = tl.load(mimo_z_ptr + (h * R + r) * P + pp)
+            x = z_t * zeta[None, :]
+            gate, sig_x, sig_negx = silu_parts(x, SILU_TANH)
+        part_offs = bhc.to(tl.int64) * (R * P) + r * P + pp
+        if REDUCE_O:
+            if HAS_Z:
+                gated = gate * out
+            else:
+                gated = out
+            tl.store(part_o_ptr + part_offs, tsum(tl.where(ok_t[:, None], gated * do_t, 0.0), axis=0))
+            if HAS_Z:
+                phi = rnd_if(tl.load(mimo_o_ptr + (h * R + r) * P + pp), PHI_WEIGHT, LPK)
+                dphio = rnd_if(rnd_if(do_t * phi[None, :], DPHIO, LPK) * out, DPHIO, LPK)
+        else:
+            if HAS_Z:
+                d_r = dec(tl.load(dout_ptr + dfull_base + (tt_s * R + r)[:, None] * (H * P) + pp[None, :],
+                                  mask=ok_t[:, None], other=0), LPK)
+                dphio = rnd_if(d_r * out, DPHIO, LPK)
+        if HAS_Z:
+            dzz = dphio * sig_x * (1.0 + x * sig_negx)
+            term = dzz * zeta[None, :]
+            if DZ_ACCUM:
+                if r == 0:
+                    dz_acc = rnd(term, LPK)
+                else:
+                    dz_acc = rnd(dz_acc + term, LPK)
+            else:
+                if r == 0:
+                    dz_acc = term
+                else:
+                    dz_acc = dz_acc + term
+            tl.store(part_z_ptr + part_offs, tsum(tl.where(ok_t[:, None], dzz * z_t, 0.0), axis=0))
+            if RECORD:
+                _record_tile(rec_ptr, SLOT_GATE, slot_stride, rec_base, tt_s * R + r, ok_t, pp, P, gate, W)
+                _record_tile(rec_ptr, SLOT_DPHIO, slot_stride, rec_base, tt_s * R + r, ok_t, pp, P, dphio, W)
+                _record_tile(rec_ptr, SLOT_DZZ, slot_stride, rec_base, tt_s * R + r, ok_t, pp, P, dzz, W)
     if HAS_Z:
         tl.store(dz_ptr + v_base + tok_offs, enc(dz_acc, LPK), mask=ok_t[:, None])
         if RECORD:

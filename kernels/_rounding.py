@@ -5,7 +5,10 @@ truncates on ``.to(tl.bfloat16)``, so a native cast would make the CPU run and t
 FP32 registers; a "rounded" value is an FP32 number on the low-precision grid, and only output stores turn it into
 the 16-bit pattern (carried as int16, never as a bf16/fp16 tensor).
 
-The format is a constexpr ``LPK``: 0 = bfloat16, 1 = float16. One helper per format, used at every site:
+The format is a constexpr ``LPK``: 0 = bfloat16, 1 = float16 (integer helpers, the default on every backend);
+2 and 3 are the same formats rounded by the backend's native RNE conversion (``cvt.rn`` on NVIDIA: bit-identical
+results, fewer instructions; an opt-in performance switch of the launcher, never used by the interpreter, whose
+conversion truncates). One helper per format, used at every site:
 
 * ``_rne_bf16_u`` / ``_rne_f16_u``: FP32 bit pattern (int32) -> FP32 bit pattern of the RNE-rounded value.
   Subnormals (fp16: |x| < 2**-14 rounds to a multiple of 2**-24), overflow to inf, NaN kept NaN.
@@ -58,14 +61,25 @@ def _rne_f16_u(u):
 
 
 @triton.jit
+def _native_rnd(x, LPK: tl.constexpr):
+    if LPK % 2 == 0:
+        return x.to(tl.bfloat16).to(tl.float32)
+    else:
+        return x.to(tl.float16).to(tl.float32)
+
+
+@triton.jit
 def rnd(x, LPK: tl.constexpr):
     """Round FP32 ``x`` to the low-precision grid (RNE); the result is FP32."""
-    u = x.to(tl.int32, bitcast=True)
-    if LPK == 0:
-        r = _rne_bf16_u(u)
+    if LPK >= 2:
+        return _native_rnd(x, LPK)
     else:
-        r = _rne_f16_u(u)
-    return r.to(tl.float32, bitcast=True)
+        u = x.to(tl.int32, bitcast=True)
+        if LPK == 0:
+            r = _rne_bf16_u(u)
+        else:
+            r = _rne_f16_u(u)
+        return r.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -81,7 +95,11 @@ def rnd_if(x, ON: tl.constexpr, LPK: tl.constexpr):
 def enc(x, LPK: tl.constexpr):
     """FP32 ``x`` -> int16 bit pattern of RNE(x) in bfloat16 (LPK=0) or float16 (LPK=1)."""
     u = x.to(tl.int32, bitcast=True)
-    if LPK == 0:
+    if LPK == 2:
+        bits = x.to(tl.bfloat16).to(tl.int16, bitcast=True)
+    elif LPK == 3:
+        bits = x.to(tl.float16).to(tl.int16, bitcast=True)
+    elif LPK == 0:
         # arithmetic shift: the result always fits int16
         bits = _rne_bf16_u(u) >> 16
     else:
@@ -101,7 +119,7 @@ def enc(x, LPK: tl.constexpr):
 def dec(bits, LPK: tl.constexpr):
     """int16 bit pattern of a bfloat16 (LPK=0) or float16 (LPK=1) value -> FP32 (exact)."""
     h = bits.to(tl.int32)
-    if LPK == 0:
+    if LPK % 2 == 0:
         u = h << 16
     else:
         mag = h & 0x7FFF
@@ -127,7 +145,7 @@ def rnd_sum(a, b, LPK: tl.constexpr):
     e = (a - (s - bb)) + (b - bb)
     u = s.to(tl.int32, bitcast=True)
     au = u & 0x7FFFFFFF
-    if LPK == 0:
+    if LPK % 2 == 0:
         tie = (u & 0xFFFF) == 0x8000
     else:
         tie_normal = (u & 0x1FFF) == 0x1000
@@ -139,18 +157,14 @@ def rnd_sum(a, b, LPK: tl.constexpr):
     tie = tie & (e != 0.0) & (au < 0x7F800000)
     away = (e > 0.0) == (s > 0.0)
     u = tl.where(tie, tl.where(away, u + 1, u - 1), u)
-    if LPK == 0:
-        r = _rne_bf16_u(u)
-    else:
-        r = _rne_f16_u(u)
-    return r.to(tl.float32, bitcast=True)
+    return rnd(u.to(tl.float32, bitcast=True), LPK)
 
 
 @triton.jit
 def operand(x, LP_OPS: tl.constexpr, LPK: tl.constexpr):
     """A ``tl.dot`` operand: cast to bf16/fp16 when ``LP_OPS`` (values already on the grid, so exact), else FP32."""
     if LP_OPS:
-        if LPK == 0:
+        if LPK % 2 == 0:
             return x.to(tl.bfloat16)
         else:
             return x.to(tl.float16)
@@ -162,7 +176,7 @@ def operand(x, LP_OPS: tl.constexpr, LPK: tl.constexpr):
 def bits_operand(bits, LPK: tl.constexpr):
     """int16 lp bits reinterpreted as a bf16/fp16 ``tl.dot`` operand (devices only: the interpreter cannot dot
     bf16)."""
-    if LPK == 0:
+    if LPK % 2 == 0:
         return bits.to(tl.bfloat16, bitcast=True)
     else:
         return bits.to(tl.float16, bitcast=True)
@@ -211,3 +225,44 @@ def tsum(x, axis: tl.constexpr):
 def fzeros(M: tl.constexpr, N: tl.constexpr):
     """An [M, N] FP32 tile of zeros (``tl.full``, a builtin; ``tl.zeros`` is a jit function of triton.language)."""
     return tl.full([M, N], 0.0, tl.float32)
+
+
+@triton.jit
+def sincos(x):
+    """sin(x), cos(x) in FP32 without libdevice (same formula on every backend; about 1 ulp for |x| < 1e4).
+
+    Cody–Waite reduction by π/2 with a three-part constant whose first two parts have few significant bits (so
+    k·part is exact for |k| < 2**12 without FMA), then minimax polynomials on [-π/4, π/4] (Cephes coefficients)
+    and the quadrant's sign/swap.
+    """
+    k = tl.floor(x * 0.6366197723675814 + 0.5)
+    rr = ((x - k * 1.5703125) - k * 4.837512969970703125e-4) - k * 7.54978995489188216e-8
+    z = rr * rr
+    s = rr + rr * z * ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1)
+    c = 1.0 - 0.5 * z + z * z * ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2)
+    quad = k.to(tl.int32) & 3
+    sin_x = tl.where(quad == 0, s, tl.where(quad == 1, c, tl.where(quad == 2, -s, -c)))
+    cos_x = tl.where(quad == 0, c, tl.where(quad == 1, -s, tl.where(quad == 2, -c, s)))
+    return sin_x, cos_x
+
+
+@triton.jit
+def silu_parts(x, SILU_TANH: tl.constexpr):
+    """The Z-branch special functions of x = z·ζ from one exp and one reciprocal: (gate, σ(x), σ(−x)).
+
+    With e = exp(−|x|) and w = 1/(1 + e): σ(|x|) = w, σ(−|x|) = e·w and tanh(|x|/2) = (1 − e)·w, so
+    gate = x/2·tanh(x/2) + x/2 (``SILU_TANH``) or x·σ(x). No cancellation except in 1 − e for tiny |x|, where
+    the tanh term is negligible next to x/2.
+    """
+    e = tl.exp(-tl.abs(x))
+    w = 1.0 / (1.0 + e)
+    ew = e * w
+    pos = x >= 0.0
+    sig = tl.where(pos, w, ew)
+    sig_neg = tl.where(pos, ew, w)
+    if SILU_TANH:
+        hx = x * 0.5
+        gate = tl.abs(hx) * ((1.0 - e) * w) + hx
+    else:
+        gate = x * sig
+    return gate, sig, sig_neg

@@ -28,13 +28,15 @@ MAX_FUSED_ROWS = 128
 #: Interpreter runs estimated above this many seconds are refused unless ``allow_slow_interpreter=True``.
 INTERPRETER_LIMIT_S = 120.0
 #: Calibrated cost of one interpreted Triton op (seconds), for the estimate (2 shared CPU cores).
-_INTERPRETER_OP_S = 2.0e-4
+_INTERPRETER_OP_S = 3.2e-4
 
 _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 
-#: Overrides of the CUDA/NPU tile plan, for benchmarks and compile checks only (never numerics: tiles change FP32
-#: summation orders inside GEMMs at most). Keys: ``BN``, ``BP2``, ``BP3``, ``RB``, ``CB`` and ``warps_k1`` …
-#: ``warps_k4``. Empty in normal use.
+#: Overrides of the tile plan, for benchmarks and tests only (never numerics: tiles change FP32 summation orders
+#: inside GEMMs and of the dmimo sums at most). Keys: ``BN``, ``BP2`` (state walk tile), ``BP3`` (output kernel P
+#: tile), ``CB`` (chunks per decay load), ``CBR``/``BLKR`` (chunks/columns per step of the dmimo sum),
+#: ``warps_k1`` … ``warps_k4`` (CUDA), and ``native_rne`` (1: on CUDA round with the hardware RNE conversion instead
+#: of the integer helpers; bit-identical, fewer instructions). Empty in normal use.
 TUNING: Dict[str, int] = {}
 
 
@@ -115,20 +117,16 @@ class Plan:
     backend: str
     LP: int  # fused rows per chunk, padded (K of the intra GEMMs)
     CP: int  # token rows per chunk, padded
-    RB: int  # fused rows per program in the k_state kernel
     BN: int  # state walk: N tile
     BP2: int  # state walk: P tile
     CB: int  # state walk: chunks per decay load
+    CBR: int  # dmimo sum: chunks per step
     BP3: int  # output kernel: P tile
     W: int  # record row width
     grid1: int
     grid2: int
     grid3: int
     warps: Dict[str, int]
-
-    @property
-    def n_rb(self):
-        return self.LP // self.RB
 
 
 def _check_sizes(dims: Dims) -> None:
@@ -154,10 +152,9 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     CP = max(16, _pow2(C))
     W = max(N, P, R)
     if backend == "interpreter":
-        RB, BN, BP2, BP3, CB = LP, N, P, P, 16
+        BN, BP2, BP3, CB = N, P, P, 16
         warps = {}
     elif backend == "cuda":
-        RB = min(LP, max(16, 2048 // N))
         BN, BP2 = min(N, 64), min(P, 64)
         sms = sm_count or torch.cuda.get_device_properties(dims.device).multi_processor_count
         while B * H * (N // BN) * (P // BP2) < 2 * sms and (BN > 16 or BP2 > 16):
@@ -167,27 +164,28 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
                 BN //= 2
         BP3 = min(P, 64)
         CB = 16
-        big = LP * max(N, BP3) > 4096 or CP * LP > 4096
-        warps = {"k1": 4, "k2": 4, "k3": 8 if big else 4, "k4": 4}
+        big1 = LP * max(N, P) >= 4096
+        big3 = LP * max(N, BP3) >= 4096 or CP * LP > 4096
+        warps = {"k1": 8 if big1 else 4, "k2": 4, "k3": 8 if big3 else 4, "k4": 4}
     else:  # npu (triton-ascend): keep the live tiles of a program under ~96 KB
-        RB = min(LP, max(16, 1024 // N))
         BN, BP2 = min(N, 32), min(P, 32)
         BP3 = min(P, 64)
-        while BP3 > 16 and 4 * (3 * LP * N + 2 * LP * BP3 + N * BP3 + 12 * CP * max(BP3, LP)) > 96 * 1024:
+        while BP3 > 16 and 4 * (LP * N + LP * BP3 + N * BP3 + 12 * CP * max(BP3, LP, N)) > 96 * 1024:
             BP3 //= 2
         CB = 16
         warps = {}
-    if backend != "interpreter" and TUNING:
-        RB = min(LP, TUNING.get("RB", RB))
+    CBR = 32
+    if TUNING:
         BN = min(N, TUNING.get("BN", BN))
         BP2 = min(P, TUNING.get("BP2", BP2))
         BP3 = min(P, TUNING.get("BP3", BP3))
         CB = TUNING.get("CB", CB)
+        CBR = TUNING.get("CBR", CBR)
         warps = {k: TUNING.get(f"warps_{k}", warps.get(k, 4)) for k in ("k1", "k2", "k3", "k4")}
-    grid1 = B * H * nc * (LP // RB)
+    grid1 = B * H * nc
     grid2 = B * H * (N // BN) * (P // BP2)
-    grid3 = B * H * nc * (P // BP3)
-    return Plan(backend, LP, CP, RB, BN, BP2, CB, BP3, W, grid1, grid2, grid3, warps)
+    grid3 = B * H * nc * (P // BP3)  # launched only when an output branch or a record needs it
+    return Plan(backend, LP, CP, BN, BP2, CB, CBR, BP3, W, grid1, grid2, grid3, warps)
 
 
 def estimate_interpreter_seconds(dims: Dims, pl: Optional[Plan] = None) -> float:
@@ -195,9 +193,9 @@ def estimate_interpreter_seconds(dims: Dims, pl: Optional[Plan] = None) -> float
     pl = pl or plan(dims, "interpreter")
     R, nc = dims.rank, dims.nchunks
     nsl = pl.LP // 16
-    k1 = pl.grid1 * 110
-    k2 = dims.batch * dims.heads * (nc / pl.CB * 8 + nc * (12 + 22 * nsl))
-    per3 = 200 + R * (110 + R * 60) + (R * 60 if dims.has_z else 0)
+    k1 = pl.grid1 * (170 + 12 * R)
+    k2 = dims.batch * dims.heads * (nc / pl.CB * 8 + nc * (12 + 8 * nsl))
+    per3 = 120 + R * (80 + R * 35) + (R * 60 if dims.has_z else 0)
     k3 = pl.grid3 * per3
     k4 = dims.batch * dims.heads * (math.ceil(nc / 32) * 6 + 4) * 2
     ops = k1 + k2 + k3 + k4
@@ -241,10 +239,6 @@ def _options(backend: str, warps: int, stages: int) -> dict:
         # fp32_fma=False: no FP32 FMA contraction (the TwoSum of the fma diagonal relies on it)
         return {"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False}
     return {}
-
-
-def _bits(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    return None if t is None else t.view(torch.int16)
 
 
 def mamba_mimo_bwd_fwd(
@@ -326,10 +320,10 @@ def build_launches(
 
     # ---- constexprs: policy switches, sizes, branches, dot operand formats
     cx = dict(cx)
-    cx.update(N=N, P=P, R=R, C=C, LP=pl.LP, CP=pl.CP, RB=pl.RB, BN=pl.BN, CB=pl.CB, W=pl.W,
-              AW=N // rotary_dim_divisor, HAS_Z=dims.has_z, HAS_D=dims.has_d, REDUCE_O=dims.reduce_o,
-              NEED_OUT=bool(dims.reduce_o or dims.has_z or keep), RECORD=keep)
-    cx["KST_LP"] = cx["K_STATE"]
+    if backend == "cuda" and TUNING.get("native_rne"):
+        cx["LPK"] += 2  # same RNE through cvt.rn (see _rounding.py); never under the interpreter
+    cx.update(N=N, P=P, R=R, C=C, LP=pl.LP, CP=pl.CP, BN=pl.BN, CB=pl.CB, W=pl.W, AW=N // rotary_dim_divisor,
+              HAS_Z=dims.has_z, HAS_D=dims.has_d, REDUCE_O=dims.reduce_o, RECORD=keep)
     cx["DOT_QK_LP"] = on_device and cx["QK_BIASED"]
     q_rot_lp = cx["QK_BIASED"] and cx["ROTARY"]
     cx["DOT_INTER_LP"] = on_device and q_rot_lp and cx["STATE_OPERAND"]
@@ -338,6 +332,7 @@ def build_launches(
     cx["DOT_STATE_LP"] = on_device and cx["K_STATE"] and cx["PSIV"]
     store_f32 = keep or not cx["STATE_OPERAND"]
     cx["STORE_F32"] = store_f32
+    need_out = dims.reduce_o or dims.has_z or keep
 
     # ---- inputs: contiguous, lp ones as int16 bits
     def cont(x):
@@ -350,10 +345,17 @@ def build_launches(
 
     # ---- outputs and workspaces (torch.empty: every element is written by a kernel)
     f32 = torch.float32
+
+    def work(shape, as_lp):
+        return torch.empty(shape, dtype=lp if as_lp else f32, device=dev)
+
     states = torch.empty((B, H, nc, N, P), dtype=lp, device=dev)
     qk_dot = torch.empty((B, H, S, R, R), dtype=lp, device=dev)
     dz = torch.empty((B, S, H, P), dtype=lp, device=dev) if dims.has_z else None
-    kst = torch.empty((B * H * nc, pl.LP, N), dtype=lp if cx["KST_LP"] else f32, device=dev)
+    kst = work((B * H * nc, pl.LP, N), cx["K_STATE"])
+    khat = work((B * H * nc, pl.LP, N), cx["K_SCALED"])
+    psiv = work((B * H * nc, pl.LP, P), cx["PSIV"])
+    qkf = None if cx["QK_DOT_INTERNAL"] else torch.empty((B, H, S, R, R), dtype=f32, device=dev)
     hf32 = torch.empty((B, H, nc, N, P), dtype=f32, device=dev) if store_f32 else None
     part_o = torch.empty((B * H * nc, R * P), dtype=f32, device=dev) if dims.reduce_o else None
     part_z = torch.empty((B * H * nc, R * P), dtype=f32, device=dev) if dims.has_z else None
@@ -364,16 +366,19 @@ def build_launches(
         rec = torch.zeros((mod.NSLOT, B, H, S, R, pl.W), dtype=f32, device=dev)
         rec_cs = torch.zeros((B * H * nc, C * R, C * R), dtype=f32, device=dev)
     if poison:
-        for t in (states, qk_dot, dz, kst):
-            if t is not None:
-                if t.dtype == f32:
-                    t.fill_(float("nan"))
-                else:
-                    t.view(torch.int16).fill_(_LP_NAN_BITS[lp])
-        for t in (hf32, part_o, part_z, dmimo_o, dmimo_z, rec, rec_cs):
-            if t is not None:
+        for t in (states, qk_dot, dz, kst, khat, psiv, qkf, hf32, part_o, part_z, dmimo_o, dmimo_z, rec, rec_cs):
+            if t is None:
+                continue
+            if t.dtype == f32:
                 t.fill_(float("nan"))
-    kst_arg = kst.view(torch.int16) if cx["KST_LP"] else kst
+            else:
+                t.view(torch.int16).fill_(_LP_NAN_BITS[lp])
+
+    def arg(t):  # lp tensors travel as int16 bits; absent ones as a never-read FP32 placeholder
+        if t is None:
+            return dummy_f
+        return t.view(torch.int16) if t.dtype in (torch.bfloat16, torch.float16) else t
+
     rec_arg = rec if keep else dummy_f
     rec_cs_arg = rec_cs if keep else dummy_f
     launches = []
@@ -382,30 +387,31 @@ def build_launches(
         launches.append(Launch(name, kernel, grid, args, _kwargs_for(kernel, extra),
                                _options(backend, warps, stages)))
 
-    # ---- 1. k_state of every fused row, chunk-parallel
-    add("kstate", mod._mimo_kstate_kernel, pl.grid1,
-        (_bits(k), k_bias, angles, dt, _bits(trap), da_cs_rev, kst_arg, rec_arg,
-         B, S, H, dims.heads_per_group, nc, pl.n_rb), cx, pl.warps.get("k1", 4), 1)
+    # ---- 1. per-row quantities of every chunk (k̂, k_state, ΨV, qk_dot), chunk-parallel
+    add("prep", mod._mimo_prep_kernel, pl.grid1,
+        (arg(q), arg(k), arg(v), q_bias, k_bias, mimo_v, angles, dt, arg(trap), da_cs_rev,
+         arg(kst), arg(khat), arg(psiv), arg(qk_dot), arg(qkf), rec_arg, B, S, H, dims.heads_per_group, nc),
+        cx, pl.warps.get("k1", 4), 1)
     # ---- 2. sequential walk over the chunks: states (lp), FP32 h when needed
     add("state", mod._mimo_state_kernel, pl.grid2,
-        (kst_arg, _bits(v), mimo_v, da_cs, _bits(states), hf32 if store_f32 else dummy_f,
-         S, H, nc, N // pl.BN, P // pl.BP2), dict(cx, BP=pl.BP2), pl.warps.get("k2", 4), 3)
+        (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
+        dict(cx, BP=pl.BP2), pl.warps.get("k2", 4), 3)
     # ---- 3. chunk-parallel outputs from rnd(h_c)
-    hop = _bits(states) if cx["STATE_OPERAND"] else hf32
-    add("out", mod._mimo_out_kernel, pl.grid3,
-        (_bits(dout), _bits(q), _bits(k), _bits(v), q_bias, k_bias, mimo_v,
-         mimo_o if dims.reduce_o else dummy_f, _bits(z) if dims.has_z else _bits(q),
-         mimo_z if dims.has_z else dummy_f, angles, da_cs, dt, _bits(trap), d if dims.has_d else dummy_f,
-         segsum, hop, _bits(qk_dot), _bits(dz) if dims.has_z else _bits(qk_dot),
-         part_o if dims.reduce_o else dummy_f, part_z if dims.has_z else dummy_f, rec_arg, rec_cs_arg,
-         B, S, H, dims.heads_per_group, nc, P // pl.BP3), dict(cx, BP=pl.BP3), pl.warps.get("k3", 4), 1)
+    if need_out:
+        hop = states if cx["STATE_OPERAND"] else hf32
+        qkin = qk_dot if cx["QK_DOT_INTERNAL"] else qkf
+        add("out", mod._mimo_out_kernel, pl.grid3,
+            (arg(dout), arg(q), q_bias, arg(mimo_o), arg(z), arg(mimo_z), angles, da_cs, dt, arg(trap), arg(d),
+             segsum, arg(khat), arg(psiv), arg(hop), arg(qkin), arg(dz), arg(part_o), arg(part_z), rec_arg,
+             rec_cs_arg, B, S, H, dims.heads_per_group, nc, P // pl.BP3),
+            dict(cx, BP=pl.BP3), pl.warps.get("k3", 4), 1)
     # ---- 4. deterministic sums of the per-chunk dmimo partials
     RPc = R * P
-    blk = min(256, _pow2(RPc))
+    blk = TUNING.get("BLKR", min(256, _pow2(RPc)))
     nblk = -(-RPc // blk)
     for name, part, out in (("reduce_o", part_o, dmimo_o), ("reduce_z", part_z, dmimo_z)):
         if part is not None:
-            add(name, mod._mimo_reduce_kernel, B * H * nblk, (part, out, nc, nblk, RPc), {"BLK": blk, "CB": 32},
+            add(name, mod._mimo_reduce_kernel, B * H * nblk, (part, out, nc, nblk, RPc), {"BLK": blk, "CB": pl.CBR},
                 pl.warps.get("k4", 4), 1)
 
     def finish():

@@ -16,10 +16,14 @@ from .policy import RoundingPolicy  # noqa: F401
 __version__ = "0.1.0"
 
 
+_LAZY_MODULES = ("oracle", "cases", "metrics", "tolerances", "bundles", "upstream", "envinfo", "golden", "drift",
+                 "sensitivity", "inference", "sweep", "report", "plots", "testing", "kernels")
+
+
 def __getattr__(name):
     # modules with heavier imports load on first use
     import importlib
 
-    if name in ("oracle", "cases", "metrics"):
+    if name in _LAZY_MODULES:
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'mimo_numerics' has no attribute {name!r}")

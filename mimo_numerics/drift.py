@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -81,12 +82,12 @@ def oracle_run(inputs: Mapping[str, Any]) -> Run:
 
 
 def kernels_available() -> bool:
-    """Whether ``mimo_numerics.kernels.mamba_mimo_bwd_fwd`` (the Triton kernels) imports here."""
+    """Whether the Triton kernels (``mimo_numerics.kernels``) and Triton itself are importable here."""
     try:
-        from .kernels import mamba_mimo_bwd_fwd  # noqa: F401
-    except Exception:  # noqa: BLE001 - any failure means "not available": triton missing, kernel not built, ...
+        from .kernels import triton_available
+    except Exception:  # noqa: BLE001 - any failure means "not available": package missing, import error, ...
         return False
-    return True
+    return bool(triton_available())
 
 
 def kernel_run(inputs: Mapping[str, Any], policy: Union[str, RoundingPolicy] = "seed_bf16") -> Run:
@@ -143,7 +144,8 @@ def standard_runs(inputs: Mapping[str, Any], policies: Sequence[Union[str, Round
         device_outputs: the device's outputs for these inputs (the golden H200 data, a bundle case), labelled
             ``device_label``; when None, the device is emulated: the Triton kernels under ``emulation_policy``
             (the NPU port's policy, ``seed_bf16``) when they are available (``use_kernels`` None: auto), else the
-            reference under it, labelled ``"emulation: ..."``. ``emulation_policy`` None: no device run.
+            reference under it (also when the kernels refuse the case, with a warning), labelled
+            ``"emulation: ..."``. ``emulation_policy`` None: no device run.
         device_label (str): label of ``device_outputs``.
         use_kernels (bool, optional): force (True) or forbid (False) the kernels for the emulation.
 
@@ -159,8 +161,18 @@ def standard_runs(inputs: Mapping[str, Any], policies: Sequence[Union[str, Round
     elif emulation_policy is not None:
         name = _presets.resolve(emulation_policy).name
         kernels = kernels_available() if use_kernels is None else use_kernels
+        emulated = None
         if kernels:
-            runs[f"emulation: Triton {name}"] = kernel_run(inputs, emulation_policy)
+            try:
+                emulated = kernel_run(inputs, emulation_policy)
+            except (RuntimeError, ValueError) as exc:
+                # SlowInterpreterError (a large case on the CPU interpreter), UnsupportedPolicyError: say so
+                if use_kernels:
+                    raise
+                warnings.warn(f"Triton emulation unavailable for this case ({exc}); using the reference",
+                              stacklevel=2)
+        if emulated is not None:
+            runs[f"emulation: Triton {name}"] = emulated
         else:
             runs[f"emulation: reference {name}"] = reference_run(inputs, emulation_policy)
     return runs

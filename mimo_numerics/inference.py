@@ -41,9 +41,13 @@ and ``silu_form``. ``lp_dtype`` is fixed by the inputs, ``math_dtype`` is float3
 1. an exhaustive sweep over every combination of the searched knobs, the switches held;
 2. best-improvement descent: evaluate every single-field change (a switch flip or another knob value), move to the
    best one while it strictly lowers the distance;
-3. if the distance is still above 0, an escape step over every pair of single-field changes.
+3. if the distance is still above 0, an escape step over every pair of single-field changes (``pair_limit=k``:
+   only pairs among the k single changes that cost least on their own).
 
-Rounds repeat until one changes nothing. Ties never move: a field whose value does not change the outputs keeps its
+Rounds repeat until one changes nothing. With several cases, a candidate is dropped as soon as its partial sum
+over the cases shows it cannot beat the current best (exact: per-case distances are non-negative).
+
+Ties never move: a field whose value does not change the outputs keeps its
 ``start`` value, and :attr:`InferenceResult.ties` lists the fields whose change leaves the best distance unchanged
 (those are not identifiable from these data). Every reference evaluation is cached by policy, and everything is
 deterministic.
@@ -283,6 +287,7 @@ class PolicyEvaluator:
         self.lp_dtype = lp_dtype or lp_dtype_of(self.cases)
         self.keep_outputs = keep_outputs
         self._evaluations: Dict[RoundingPolicy, Evaluation] = {}
+        self._partial: Dict[RoundingPolicy, List[Evaluation]] = {}
         self._outputs: Dict[RoundingPolicy, List[Dict[str, Any]]] = {}
         self.reference_calls = 0
 
@@ -297,15 +302,49 @@ class PolicyEvaluator:
             self._outputs[policy] = outs
         return outs
 
+    def _case_evaluations(self, policy: RoundingPolicy, upto: int) -> List[Evaluation]:
+        done = self._partial.setdefault(policy, [])
+        while len(done) < upto:
+            i = len(done)
+            if policy in self._outputs:
+                out = self._outputs[policy][i]
+            else:
+                out = run_reference(self.cases[i], policy)
+                self.reference_calls += 1
+            done.append(output_distance(out, self.targets[i], self.lp_dtype))
+        if len(done) == len(self.cases) and policy not in self._evaluations:  # complete: promote
+            self._evaluations[policy] = _mean_evaluations(done)
+        return done
+
     def evaluate(self, policy: PolicyLike) -> Evaluation:
         """The :class:`Evaluation` of ``policy`` (mean over the cases), cached."""
         policy = _presets.resolve(policy)
-        cached = self._evaluations.get(policy)
-        if cached is None:
-            outs = self.outputs(policy)
-            cached = _mean_evaluations([output_distance(o, t, self.lp_dtype) for o, t in zip(outs, self.targets)])
-            self._evaluations[policy] = cached
-        return cached
+        if policy not in self._evaluations:
+            if self.keep_outputs:
+                self.outputs(policy)
+            self._case_evaluations(policy, len(self.cases))
+            self._partial.pop(policy, None)
+        return self._evaluations[policy]
+
+    def distance_below(self, policy: PolicyLike, bound: float) -> Optional[float]:
+        """The distance of ``policy`` if it is below ``bound``, else None, evaluating only as many cases as needed.
+
+        The distance is a mean of non-negative per-case distances, so once the partial sum reaches ``bound`` times
+        the case count the policy cannot be below ``bound`` (exact pruning; the cases evaluated are kept).
+        """
+        policy = _presets.resolve(policy)
+        if policy in self._evaluations:
+            dist = self._evaluations[policy].distance
+            return dist if dist < bound else None
+        limit = bound * len(self.cases)
+        for i in range(len(self.cases)):
+            done = self._case_evaluations(policy, i + 1)
+            if policy in self._evaluations:
+                break
+            if sum(e.distance for e in done) > limit * (1 + 1e-12):
+                return None
+        dist = self.evaluate(policy).distance
+        return dist if dist < bound else None
 
     def distance(self, policy: PolicyLike) -> float:
         """The combined distance of ``policy``."""
@@ -313,8 +352,13 @@ class PolicyEvaluator:
 
     @property
     def evaluated(self) -> Dict[RoundingPolicy, Evaluation]:
-        """Every policy evaluated so far."""
+        """Every policy evaluated on every case so far."""
         return dict(self._evaluations)
+
+    @property
+    def touched(self) -> int:
+        """Distinct policies evaluated on at least one case (fully or pruned by :meth:`distance_below`)."""
+        return len(set(self._evaluations) | {p for p, done in self._partial.items() if done})
 
 
 # ---------------------------------------------------------------------------------------------- moves
@@ -412,7 +456,8 @@ class InferenceResult:
         neighbours (list of Candidate): every single-field change of ``best``, ranked by distance.
         ties (tuple of str): fields whose change leaves the distance at ``distance``: not identifiable here.
         trace (list of TraceStep): accepted moves, in order.
-        evaluations (int): distinct policies evaluated.
+        evaluations (int): distinct policies evaluated (on at least one case).
+        distances (dict): policy -> distance, for the policies evaluated on every case.
         lp_dtype (str), n_cases (int): the data's lp dtype and number of cases.
     """
 
@@ -445,7 +490,8 @@ class InferenceResult:
         """Plain JSON types."""
         return {
             "best": self.best.to_dict(), "best_name": describe_policy(self.best), "distance": self.distance,
-            "evaluation": self.evaluation.to_dict(), "start": self.start.to_dict(), "start_name": describe_policy(self.start),
+            "evaluation": self.evaluation.to_dict(), "start": self.start.to_dict(),
+            "start_name": describe_policy(self.start),
             "start_distance": self.start_distance, "ties": list(self.ties),
             "weakly_determined": list(self.weakly_determined()),
             "alternatives": [c.to_dict() for c in self.alternatives],
@@ -456,8 +502,8 @@ class InferenceResult:
 
     def to_markdown(self, neighbours: int = 10) -> str:
         """A short Markdown summary: best policy, distance, start, the changes from start and nearest neighbours."""
-        lines = [f"**Recovered policy**: `{describe_policy(self.best)}`, distance {self.distance:.4g} over {self.n_cases} "
-                 f"case(s) ({self.evaluations} policies evaluated)", "",
+        lines = [f"**Recovered policy**: `{describe_policy(self.best)}`, distance {self.distance:.4g} over "
+                 f"{self.n_cases} case(s) ({self.evaluations} policies evaluated)", "",
                  f"Start `{describe_policy(self.start)}`: distance {self.start_distance:.4g}; changes from start: "
                  + (", ".join(f"`{k}`: {a} → {b}" for k, (a, b) in self.start.diff(self.best).items()) or "none"),
                  ""]
@@ -488,15 +534,15 @@ class _Search:
 
     def accept(self, kind, current, new):
         change = {k: b for k, (a, b) in current.diff(new).items()}
-        self.trace.append(TraceStep(len(self.trace), kind, change, self.d(new), len(self.ev.evaluated)))
+        self.trace.append(TraceStep(len(self.trace), kind, change, self.d(new), self.ev.touched))
         return new
 
     def best_of(self, current, options):
         """The first option with the lowest distance, if it is strictly below the current one."""
         best, best_d = current, self.d(current)
         for option in options:
-            dist = self.d(option)
-            if dist < best_d:
+            dist = self.ev.distance_below(option, best_d)
+            if dist is not None and dist < best_d:
                 best, best_d = option, dist
         return best
 
@@ -514,13 +560,16 @@ class _Search:
             if self.d(current) == 0:
                 return current
 
-    def pair_step(self, current):
+    def pair_step(self, current, limit):
         moves = single_moves(current, self.fields)
+        if limit is not None:  # the single moves that cost least on their own make the most promising pairs
+            order = sorted(range(len(moves)), key=lambda i: (self.d(current.replace(**dict([moves[i]]))), i))
+            moves = [moves[i] for i in sorted(order[:limit])]
         options = [current.replace(**{f1: v1, f2: v2})
                    for (f1, v1), (f2, v2) in itertools.combinations(moves, 2) if f1 != f2]
         return self.best_of(current, options)
 
-    def run(self, current, pair_moves: bool, max_rounds: int):
+    def run(self, current, pair_moves: bool, max_rounds: int, pair_limit: Optional[int] = None):
         self.accept("start", current, current)
         for _ in range(max_rounds):
             start_of_round = current
@@ -531,7 +580,7 @@ class _Search:
             if self.d(current) > 0:
                 current = self.descend(current)
             if self.d(current) > 0 and pair_moves:
-                new = self.pair_step(current)
+                new = self.pair_step(current, pair_limit)
                 if new != current:
                     current = self.accept("pair", current, new)
             if current == start_of_round or self.d(current) == 0:
@@ -547,7 +596,8 @@ def _candidate(evaluator: PolicyEvaluator, policy: RoundingPolicy, best: Roundin
 @single_threaded
 def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
                  candidates: Optional[Iterable[PolicyLike]] = None, *, fields: Sequence[str] = SEARCHED_FIELDS,
-                 pair_moves: bool = True, max_rounds: int = 20, top: int = 10) -> InferenceResult:
+                 pair_moves: bool = True, pair_limit: Optional[int] = None, max_rounds: int = 20,
+                 top: int = 10) -> InferenceResult:
     """The policy whose reference outputs are closest to ``outputs`` (module docstring: distance and search).
 
     Args:
@@ -561,6 +611,8 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
             the best one returned (its single-field neighbours are evaluated too, for :attr:`neighbours`).
         fields (sequence of str): the searched fields (default every switch and ``SEARCHED_KNOBS``).
         pair_moves (bool): try pairs of single-field changes when descent stalls above distance 0.
+        pair_limit (int, optional): pair only the ``pair_limit`` single-field changes with the lowest distance on
+            their own (45 pairs for 10; None, the default: all of them, about 230 pairs).
         max_rounds (int): upper bound on search rounds.
         top (int): how many ranked alternatives to keep.
 
@@ -577,7 +629,7 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
     knobs = tuple(k for k in SEARCHED_KNOBS if k in fields)
     search = _Search(evaluator, fields, knobs)
     if candidates is None:
-        best = search.run(start_policy, pair_moves, max_rounds)
+        best = search.run(start_policy, pair_moves, max_rounds, pair_limit)
     else:
         pool = [_presets.resolve(c) for c in candidates]
         if not pool:
@@ -594,8 +646,24 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
     return InferenceResult(
         best=best, distance=best_eval.distance, evaluation=best_eval, start=start_policy,
         start_distance=evaluator.distance(start_policy), alternatives=alternatives, neighbours=neigh, ties=ties,
-        trace=search.trace, evaluations=len(evaluator.evaluated), lp_dtype=lp, n_cases=len(cases),
+        trace=search.trace, evaluations=evaluator.touched, lp_dtype=lp, n_cases=len(cases),
         distances={p: e.distance for p, e in evaluator.evaluated.items()})
+
+
+def compare_to_truth(inputs: CasesLike, truth: PolicyLike, result: InferenceResult) -> Dict[str, Any]:
+    """How an inference result relates to the policy that really made the outputs (synthetic checks).
+
+    Returns:
+        dict: ``distance`` (the result's), ``wrong`` (identifiable fields where the result differs from ``truth``;
+        empty for an exact attribution), ``unidentifiable`` (fields no inference can recover from these outputs,
+        see :func:`identifiable_fields`) and ``exact`` (distance 0 and nothing wrong).
+    """
+    truth = _presets.resolve(truth)
+    identifiable = identifiable_fields(inputs, truth)
+    wrong = [f for f, ok in identifiable.items() if ok and getattr(result.best, f) != getattr(truth, f)]
+    return {"distance": result.distance, "wrong": wrong,
+            "unidentifiable": [f for f, ok in identifiable.items() if not ok],
+            "exact": result.distance == 0.0 and not wrong}
 
 
 def random_policy(generator: torch.Generator, lp_dtype: str = "bfloat16") -> RoundingPolicy:

@@ -80,7 +80,8 @@ def plot_stage_drift(table: DriftTable, metric: str = "rel_rms", ax=None, title:
     ax.set_yscale("log")
     ax.set_xticks(x)
     ax.set_xticklabels([_short(s) for s in stages], rotation=60, ha="right", fontsize=8)
-    names = {"rel_rms": "relative RMS error", "max_abs": "max abs error", "max_ulp": f"max error [{table.lp_dtype} ULP]"}
+    names = {"rel_rms": "relative RMS error", "max_abs": "max abs error",
+             "max_ulp": f"max error [{table.lp_dtype} ULP]"}
     ax.set_ylabel(f"{names.get(metric, metric)} vs {table.baseline}")
     ax.set_xlabel("stage (pipeline order; out: = kernel output)")
     ax.grid(True, which="major", axis="y", alpha=0.3)
@@ -154,7 +155,7 @@ def plot_sensitivity(table: SensitivityTable, output: Optional[str] = None, top:
     if top is not None:
         rows = rows[:top]
     rows = rows[::-1]  # best at the top
-    fig, ax = _axes(ax, (8.0, max(3.5, 0.28 * len(rows) + 1.5)))
+    fig, ax = _axes(ax, (8.0 if output is None else 10.5, max(3.5, 0.28 * len(rows) + 1.5)))
     y = np.arange(len(rows))
     labels = [r.label for r in rows]
     if output is None:
@@ -184,14 +185,14 @@ def plot_sensitivity(table: SensitivityTable, output: Optional[str] = None, top:
         ax.axvline(table.floor_error[output], color="gray", linestyle="--", label="all switches off")
         ax.axvline(table.policy_error[output], color="black", linestyle=":", label=f"all of {table.policy.name}")
         ax.set_xlabel(f"relative RMS error of {output} vs {table.baseline}")
-        ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.04), ncol=2)
+        _legend_outside(ax)
     ax.set_xscale("log")
     ax.set_yticks(y)
     ax.set_yticklabels(labels, fontsize=8)
     ax.set_ylabel("site (switch, or knob=value)")
     ax.grid(True, which="major", axis="x", alpha=0.3)
     ax.set_title(title or f"Sensitivity of {table.policy.name} vs {table.baseline} ({table.n_cases} case(s))"
-                 + (f": {output}" if output else ""), pad=40 if output else None)
+                 + (f": {output}" if output else ""))
     return fig
 
 
@@ -284,9 +285,10 @@ def plot_inference(result: InferenceResult, top: int = 15, extra: Optional[Mappi
         handles.append(Patch(color="tab:orange", label="other policies"))
     if (values == 0).any():
         handles.append(Patch(facecolor="none", hatch="//", edgecolor="tab:green", label="0 (bit-exact)"))
-    ax.legend(handles=handles, fontsize=8, loc="lower right")
+    ax.legend(handles=handles, fontsize=8, loc="upper right")
     ax.grid(True, which="major", axis="x", alpha=0.3)
-    ax.set_title(title or f"Recovered: {describe_policy(result.best)} (distance {result.distance:.3g})")
+    ax.set_title(title or f"Recovered policy: {describe_policy(result.best)}\n(distance {result.distance:.3g}, "
+                 f"{result.n_cases} case(s)) and its single-field neighbours", fontsize=10)
     return fig
 
 

@@ -100,7 +100,7 @@ def resolve_case(name: str) -> ReportCase:
         case_name, inputs, run, label = runs[0]
         outputs = {o: run.get(_drift.OUTPUT_PREFIX + o) for o in OUTPUT_NAMES}
         return ReportCase(f"{path.name}_{case_name}", inputs, outputs, label,
-                          f"bundle `{path}`, case `{case_name}`; device = {label}")
+                          f"bundle `{path}`, case `{case_name}`; {label}")
     spec = _grid_case(name)
     if spec is not None:
         from .cases import make_inputs
@@ -241,7 +241,9 @@ def build_report(case: str = DEFAULT_CASE, out: Optional[Path] = None, policies:
     _plots.save_figure(_plots.plot_gap_attribution(gap), out / "fig_gap.png")
     figures.append("fig_gap.png")
     if inference is not None:
-        _plots.save_figure(_plots.plot_inference(inference), out / "fig_inference.png")
+        start_label = f"start: {inference.start.name}"
+        _plots.save_figure(_plots.plot_inference(inference, extra={start_label: inference.start_distance}),
+                           out / "fig_inference.png")
         figures.append("fig_inference.png")
     metrics["figures"] = figures
     metrics["seconds"] = time.monotonic() - started

@@ -33,8 +33,8 @@ def baseline_outputs(inputs: CasesLike, baseline: Any = "fp64") -> List[Dict[str
 
     Args:
         inputs: one inputs dict or a sequence of them.
-        baseline: a preset name or policy (the reference is run under it), ``"oracle"`` (the independent FP64
-            oracle), or already computed outputs (a dict by output name, or a sequence of them, one per case).
+        baseline: a preset name or policy (the reference is run under it, in each case's lp dtype), ``"oracle"``
+            (the independent FP64 oracle), or already computed outputs (a dict by output name, or a sequence of them, one per case).
 
     Returns:
         list of dict: output name -> tensor, one dict per case.
@@ -46,7 +46,8 @@ def baseline_outputs(inputs: CasesLike, baseline: Any = "fp64") -> List[Dict[str
 
         return [mamba_mimo_bwd_fwd_oracle(*as_args(c), **as_kwargs(c)).as_dict() for c in cases]
     if isinstance(baseline, (str, RoundingPolicy)):
-        return [run_reference(c, baseline) for c in cases]
+        policy = _presets.resolve(baseline)  # in each case's lp dtype (the fp64 preset rounds nothing anyway)
+        return [run_reference(c, policy.replace(lp_dtype=lp_dtype_of([c]))) for c in cases]
     return as_output_list(baseline, len(cases))
 
 

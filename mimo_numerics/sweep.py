@@ -108,7 +108,8 @@ def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: Option
         threads_per_worker (int): torch intra-op threads in each worker.
 
     Returns:
-        list: the results, in the order of ``items``. An exception in ``fn`` is raised here.
+        list: the results, in the order of ``items``. An exception in a worker is raised here as a ``RuntimeError``
+        naming the item (the original exception is its cause); in-process, the exception propagates as is.
     """
     items = list(items)
     if workers is None:
@@ -128,7 +129,13 @@ def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: Option
                                  initargs=(threads_per_worker,)) as pool:
             futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
             for future in as_completed(futures):
-                results[futures[future]] = future.result()
+                index = futures[future]
+                try:
+                    results[index] = future.result()
+                except Exception as exc:
+                    for other in futures:
+                        other.cancel()
+                    raise RuntimeError(f"{desc}: item {index} ({items[index]!r}) failed: {exc}") from exc
                 bar.update()
     return results
 
@@ -162,20 +169,28 @@ def load_case(case: CaseLike):
 
 def evaluate_task(task: SweepTask) -> Dict[str, Any]:
     """Evaluate one task (runs in a worker): per output, rel RMS / max rel / bit-equal fraction vs the baseline,
-    and vs the device outputs when the case has them. Returns plain JSON types."""
+    and vs the device outputs when the case has them. A policy whose ``lp_dtype`` differs from the case's is run in
+    the case's lp dtype and labelled ``name[float16]``. Returns plain JSON types."""
     from . import presets
     from .metrics import compare_outputs
     from .policy import RoundingPolicy
     from .sensitivity import baseline_outputs
     from .inference import run_reference
 
+    from .inference import lp_dtype_of
+
     policy = (RoundingPolicy.from_dict(task.policy) if isinstance(task.policy, dict)
               else presets.resolve(task.policy))
+    label = task.policy if isinstance(task.policy, str) else policy.name
     start = time.monotonic()
     inputs, device = load_case(task.case)
+    lp = lp_dtype_of(inputs)
+    if policy.lp_dtype != lp:  # a float16 case: the same policy in float16
+        policy = policy.replace(lp_dtype=lp)
+        label = f"{label}[{lp}]"
     outputs = run_reference(inputs, policy)
     base = baseline_outputs(inputs, task.baseline)[0]
-    record: Dict[str, Any] = {"case": case_label(task.case), "policy": policy.name, "policy_json": policy.to_dict(),
+    record: Dict[str, Any] = {"case": case_label(task.case), "policy": label, "policy_json": policy.to_dict(),
                               "baseline": task.baseline,
                               "vs_baseline": _clean(compare_outputs(outputs, base))}
     if device is not None:
@@ -245,3 +260,37 @@ def run_sweep(cases: Sequence[CaseLike], policies: Sequence[Union[str, Any]], ba
     tasks = [SweepTask(case, p.to_dict() if isinstance(p, RoundingPolicy) else p, baseline)
              for case in cases for p in policies]
     return SweepResult(parallel_map(evaluate_task, tasks, workers=workers, progress=progress, desc="sweep"))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m mimo_numerics.sweep``: a grid and/or the golden cases × policies, in parallel."""
+    import argparse
+
+    from .cases import grid, grid_names
+    from .golden import golden_names
+
+    parser = argparse.ArgumentParser(prog="python -m mimo_numerics.sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--grid", action="append", default=[], choices=grid_names(),
+                        help="a case grid of mimo_numerics.cases (repeatable)")
+    parser.add_argument("--golden", action="store_true", help="also the golden H200 cases (compared to the device)")
+    parser.add_argument("--policies", default="fp32,seed_bf16,upstream_sm90", help="comma-separated presets")
+    parser.add_argument("--baseline", default="fp64", choices=("fp64", "oracle"))
+    parser.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
+    parser.add_argument("--output", default="dz", help="output shown in the printed table")
+    parser.add_argument("--out", default=None, help="write all records as JSON here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    specs: List[CaseLike] = [spec for name in (args.grid or ([] if args.golden else ["smoke"]))
+                             for spec in grid(name)]
+    if args.golden:
+        specs += list(golden_names())
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    result = run_sweep(specs, policies, args.baseline, args.workers, progress=not args.quiet)
+    if args.out:
+        result.save_json(args.out)
+    print(result.to_markdown(args.output))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -35,12 +35,7 @@ tiny = cases.make_inputs(cases.CaseSpec(formula="realistic", seqlen=40, state_di
                                         chunk_size=16, has_z=True, has_d=True))
 secret = inference.random_policy(torch.Generator().manual_seed(2026))
 found = inference.infer_policy(tiny, inference.run_reference(tiny, secret), start="seed_bf16")
-identifiable = inference.identifiable_fields(tiny, secret)
-{
-    "distance": found.distance,
-    "differs on identifiable fields": [f for f, ok in identifiable.items() if ok and getattr(found.best, f) != getattr(secret, f)],
-    "not identifiable here": [f for f, ok in identifiable.items() if not ok],
-}
+inference.compare_to_truth(tiny, secret, found)
 
 # %% [markdown]
 # ## The H200 outputs

@@ -57,6 +57,9 @@ DEFAULT_PARTS: Tuple[str, ...] = ("Ascend910B3", "Ascend910_9382")
 #: The Ascend limit on programs per launch (gridX·gridY·gridZ ≤ UINT16_MAX).
 MAX_PROGRAMS = 65535
 
+#: Longest a single bishengir-compile run may take (a UB overflow alone costs 30-120 s of retries).
+DEFAULT_TIMEOUT_S = 300.0
+
 #: Unified buffer of the A2/A3 vector core, in bits, as BiShengIR reports it.
 UB_BITS = 1572864
 
@@ -73,6 +76,8 @@ _BENIGN_LINES = (
     "Failed to run `hivmc --version`",
 )
 _ERROR_LINE_RE = re.compile(r"\berror\b|\[ERROR\]|LLVM ERROR|Assertion|Segmentation fault|Aborted", re.IGNORECASE)
+# BiShengIR's own retry after a UB overflow: the kernel fits only with auto multi-buffering off (slower).
+_NO_MULTIBUFFER_MARK = "set enable-auto-multi-buffer to false; compilation then succeeded"
 _UB_RE = re.compile(r"ub overflow, requires (\d+) bits while (\d+) bits available")
 _MIX_MODE_RE = re.compile(r', mix_mode\s*=\s*"[^"]*"')
 
@@ -217,6 +222,7 @@ class CompileResult:
     group: str = ""
     ub_peak_bytes: Optional[int] = None    # planned UB use of a passing compile (read from the HIVM module)
     log: str = ""                          # end of the compiler's raw output, for failures
+    no_multibuffer: bool = False           # passed only after BiShengIR switched auto multi-buffering off
     index: int = 0                         # position of the plan, to keep reports in launcher order
 
     @property
@@ -329,7 +335,8 @@ def compile_frontend(plan: LaunchPlan, part: str) -> _Frontend:
         context.disable_multithreading()
     except subprocess.CalledProcessError as exc:
         msg = (exc.stderr or b"").decode("utf-8", "replace") + (exc.stdout or b"").decode("utf-8", "replace")
-        return _Frontend(None, None, stage, _tail(msg or str(exc)), time.perf_counter() - t0)
+        return _Frontend(None, None, stage, summarize_failure(msg) if msg.strip() else str(exc),
+                         time.perf_counter() - t0)
     except Exception as exc:  # CompilationError, MLIR pass failures, binder errors
         return _Frontend(None, None, stage, _tail(f"{type(exc).__name__}: {exc}"), time.perf_counter() - t0)
     return _Frontend(linalg, options, stage, "", time.perf_counter() - t0)
@@ -425,9 +432,9 @@ def classify_bishengir(returncode: int, output: str, produced_binary: bool) -> T
 
 
 def compile_backend(linalg: str, options: Any, part: str, bishengir: Optional[str] = None,
-                    timeout: float = 300.0) -> Tuple[bool, str, str, Optional[int], float, Optional[int], str]:
+                    timeout: float = 300.0) -> Tuple[bool, str, str, Optional[int], float, Optional[int], str, bool]:
     """Run BiShengIR on the adapter output;
-    (ok, stage, message, ub_bits_required, seconds, ub_peak_bytes, log tail)."""
+    (ok, stage, message, ub_bits_required, seconds, ub_peak_bytes, log tail, needed the no-multi-buffer retry)."""
     bishengir = bishengir or find_bishengir()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ascend_gate_") as tmp:
@@ -443,7 +450,7 @@ def compile_backend(linalg: str, options: Any, part: str, bishengir: Optional[st
                                   text=True, env=env, cwd=tmp, timeout=timeout)
         except subprocess.TimeoutExpired:
             return False, "bishengir", f"bishengir-compile timed out after {timeout:.0f} s", None, \
-                time.perf_counter() - t0, None, ""
+                time.perf_counter() - t0, None, "", False
         output = (proc.stdout or "") + (proc.stderr or "")
         output = output.replace(tmp + os.sep, "")
         produced = any(Path(tmp, n).is_file() for n in ("kernel.o", "kernel_reloc.o"))
@@ -452,7 +459,8 @@ def compile_backend(linalg: str, options: Any, part: str, bishengir: Optional[st
         hivm = Path(tmp, "temps", "module.hivm.opt.mlir")
         if ok and hivm.is_file():
             peak = ub_peak_bytes(hivm.read_text(errors="replace"))
-    return ok, stage, msg, ub, time.perf_counter() - t0, peak, ("" if ok else _tail(output, 2500))
+        retried = ok and _NO_MULTIBUFFER_MARK in output
+    return ok, stage, msg, ub, time.perf_counter() - t0, peak, ("" if ok else _tail(output, 2500)), retried
 
 
 def _grid_programs(grid: Sequence[int]) -> int:
@@ -463,7 +471,8 @@ def _grid_programs(grid: Sequence[int]) -> int:
 
 
 def run_gate(plans: Iterable[Any], parts: Sequence[str] = DEFAULT_PARTS, jobs: int = 1,
-             progress: Optional[Callable[[CompileResult], None]] = None, dedupe: bool = True) -> List[CompileResult]:
+             progress: Optional[Callable[[CompileResult], None]] = None, dedupe: bool = True,
+             timeout: float = DEFAULT_TIMEOUT_S) -> List[CompileResult]:
     """Compile every plan for every part. The front end runs once per plan (it does not depend on the part:
     both A2 and A3 use the same adapter options), BiShengIR once per plan and part, ``jobs`` at a time."""
     check_environment()
@@ -497,7 +506,7 @@ def run_gate(plans: Iterable[Any], parts: Sequence[str] = DEFAULT_PARTS, jobs: i
                                        index=index))
                 continue
             for part in parts:
-                fut = pool.submit(compile_backend, fe.linalg, fe.options, part, bishengir)
+                fut = pool.submit(compile_backend, fe.linalg, fe.options, part, bishengir, timeout)
                 pending.append((fut, kname, spec, part, fe.seconds, plan.group, index))
             # keep memory bounded: drain finished work as we go
             while len(pending) > 4 * max(1, jobs):
@@ -513,8 +522,9 @@ def run_gate(plans: Iterable[Any], parts: Sequence[str] = DEFAULT_PARTS, jobs: i
 
 
 def _finish(fut, kname, spec, part, fe_seconds, group, index) -> CompileResult:
-    ok, stage, msg, ub, secs, peak, log = fut.result()
-    return CompileResult(kname, spec, part, ok, stage, msg, fe_seconds + secs, ub, group, peak, log, index)
+    ok, stage, msg, ub, secs, peak, log, retried = fut.result()
+    return CompileResult(kname, spec, part, ok, stage, msg, seconds=fe_seconds + secs, ub_required_bits=ub,
+                         group=group, ub_peak_bytes=peak, log=log, index=index, no_multibuffer=retried)
 
 
 def compile_plan(plan: Any, part: str = DEFAULT_PARTS[0]) -> CompileResult:
@@ -524,89 +534,108 @@ def compile_plan(plan: Any, part: str = DEFAULT_PARTS[0]) -> CompileResult:
 
 # ---------------------------------------------------------------------------------------------- project plans
 
-#: Presets the gate compiles (acceptance list of issue 7). upstream_sm80 equals seed_bf16 except the SiLU and
-#: state-update knobs; it is included because the launcher can produce it and compiling it is cheap.
+#: Presets the gate compiles: the issue's list (fp32, seed_bf16, upstream_sm90, the fp16 ones) plus upstream_sm80,
+#: which the launcher can produce as well.
 GATE_PRESETS: Tuple[str, ...] = ("fp32", "seed_bf16", "upstream_sm80", "upstream_sm90", "upstream_sm90_fp16",
                                  "upstream_sm80_fp16")
 #: Supported state / value dims (the launcher's SUPPORTED_DIMS).
 GATE_DIMS: Tuple[int, ...] = (16, 32, 64, 128)
 #: (chunk_size C, rank R) classes: C·R from 16 to 128, powers of two and padded non-powers of two
-#: (18 → 32, 24 → 32, 48 → 64, 96 → 128, 100 → 128), R = 1 … 4, C below the 16-row minimum tile (C = 6, 8).
+#: (18 → 32, 24 → 32, 48 → 64, 100 → 128), R = 1 … 4, C below the 16-row minimum tile (C = 6, 8) and up to 128.
+#: Together they give every (LP, CP) tile pair the launcher uses: (16,16) (32,16) (64,16) (128,32) (128,64) (128,128).
 GATE_CR: Tuple[Tuple[int, int], ...] = ((16, 1), (8, 2), (6, 3), (16, 2), (8, 3), (16, 4), (16, 3), (32, 4),
                                         (64, 2), (25, 4), (128, 1))
 #: (reduce_o, has_z, has_d): all eight branch combinations.
 GATE_BRANCHES: Tuple[Tuple[bool, bool, bool], ...] = tuple(
     (ro, z, d) for ro in (True, False) for z in (False, True) for d in (False, True))
 
+#: One launcher call: preset, N, P, C, R, reduce_o, has_z, has_d.
+GateCase = Tuple[str, int, int, int, int, bool, bool, bool]
 
-def project_plans(presets: Optional[Sequence[str]] = None, cr: Sequence[Tuple[int, int]] = GATE_CR,
-                  dims: Sequence[int] = GATE_DIMS,
-                  branches: Sequence[Tuple[bool, bool, bool]] = GATE_BRANCHES) -> List[LaunchPlan]:
-    """Every launch the project's launcher makes for the gated presets and shape classes.
 
-    Preferred source: ``mimo_numerics.kernels.ascend_compile_plans(presets=...)`` (the kernels package enumerates
-    its own launches; docs/ascend_findings.md §1). Until it exists, the gate runs the real launcher,
-    ``mimo_numerics.kernels.mamba_mimo_bwd_fwd``, on small CPU inputs of each shape class with its backend
-    forced to ``"npu"`` and its ``_launch`` replaced by a recorder (see ``recorded_launcher_plans``), so the
-    constexprs, tile sizes, arguments and grids are the launcher's own and nothing is launched.
+def full_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
+    """Every preset × N × P × (C, R) × branch combination (6 × 16 × 11 × 8 = 8448 launcher calls, about 8000
+    distinct kernel specializations: hours of compiling on two cores; run it on demand with ``--scope full``)."""
+    return [(pr, n, p, c, r, ro, z, d) for pr in presets for n in GATE_DIMS for p in GATE_DIMS
+            for c, r in GATE_CR for ro, z, d in GATE_BRANCHES]
+
+
+def ci_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
+    """A covering subset of ``full_cases`` that CI compiles in a few minutes.
+
+    A specialization's unified-buffer use depends on its tile sizes (N, P, C, R and the tiles the launcher derives
+    from them), its constructs on the policy switches and branches. So the subset crosses each group fully with one
+    representative of the other:
+
+    1. tiles: every (N, P) with N, P ∈ {16, 128} plus N = P ∈ {32, 64}, × every (C, R) class, with the branch
+       combination that instantiates the most code (reduced DOUT, Z and D) and with full DOUT + Z, under
+       ``upstream_sm90`` (every switch on, lp GEMM operands);
+    2. the same tiles (at N = P = 128, the largest) under ``fp32`` (every switch off: FP32 GEMM operands, FP32
+       workspaces, i.e. the biggest tiles in bytes);
+    3. switches: every preset × every branch combination at N = P = 64, C = 16, R = 4.
     """
-    presets = tuple(presets or GATE_PRESETS)
-    mod = importlib.import_module("mimo_numerics.kernels")
-    hook = getattr(mod, "ascend_compile_plans", None)
-    if hook is not None:
-        return [as_plan(p) for p in hook(presets=presets)]
-    return recorded_launcher_plans(presets, cr, dims, branches)
+    out: List[GateCase] = []
+    heavy = ((True, True, True), (False, True, False))
+    nps = [(16, 16), (16, 128), (128, 16), (128, 128), (32, 32), (64, 64)]
+    if "upstream_sm90" in presets:
+        out += [("upstream_sm90", n, p, c, r, ro, z, d) for n, p in nps for c, r in GATE_CR for ro, z, d in heavy]
+    if "fp32" in presets:
+        out += [("fp32", 128, 128, c, r, ro, z, d) for c, r in GATE_CR for ro, z, d in heavy]
+    out += [(pr, 64, 64, 16, 4, ro, z, d) for pr in presets for ro, z, d in GATE_BRANCHES]
+    seen = set()
+    return [cs for cs in out if not (cs in seen or seen.add(cs))]
 
 
-def recorded_launcher_plans(presets: Sequence[str], cr: Sequence[Tuple[int, int]] = GATE_CR,
-                            dims: Sequence[int] = GATE_DIMS,
-                            branches: Sequence[Tuple[bool, bool, bool]] = GATE_BRANCHES) -> List[LaunchPlan]:
-    """Run the launcher in record mode for every preset × (N, P) × (C, R) × branches (see ``project_plans``).
+def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
+                  cases: Optional[Sequence[GateCase]] = None) -> List[LaunchPlan]:
+    """The launches the project's launcher makes for the gated cases, asked from the launcher itself.
 
-    The runtime ints (B, S, H, …) are one representative size per class: B = 2, H = 2, G = 1, S = 3·C − 1
-    (three chunks, the last one padded), so none of them is specialised as 1 or as a multiple of 16 the way a
-    unit batch would be; the constexpr specializations are enumerated in full.
+    ``mimo_numerics.kernels.mimo_bwd_fwd.build_launches(..., backend="npu")`` validates the inputs, derives the
+    constexprs (``policy_constexprs``), the Ascend tile plan and the grids, allocates the buffers and returns the
+    launches without running them. The gate calls it on small CPU inputs of each case; the kernels, arguments,
+    constexprs and grids it compiles are exactly the launcher's. Runtime ints (B, S, H, …) are one
+    representative size per case: B = 2, H = 2, G = 1, S = 3·C − 1 (three chunks, the last one padded), so none is
+    specialised as 1 or as a multiple of 16 the way a unit batch would be.
     """
     import torch
 
     from mimo_numerics import cases as _cases
     from mimo_numerics import presets as _presets
 
+    presets = tuple(presets or GATE_PRESETS)
+    if cases is None:
+        if scope == "full":
+            cases = full_cases(presets)
+        elif scope == "ci":
+            cases = ci_cases(presets)
+        else:
+            raise ValueError(f"scope must be 'ci' or 'full', got {scope!r}")
     launcher = importlib.import_module("mimo_numerics.kernels.mimo_bwd_fwd")
-    backend_mod = importlib.import_module("mimo_numerics.kernels._backend")
-    recorded: List[LaunchPlan] = []
-    current = {"name": "", "group": ""}
-
-    def record(kernel, grid, args, cx, backend, warps=4, stages=2):
-        kw = launcher._kwargs_for(kernel, cx)
-        grid_t = tuple(grid) if isinstance(grid, (tuple, list)) else (int(grid),)
-        recorded.append(LaunchPlan(kernel=kernel, args=tuple(args), kwargs=kw, grid=grid_t,
-                                   name=current["name"], group=current["group"]))
-
-    saved = (launcher._launch, backend_mod.backend_of)
-    launcher._launch = record
-    backend_mod.backend_of = lambda device: "npu"
-    try:
-        for preset in presets:
-            policy = _presets.get(preset)
-            dtype = policy.lp_dtype
-            for n in dims:
-                for p in dims:
-                    for c, r in cr:
-                        for ro, z, d in branches:
-                            spec = _cases.CaseSpec(batch=2, heads=2, groups=1, seqlen=3 * c - 1, state_dim=n,
-                                                   value_dim=p, rank=r, chunk_size=c, reduce_o=ro, has_z=z,
-                                                   has_d=d, dtype=dtype)
-                            inputs = _cases.make_inputs(spec, "cpu")
-                            current["name"] = (f"N{n}_P{p}_R{r}_C{c}_" + ("ro" if ro else "fo")
-                                               + ("Z" if z else "-") + ("D" if d else "-"))
-                            current["group"] = preset
-                            with torch.no_grad():
-                                launcher.mamba_mimo_bwd_fwd(*_cases.as_args(inputs), **_cases.as_kwargs(inputs),
-                                                            policy=policy)
-    finally:
-        launcher._launch, backend_mod.backend_of = saved
-    return recorded
+    build = getattr(launcher, "build_launches", None)
+    if build is None:
+        raise GateEnvironmentError("mimo_numerics.kernels.mimo_bwd_fwd has no build_launches(); the gate needs the "
+                                   "launcher to describe its launches without running them (docs/ascend_findings.md)")
+    plans: List[LaunchPlan] = []
+    inputs_cache: Dict[Tuple, Any] = {}
+    for preset, n, p, c, r, ro, z, d in cases:
+        policy = _presets.get(preset)
+        shape = (n, p, c, r, ro, z, d, policy.lp_dtype)
+        if shape not in inputs_cache:
+            inputs_cache.clear()          # cases come grouped; keep memory flat
+            spec = _cases.CaseSpec(formula="realistic", batch=2, heads=2, groups=1, seqlen=3 * c - 1, state_dim=n,
+                                   value_dim=p, rank=r, chunk_size=c, reduce_o=ro, has_z=z, has_d=d,
+                                   dtype=policy.lp_dtype)
+            inputs_cache[shape] = _cases.make_inputs(spec, "cpu")
+        inputs = inputs_cache[shape]
+        label = f"N{n}_P{p}_R{r}_C{c}_" + ("ro" if ro else "fo") + ("Z" if z else "-") + ("D" if d else "-")
+        with torch.no_grad():
+            prep = build(*_cases.as_args(inputs), **_cases.as_kwargs(inputs), policy=policy, backend="npu")
+        for launch in prep.launches:
+            grid = launch.grid if isinstance(launch.grid, (tuple, list)) else (int(launch.grid),)
+            plans.append(LaunchPlan(kernel=launch.kernel, args=tuple(launch.args),
+                                    kwargs={**launch.constexprs, **launch.options}, grid=tuple(grid),
+                                    name=label, group=preset))
+    return plans
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -622,7 +651,9 @@ def write_report(results: Sequence[CompileResult], path: Path, info: Dict[str, s
         "Each row: one kernel specialization the launcher produces, compiled for one Ascend part through the",
         "Triton front end, triton-adapter (linalg) and the BiShengIR HFusion/HIVM pipeline of `bishengir-compile`,",
         "stopping at the external `hivmc` step (CANN, not installable here). *pass* = the pipeline reached `hivmc`",
-        "with no error. Not executed; NPU numerics unverified (docs/ascend.md).",
+        "with no error. Not executed; NPU numerics unverified (docs/ascend.md). *UB used*: highest unified-buffer",
+        "byte the planned kernel addresses; *(no multi-buffer)*: it fitted only after BiShengIR switched auto",
+        "multi-buffering (double buffering) off, which costs speed.",
         "",
         "Environment: " + ", ".join(f"{k} {v}" for k, v in info.items() if k != "bishengir-compile")
         + f". Wall time {wall:.1f} s."
@@ -655,7 +686,7 @@ def write_report(results: Sequence[CompileResult], path: Path, info: Dict[str, s
         if r.ub_required_bits is not None:
             ub = f"overflow: needs {r.ub_required_bits / 8192:.0f}"
         elif r.ub_peak_bytes is not None:
-            ub = f"{r.ub_peak_bytes / 1024:.1f}"
+            ub = f"{r.ub_peak_bytes / 1024:.1f}" + (" (no multi-buffer)" if r.no_multibuffer else "")
         else:
             ub = ""
         lines.append(f"| {r.kernel} | {r.spec} | {r.group} | {r.part} | {r.status} | {r.stage} | "
@@ -671,9 +702,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--plans", default=None,
                     help="MODULE[:FUNC] returning launch plans (default: the project's kernels)")
     ap.add_argument("--parts", default=",".join(DEFAULT_PARTS), help="comma-separated Ascend parts")
-    ap.add_argument("--presets", default=None, help="comma-separated presets (default: the launcher's choice)")
+    ap.add_argument("--presets", default=None, help="comma-separated presets (default: all gated presets)")
+    ap.add_argument("--scope", choices=("ci", "full"), default="ci",
+                    help="ci: the covering subset (minutes); full: every preset x shape x branch (hours)")
     ap.add_argument("--filter", default=None, help="only plans whose kernel or specialization contains this")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel bishengir runs")
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per bishengir-compile run")
     ap.add_argument("--report", default=str(ROOT / "reports" / "ascend_compile.md"))
     ap.add_argument("--no-report", action="store_true")
     ap.add_argument("--quiet", action="store_true", help="print failures and the summary only")
@@ -685,7 +719,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if a.plans:
             plans = load_plans(a.plans, **({"presets": tuple(presets)} if presets else {}))
         else:
-            plans = project_plans(presets)
+            plans = project_plans(presets, scope=a.scope)
     except GateEnvironmentError as exc:
         print(f"ascend_compile_gate: {exc}", file=sys.stderr)
         return 2
@@ -706,7 +740,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"  pass {r.part:<15} {r.seconds:6.2f}s  {r.kernel} [{r.spec}]", flush=True)
 
     t0 = time.perf_counter()
-    results = run_gate(plans, parts, jobs=a.jobs, progress=progress, dedupe=False)
+    results = run_gate(plans, parts, jobs=a.jobs, progress=progress, dedupe=False, timeout=a.timeout)
     wall = time.perf_counter() - t0
     if not a.no_report:
         cmd = "python scripts/ascend_compile_gate.py" + ("" if argv is None else " " + " ".join(argv))

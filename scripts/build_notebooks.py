@@ -9,8 +9,8 @@ Usage::
 The ``.py`` files are the sources; edit those, then rebuild. Format: cells start at lines ``# %%`` (code) or
 ``# %% [markdown]`` (markdown, every line starting with ``# ``, which is stripped). Text before the first marker is
 ignored (a header comment). In code cells, a commented magic (``# %matplotlib inline``) is uncommented, as
-jupytext does, so the ``.py`` stays valid Python. This is a small subset of jupytext's percent format, so ``jupytext --sync`` reads the
-same files; jupytext is not needed.
+jupytext does, so the ``.py`` stays valid Python. This is a small subset of jupytext's percent format, so
+``jupytext --sync`` reads the same files; jupytext is not needed.
 """
 
 from __future__ import annotations

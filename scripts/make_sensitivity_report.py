@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from mimo_numerics import golden, inference, presets, sensitivity
+from mimo_numerics import golden, inference, sensitivity
 from mimo_numerics.outputs import OUTPUT_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent

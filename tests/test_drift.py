@@ -131,8 +131,9 @@ def test_kernel_emulation_run_is_close_to_the_reference():
                                               has_z=True))
     run = drift.kernel_run(inputs, "seed_bf16")
     ref = drift.reference_run(inputs, "seed_bf16")
+    assert set(run) == set(ref)  # the kernel records every stage under the reference's names
     table = drift.stage_drift({"kernel": run}, ref)
-    assert table.rows and all(r.rel_rms < 1e-2 for r in table.rows)
+    assert all(r.rel_rms < 1e-5 for r in table.rows)  # same policy: FP32-level differences only
 
 
 def test_golden_device_departs_from_upstream_only_at_fp32_level():

@@ -48,11 +48,10 @@ def test_inference_recovers_random_policy_exactly(tiny, index, policy):
         else:
             assert torch.equal(recovered[name].view(torch.int16 if want.element_size() == 2 else torch.int32),
                                want.view(torch.int16 if want.element_size() == 2 else torch.int32)), name
-    identifiable = inference.identifiable_fields(tiny, policy)
-    wrong = [f for f, ok in identifiable.items() if ok and getattr(result.best, f) != getattr(policy, f)]
-    assert wrong == []
+    check = inference.compare_to_truth(tiny, policy, result)
+    assert check["wrong"] == [] and check["exact"]
     # every field the result reports as a tie is one that is not identifiable
-    assert set(result.ties) <= {f for f, ok in identifiable.items() if not ok}
+    assert set(result.ties) <= set(check["unidentifiable"])
     # the fixed fields are the data's
     assert (result.best.lp_dtype, result.best.math_dtype, result.best.round_outputs) == ("bfloat16", "float32", True)
 

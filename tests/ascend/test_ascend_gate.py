@@ -3,6 +3,7 @@
 Runs only in the triton-ascend environment (see conftest.py); compiles take well under a second each.
 """
 
+import importlib
 import importlib.metadata as md
 import importlib.util
 import sys
@@ -45,6 +46,13 @@ def test_good_kernels_reach_hivmc(part):
     for r in results:
         assert r.ok, r.describe()
         assert r.stage in ("hivmc", "binary")
+
+
+def test_fit_only_without_multibuffering_passes_and_is_flagged():
+    r = gate.compile_plan(toy_kernels.plan_fits_without_multibuffer(), PARTS[0])
+    assert r.ok and r.no_multibuffer, r.describe()
+    assert r.ub_peak_bytes is not None and r.ub_peak_bytes <= gate.UB_BITS // 8
+    assert gate.compile_plan(toy_kernels.plans_ok()[0], PARTS[0]).no_multibuffer is False
 
 
 @pytest.mark.parametrize("part", PARTS)
@@ -110,3 +118,38 @@ def test_cli_exit_status_and_report(tmp_path, capsys):
     assert "| Ascend910B3 | 5 | 2 | 3 |" in text
     rc = gate.main(["--plans", "tests.ascend.toy_kernels:plans_ok", "--no-report", "--quiet"])
     assert rc == 0
+
+
+def test_identical_specializations_compile_once():
+    plan = toy_kernels.plans_ok()[0]
+    a, b = dict(plan, group="preset_a"), dict(plan, group="preset_b")
+    kept = gate.dedupe_plans([gate.as_plan(a), gate.as_plan(b)])
+    assert len(kept) == 1 and kept[0].group == "preset_a, preset_b"
+    # a different runtime-int specialisation (n = 1024 is a multiple of 16, 1000 is not) is a different compile
+    c = dict(plan, args=plan["args"][:3] + (1024,))
+    assert len(gate.dedupe_plans([gate.as_plan(a), gate.as_plan(c)])) == 2
+
+
+def test_project_launcher_enumerates_every_kernel_and_preset():
+    """The gate gets its specializations from the launcher (build_launches with backend="npu")."""
+    plans = gate.project_plans(scope="ci")
+    kernels = {p.kernel_name for p in plans}
+    launcher = importlib.import_module("mimo_numerics.kernels.mimo_bwd_fwd")
+    assert len(kernels) >= 3, kernels
+    assert {p.group for p in plans} == set(gate.GATE_PRESETS)
+    for p in plans:
+        assert type(p.kernel).__name__ == "JITFunction", p.kernel    # compiled kernels, not interpreted copies
+        assert 1 <= p.grid[0] <= gate.MAX_PROGRAMS
+    # every constexpr the launcher passes is a parameter of the kernel
+    for p in plans:
+        assert set(p.kwargs) <= set(p.kernel.arg_names)
+    assert hasattr(launcher, "build_launches")
+
+
+def test_ci_cases_cover_every_shape_class_preset_and_branch():
+    cases = gate.ci_cases()
+    assert {c[0] for c in cases} == set(gate.GATE_PRESETS)
+    assert {(c[3], c[4]) for c in cases} == set(gate.GATE_CR)
+    assert {c[1] for c in cases} == set(gate.GATE_DIMS) and {c[2] for c in cases} == set(gate.GATE_DIMS)
+    assert {c[5:] for c in cases} == set(gate.GATE_BRANCHES)
+    assert set(cases) <= set(gate.full_cases())

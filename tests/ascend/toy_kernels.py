@@ -38,6 +38,18 @@ def toy_dot_bf16(a_bits, b_bits, out_ptr, M: tl.constexpr, N: tl.constexpr, K: t
 
 
 @triton.jit
+def toy_loop_mul_add(x_ptr, y_ptr, out_ptr, n, n_tiles, BLOCK: tl.constexpr):
+    # persistent loop: with BLOCK = 16384 the double-buffered tiles overflow the UB; BiShengIR retries without
+    # auto multi-buffering and then fits (128 KiB)
+    for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        offs = t * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        a = tl.load(x_ptr + offs, mask=m, other=0.0)
+        b = tl.load(y_ptr + offs, mask=m, other=0.0)
+        tl.store(out_ptr + offs, a * b + a, mask=m)
+
+
+@triton.jit
 def toy_oversized_tile(x_ptr, out_ptr, R: tl.constexpr, C: tl.constexpr):
     # One fp32 tile of R x C with a few live temporaries: 128 x 256 x 4 B = 128 KiB per tensor, far above the
     # ~96 KiB double-buffered budget of the unified buffer.
@@ -75,6 +87,12 @@ def plans_ok():
         dict(kernel=toy_dot_bf16, args=(_t(64 * 64, i16), _t(64 * 64, i16), _t(64 * 64, f32)),
              kwargs=dict(M=64, N=64, K=64), grid=(1,), name="64x64x64 bf16"),
     ]
+
+
+def plan_fits_without_multibuffer():
+    f32 = torch.float32
+    return dict(kernel=toy_loop_mul_add, args=(_t(16384, f32), _t(16384, f32), _t(16384, f32), 100000, 7),
+                kwargs=dict(BLOCK=16384), grid=(4,), name="BLOCK=16384 loop")
 
 
 def plan_oversized():

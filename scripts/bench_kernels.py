@@ -1,0 +1,241 @@
+"""Benchmark the Triton ``mamba_mimo_bwd_fwd`` kernels on a CUDA GPU (one command, compact tables).
+
+    python scripts/bench_kernels.py                 # shapes a-d, writes reports/bench/<date>_<sha>_kernels.{md,json}
+    python scripts/bench_kernels.py --shapes a --variants default,native_rne,k3w8
+
+For every shape it first checks correctness (kernel vs reference under the same policy, rel RMS <= 3e-4 on every
+output, no NaN after a poisoned launch) and refuses to time a configuration whose gate is red. Then it reports the
+median of ``triton.testing.do_bench`` for: the Triton kernels under ``upstream_sm90`` (each tuning variant) and
+``seed_bf16``, the PyTorch reference on CUDA under ``upstream_sm90``, and an "upstream TileLang" column that is not
+run here (its H200 figures from ``shared/docs/performance.md`` are quoted). Bandwidth is the bytes the shape must move
+(every input read once, every output written once) over the median time, against ~4.3 TB/s. A per-kernel breakdown
+(prep, state walk, out, reduce) is timed too.
+
+Shapes (D, Z and reduced DOUT on; G=1, P=64, R=4, C=16): (a) B=1, S=8192, H=16, N=64 (target <= 0.33 ms under
+upstream_sm90; upstream TileLang 6.63 ms); (b) B=4, S=2048, H=16, N=64; (c) B=1, S=8192, H=16, N=128; (d) B=8, S=4096,
+H=32, N=64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import mimo_numerics as mn  # noqa: E402
+from mimo_numerics import kernels  # noqa: E402
+from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs  # noqa: E402
+from mimo_numerics.kernels import mimo_bwd_fwd  # noqa: E402
+from mimo_numerics.outputs import OUTPUT_NAMES  # noqa: E402
+
+PEAK_BW = 4.3e12
+GATE_RTOL = 3e-4
+SHAPES = {
+    "a": dict(batch=1, seqlen=8192, heads=16, state_dim=64),
+    "b": dict(batch=4, seqlen=2048, heads=16, state_dim=64),
+    "c": dict(batch=1, seqlen=8192, heads=16, state_dim=128),
+    "d": dict(batch=8, seqlen=4096, heads=32, state_dim=64),
+}
+#: upstream TileLang on an H200 (shared/docs/performance.md, two runs); not run by this script
+UPSTREAM_MS = {"a": "6.63, 6.72", "b": "1.75, 1.78", "c": "9.91, 10.07", "d": "3.85, 3.89"}
+#: tuning variants of the upstream_sm90 kernels (mimo_bwd_fwd.TUNING; none changes numerics)
+VARIANTS = {
+    "default": {},
+    "native_rne": {"native_rne": 1},
+    "k3w8": {"warps_k1": 8, "warps_k3": 8},
+    "k3w4": {"warps_k1": 4, "warps_k3": 4},
+    "native_rne_k3w4": {"native_rne": 1, "warps_k1": 4, "warps_k3": 4},
+}
+
+
+def rel_rms(a, b):
+    a, b = a.double(), b.double()
+    den = b.pow(2).mean().sqrt().item()
+    num = (a - b).pow(2).mean().sqrt().item()
+    return num / den if den > 0 else num
+
+
+def spec_of(shape: str) -> CaseSpec:
+    return CaseSpec(formula="realistic", groups=1, value_dim=64, rank=4, chunk_size=16, reduce_o=True, has_z=True,
+                    has_d=True, seed=0, **SHAPES[shape])
+
+
+def bytes_moved(x: dict, out) -> int:
+    ins = sum(t.numel() * t.element_size() for t in as_args(x) if t is not None)
+    outs = sum(t.numel() * t.element_size() for t in out if t is not None)
+    return ins + outs
+
+
+def gate(out, ref) -> dict:
+    errs = {}
+    for n in OUTPUT_NAMES:
+        a, b = getattr(out, n), getattr(ref, n)
+        if b is None:
+            continue
+        if torch.isnan(a.float()).any():
+            errs[n] = float("nan")
+        else:
+            errs[n] = rel_rms(a.float(), b.float())
+    return errs
+
+
+def ok(errs: dict) -> bool:
+    return all(v == v and v <= GATE_RTOL for v in errs.values())
+
+
+def with_tuning(tuning: dict):
+    class _Ctx:
+        def __enter__(self):
+            self.saved = dict(mimo_bwd_fwd.TUNING)
+            mimo_bwd_fwd.TUNING.clear()
+            mimo_bwd_fwd.TUNING.update(tuning)
+
+        def __exit__(self, *exc):
+            mimo_bwd_fwd.TUNING.clear()
+            mimo_bwd_fwd.TUNING.update(self.saved)
+
+    return _Ctx()
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip() or "uncommitted"
+    except Exception:
+        return "uncommitted"
+
+
+def main(argv=None) -> int:
+    import triton
+    from triton.testing import do_bench
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="a,b,c,d")
+    ap.add_argument("--variants", default="default,native_rne,k3w8,k3w4,native_rne_k3w4",
+                    help=f"tuning variants of the upstream_sm90 kernels, from {list(VARIANTS)}")
+    ap.add_argument("--no-reference-timing", action="store_true", help="skip timing the PyTorch reference")
+    ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms) for the kernels")
+    ap.add_argument("--out", default=os.path.join(ROOT, "reports", "bench"))
+    ap.add_argument("--smoke", action="store_true",
+                    help="exercise this script on CPU (Triton interpreter, one tiny shape, wall-clock timer)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        import time
+
+        def do_bench(fn, warmup=1, rep=1, return_mode="median"):  # noqa: F811 - CPU stand-in
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+
+        SHAPES["s"] = dict(batch=1, seqlen=24, heads=2, state_dim=16)
+        UPSTREAM_MS["s"] = "-"
+        VARIANTS["native_rne"] = VARIANTS["k3w8"] = VARIANTS["k3w4"] = VARIANTS["native_rne_k3w4"] = {}
+        args.shapes, args.variants = "s", "default,native_rne"
+        args.out = os.path.join(args.out, "smoke")
+        dev = torch.device("cpu")
+    elif not torch.cuda.is_available():
+        print("needs a CUDA GPU (or --smoke for a CPU dry run)", file=sys.stderr)
+        return 2
+    else:
+        dev = torch.device("cuda")
+    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton interpreter, --smoke)"
+    variants = [v for v in args.variants.split(",") if v]
+    rows, breakdown, failures = [], [], []
+    print(f"GPU {gpu} | torch {torch.__version__} | triton {triton.__version__} | commit {git_commit()}")
+    for shape in args.shapes.split(","):
+        spec = spec_of(shape)
+        x = make_inputs(spec, device=dev)
+        row = {"shape": shape, "case": spec.case_id, "upstream_tilelang_ms": f"not run (H200: {UPSTREAM_MS[shape]})"}
+        refs = {p: mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=p)
+                for p in ("upstream_sm90", "seed_bf16")}
+        row["bytes"] = bytes_moved(x, refs["upstream_sm90"])
+        runs = [("upstream_sm90", v, VARIANTS[v]) for v in variants] + [("seed_bf16", "default", {})]
+        for preset, vname, tuning in runs:
+            key = f"triton_{preset}" + ("" if vname == "default" else f"[{vname}]")
+            with with_tuning(tuning):
+                out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, poison=True)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                errs = gate(out, refs[preset])
+                row[key + "_gate"] = errs
+                if not ok(errs):
+                    failures.append((shape, key, errs))
+                    row[key + "_ms"] = None
+                    print(f"[{shape}] {key}: GATE FAILED {errs} -> not timed")
+                    continue
+                prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=preset)
+
+                def run_all(prep=prep):
+                    for launch in prep.launches:
+                        launch.run()
+
+                ms = do_bench(run_all, rep=args.rep, return_mode="median")
+                row[key + "_ms"] = ms
+                print(f"[{shape}] {key:34s} {ms:8.3f} ms  {row['bytes'] / ms / 1e9:7.0f} GB/s  "
+                      f"max gate err {max(errs.values()):.1e}")
+                if vname == "default" or preset == "upstream_sm90":
+                    for launch in prep.launches:
+                        kms = do_bench(launch.run, rep=max(20, args.rep // 4), return_mode="median")
+                        breakdown.append({"shape": shape, "config": key, "kernel": launch.name, "grid": launch.grid,
+                                          "ms": kms})
+        if not args.no_reference_timing:
+            row["reference_upstream_sm90_ms"] = do_bench(
+                lambda: mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90"),
+                warmup=1, rep=1, return_mode="median")
+            print(f"[{shape}] reference (torch, CUDA) upstream_sm90  {row['reference_upstream_sm90_ms']:8.1f} ms")
+        rows.append(row)
+        del x, refs
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # ---- report
+    stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
+    os.makedirs(args.out, exist_ok=True)
+    meta = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "commit": git_commit(),
+            "peak_bw_tb_s": PEAK_BW / 1e12, "gate_rtol": GATE_RTOL, "date": stamp, "variants": variants}
+    ukeys = [k for k in rows[0] if k.startswith("triton_") and k.endswith("_ms")]
+    lines = [f"# Triton mamba_mimo_bwd_fwd benchmark ({stamp})", "",
+             f"GPU: {gpu}; torch {torch.__version__}; triton {triton.__version__}; commit {meta['commit']}. "
+             "Median of triton.testing.do_bench (ms), kernels only (outputs allocated once per call inside "
+             "build_launches is excluded). Gate: kernel vs reference rel RMS <= 3e-4 before timing.", "",
+             "| shape | MB moved | " + " | ".join(k[:-3] for k in ukeys) + " | reference (CUDA, upstream_sm90) | "
+             "upstream TileLang | best BW (of ~4.3 TB/s) |",
+             "|---|---|" + "---|" * len(ukeys) + "---|---|---|"]
+    for row in rows:
+        times = [row.get(k) for k in ukeys]
+        best = min([t for t in times if t], default=None)
+        cells = [f"{t:.3f}" if t else "gate failed" for t in times]
+        ref = row.get("reference_upstream_sm90_ms")
+        ref_cell = f"{ref:.1f}" if ref else "not timed"
+        bw_cell = (f"{row['bytes'] / best / 1e9:.0f} GB/s ({row['bytes'] / best / 1e9 / (PEAK_BW / 1e9):.0%})"
+                   if best else "-")
+        lines.append(f"| {row['shape']} | {row['bytes'] / 1e6:.0f} | " + " | ".join(cells)
+                     + f" | {ref_cell} | {row['upstream_tilelang_ms']} | {bw_cell} |")
+    lines += ["", "Per-kernel breakdown (ms):", "", "| shape | config | kernel | grid | ms |", "|---|---|---|---|---|"]
+    lines += [f"| {b['shape']} | {b['config']} | {b['kernel']} | {b['grid']} | {b['ms']:.3f} |" for b in breakdown]
+    if failures:
+        lines += ["", "GATE FAILURES (not timed):"] + [f"- {s} {k}: {e}" for s, k, e in failures]
+    md = "\n".join(lines) + "\n"
+    base = os.path.join(args.out, f"{stamp}_{meta['commit']}_kernels")
+    with open(base + ".md", "w", encoding="utf-8") as fh:
+        fh.write(md)
+    with open(base + ".json", "w", encoding="utf-8") as fh:
+        json.dump({"meta": meta, "rows": rows, "breakdown": breakdown,
+                   "failures": [{"shape": s, "config": k, "errors": e} for s, k, e in failures]}, fh, indent=2)
+    print()
+    print(md)
+    print(f"wrote {base}.md and {base}.json")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
