@@ -10,8 +10,8 @@ Work is split so that chunks run in parallel (upstream walks all chunks of a (ba
 rows of a chunk are i = t_local·R + r (C·R of them, padded to LP, a power of two ≥ 16):
 
 1. ``_mimo_prep_kernel``   grid B·H·nc, chunk-parallel, everything that does not need the state: per fused row
-   k̃, the rotation, k̂, k_state, q̃, the same-step q̃·k̃ᵀ (the ``qk_dot`` output) and ΨV. Writes k_state, k̂ and ΨV
-   (lp bits when the policy rounds them, else FP32) for the next two kernels.
+   k̃, the rotation, k̂, k_state, q̃, the same-step q̃·k̃ᵀ (the ``qk_dot`` output) and ΨV. Writes k_state, k̂ and
+   ΨV (lp bits when the policy rounds them, else FP32) for the next two kernels.
    Sites: S3, S4, S5, S6, S8 (dt), S9, S10, S11, S12, S13, S14 (+ S15 store), S17, S18, S42.
 2. ``_mimo_state_kernel``  grid B·H·(N tiles)·(P tiles), one sequential walk over the chunks per program:
    h ← h·decay (S43, S44), the state GEMM k_stateᵀ·ΨV (S45, ``state_update``), ``states`` = rnd(h_c) (S41), FP32
@@ -156,38 +156,16 @@ def _load_tile(ptr, offs, AS_LP: tl.constexpr, LPK: tl.constexpr):
 
 
 @triton.jit
-def _mimo_prep_kernel(
-    q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, angles_ptr, dt_ptr, trap_ptr, da_cs_rev_ptr,
-    kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr,
-    B, S, H, HPG, nc,
-    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, AW: tl.constexpr,
-    W: tl.constexpr, LPK: tl.constexpr,
+def _prep_program(
+    pid, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, angles_ptr, dt_ptr, trap_ptr, da_cs_rev_ptr,
+    kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, N: tl.constexpr, P: tl.constexpr,
+    R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
     PSI_WEIGHT: tl.constexpr, QK_BIAS: tl.constexpr, DT_INPUT: tl.constexpr, QK_BIASED: tl.constexpr,
     PSIV: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, ROTARY: tl.constexpr,
-    K_SCALED: tl.constexpr, K_STATE: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr,
-    DOT_QK_LP: tl.constexpr, RECORD: tl.constexpr,
+    K_SCALED: tl.constexpr, K_STATE: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, DOT_QK_LP: tl.constexpr,
+    RECORD: tl.constexpr,
 ):
-    """Per-row quantities of one chunk that do not depend on the state.
-
-    Grid: 1-D, B·H·nc programs; program → (b, h, chunk c), all LP fused rows i = t_local·R + r of the chunk.
-
-    Inputs: q, k [B, S, R, G, N] and v [B, S, H, P], trap [B, H, S] (int16 bits); q_bias, k_bias [H, R, N],
-    mimo_v [H, R, P], angles [B, S, H, AW], dt, da_cs_rev [B, H, S] (FP32).
-    Outputs: kst (k_state) and khat (k̂) [B·H·nc, LP, N], psiv [B·H·nc, LP, P], as lp bits when the policy rounds
-    them (K_STATE, K_SCALED, PSIV) else FP32, rows of tokens t ≥ S and rows i ≥ C·R written as 0; qk_dot
-    [B, H, S, R, R] (lp bits, the output); qkf (same shape, FP32 q̃·k̃ᵀ) when QK_DOT_INTERNAL is off.
-
-    Compile-time constants:
-        N, P, R, C: sizes. LP: padded fused rows. AW: rotated columns per half (N / rotary_dim_divisor).
-        W: record row width. LPK: 0 bf16, 1 fp16.
-        PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY, K_SCALED, K_STATE,
-        QK_DOT_INTERNAL: policy switches. DOT_QK_LP: lp operands for q̃·k̃ᵀ (devices, QK_BIASED).
-        RECORD: write the record slots (k_biased, k_rot, k_scaled, k_state, psiv, qk_dot).
-
-    Rounding sites: S3 (Ψ), S4 (biases), S5/S8 (dt), S6 (shifted γ), S10 (trap_scale), S11 (ΨV), S12/S13 (q̃, k̃),
-    S14 (qk_dot_internal; the QK_DOT store is always rnd), S17 (k rotation), S18 (k̂), S42 (k_state). FP32: S9.
-    """
-    pid = tl.program_id(0)
+    """Body of ``_mimo_prep_kernel`` for one (virtual) program ``pid``."""
     bhc = pid
     c = bhc % nc
     bh = bhc // nc
@@ -258,6 +236,55 @@ def _mimo_prep_kernel(
         tl.store(rec + SLOT_K_SCALED * slot_stride + n[None, :], k_hat, mask=ok[:, None])
         tl.store(rec + SLOT_K_STATE * slot_stride + n[None, :], k_state, mask=ok[:, None])
         tl.store(rec + SLOT_PSIV * slot_stride + p[None, :], psiv, mask=ok[:, None])
+
+
+@triton.jit
+def _mimo_prep_kernel(
+    q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, angles_ptr, dt_ptr, trap_ptr, da_cs_rev_ptr, kst_ptr,
+    khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, n_virtual, N: tl.constexpr, P: tl.constexpr,
+    R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
+    PSI_WEIGHT: tl.constexpr, QK_BIAS: tl.constexpr, DT_INPUT: tl.constexpr, QK_BIASED: tl.constexpr,
+    PSIV: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, ROTARY: tl.constexpr,
+    K_SCALED: tl.constexpr, K_STATE: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, DOT_QK_LP: tl.constexpr,
+    RECORD: tl.constexpr, PERSISTENT: tl.constexpr,
+):
+    """Per-row quantities of one chunk that do not depend on the state.
+
+    Grid: 1-D, up to n_virtual = B·H·nc programs looping over virtual programs; virtual program → (b, h, chunk c),
+    all LP fused rows i = t_local·R + r of the chunk.
+
+    Inputs: q, k [B, S, R, G, N] and v [B, S, H, P], trap [B, H, S] (int16 bits); q_bias, k_bias [H, R, N],
+    mimo_v [H, R, P], angles [B, S, H, AW], dt, da_cs_rev [B, H, S] (FP32).
+    Outputs: kst (k_state) and khat (k̂) [B·H·nc, LP, N], psiv [B·H·nc, LP, P], as lp bits when the policy rounds
+    them (K_STATE, K_SCALED, PSIV) else FP32, rows of tokens t ≥ S and rows i ≥ C·R written as 0; qk_dot
+    [B, H, S, R, R] (lp bits, the output); qkf (same shape, FP32 q̃·k̃ᵀ) when QK_DOT_INTERNAL is off.
+
+    Compile-time constants:
+        N, P, R, C: sizes. LP: padded fused rows. AW: rotated columns per half (N / rotary_dim_divisor).
+        W: record row width. LPK: 0 bf16, 1 fp16.
+        PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY, K_SCALED, K_STATE,
+        QK_DOT_INTERNAL: policy switches. DOT_QK_LP: lp operands for q̃·k̃ᵀ (devices, QK_BIASED).
+        RECORD: write the record slots (k_biased, k_rot, k_scaled, k_state, psiv, qk_dot).
+        PERSISTENT: loop over the n_virtual virtual programs (the launch has fewer programs than chunks).
+
+    Rounding sites: S3 (Ψ), S4 (biases), S5/S8 (dt), S6 (shifted γ), S10 (trap_scale), S11 (ΨV), S12/S13 (q̃, k̃),
+    S14 (qk_dot_internal; the QK_DOT store is always rnd), S17 (k rotation), S18 (k̂), S42 (k_state). FP32: S9.
+    """
+    if PERSISTENT:
+        # loop over virtual programs: Ascend caps a launch at 65535 programs
+        for pid in tl.range(tl.program_id(0), n_virtual, tl.num_programs(0)):
+            _prep_program(
+                pid, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, angles_ptr, dt_ptr, trap_ptr,
+                da_cs_rev_ptr, kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, N, P, R, C,
+                LP, AW, W, LPK, PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY,
+                K_SCALED, K_STATE, QK_DOT_INTERNAL, DOT_QK_LP, RECORD)
+    else:
+        pid = tl.program_id(0)
+        _prep_program(
+            pid, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, angles_ptr, dt_ptr, trap_ptr,
+            da_cs_rev_ptr, kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, N, P, R, C, LP,
+            AW, W, LPK, PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY, K_SCALED,
+            K_STATE, QK_DOT_INTERNAL, DOT_QK_LP, RECORD)
 
 
 @triton.jit
@@ -350,47 +377,20 @@ def _record_tile(rec_ptr, slot, slot_stride, rec_base, rows, ok, cols, ncols, va
 
 
 @triton.jit
-def _mimo_out_kernel(
-    dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, angles_ptr, da_cs_ptr, dt_ptr, trap_ptr, d_ptr,
-    segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr,
-    dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr,
-    B, S, H, HPG, nc, n_pt,
-    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, CP: tl.constexpr, LP: tl.constexpr,
-    BP: tl.constexpr, AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
+def _out_program(
+    pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, angles_ptr, da_cs_ptr, dt_ptr, trap_ptr,
+    d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr,
+    B, S, H, HPG, nc, n_pt, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, CP: tl.constexpr,
+    LP: tl.constexpr, BP: tl.constexpr, AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
     QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, ROTARY: tl.constexpr,
     DT_INPUT: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, K_SCALED: tl.constexpr,
-    PSIV: tl.constexpr, STATE_OPERAND: tl.constexpr, CAUSAL_SCORES: tl.constexpr,
-    DIAG_ACCUM: tl.constexpr, DIAG_FMA: tl.constexpr, DIAG_GAMMA: tl.constexpr, OUT: tl.constexpr,
-    PHI_WEIGHT: tl.constexpr, DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr,
-    HAS_Z: tl.constexpr, HAS_D: tl.constexpr, REDUCE_O: tl.constexpr,
-    DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
-    RECORD: tl.constexpr,
+    PSIV: tl.constexpr, STATE_OPERAND: tl.constexpr, CAUSAL_SCORES: tl.constexpr, DIAG_ACCUM: tl.constexpr,
+    DIAG_FMA: tl.constexpr, DIAG_GAMMA: tl.constexpr, OUT: tl.constexpr, PHI_WEIGHT: tl.constexpr,
+    DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
+    REDUCE_O: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
+    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr,
 ):
-    """Everything that depends on rnd(h_c): o, out, the gradient branches and the dmimo partials of one chunk.
-
-    Grid: 1-D, B·H·nc·n_pt programs; program → (b, h, chunk c, P tile of BP columns). k̂ and ΨV come from
-    ``_mimo_prep_kernel`` as dense fused rows (the K dimension of the intra GEMMs); outputs are built per output rank
-    r on CP token rows, so the rank sums of the diagonal and of dz run in ascending order in one program.
-
-    Inputs: dout, q, z, trap (int16 bits), q_bias, mimo_o, mimo_z, angles, da_cs, dt, d, segsum (FP32) as in the
-    API; khat [B·H·nc, LP, N], psiv [B·H·nc, LP, P] (lp bits when K_SCALED / PSIV); hop [B, H, nc, N, P]: rnd(h_c)
-    as lp bits (the ``states`` output) when STATE_OPERAND, else FP32 h_c; qkin [B, H, S, R, R]: the qk_dot output
-    (lp bits) when QK_DOT_INTERNAL, else FP32 q̃·k̃ᵀ. Outputs: dz [B, S, H, P] (lp bits), part_o / part_z
-    [B·H·nc, R, P] FP32 per-chunk dmimo partials; records when RECORD.
-
-    Compile-time constants:
-        N, P, R, C: sizes. CP: token rows (pow2 ≥ max(16, C)). LP: fused rows (pow2 ≥ max(16, C·R)). BP: P tile.
-        AW: rotated columns per half. W: record row width. LPK: 0 bf16, 1 fp16.
-        QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
-        STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM: policy switches.
-        DIAG_FMA: ``diag_mode="fma"`` (one rounding of acc + a·b) else ``"mul_then_add"``. SILU_TANH: tanh form.
-        HAS_Z, HAS_D, REDUCE_O: branches. DOT_*_LP: feed that GEMM bf16/fp16 operands (devices only, both operands
-        on the grid). RECORD: write the per-stage records.
-
-    Rounding sites: S4, S12 (q̃), S16 (q rotation), S19 (operand), S22, S26 (diag_accum, diag_mode), S27, S30,
-    S34, S35, S36, S38 (dz_accum; DZ store); FP32: S9, S20, S21, S23, S24, S25, S28, S29, S31–S33, S37, S39.
-    """
-    pid = tl.program_id(0)
+    """Body of ``_mimo_out_kernel`` for one (virtual) program ``pid``."""
     pt = pid % n_pt
     bhc = pid // n_pt
     c = bhc % nc
@@ -475,7 +475,19 @@ def _mimo_out_kernel(
                 a = tl.load(qkin_ptr + qk_rows + (r * R + r_in), mask=ok_t, other=0.0)
             bv = _load_tile(psiv_ptr, psiv_rows + r_in * P, PSIV, LPK)
             prod = a[:, None] * bv
-            if DIAG_ACCUM:
+            if NATIVE_DIAG:
+                # devices, operands on the lp grid: the lp FMA / mul+add instructions round exactly as the
+                # integer emulation below does (fma.rn = one rounding of acc + a·b; mul.rn then add.rn)
+                a_lp = operand(a, True, LPK)[:, None]
+                b_lp = operand(bv, True, LPK)
+                if r_in == 0:
+                    acc_lp = a_lp * b_lp
+                elif DIAG_FMA:
+                    acc_lp = tl.fma(a_lp, b_lp, acc_lp)
+                else:
+                    acc_lp = acc_lp + a_lp * b_lp
+                acc = acc_lp.to(tl.float32)
+            elif DIAG_ACCUM:
                 if r_in == 0:
                     acc = rnd(prod, LPK)
                 elif DIAG_FMA:
@@ -547,6 +559,69 @@ def _mimo_out_kernel(
         tl.store(dz_ptr + v_base + tok_offs, enc(dz_acc, LPK), mask=ok_t[:, None])
         if RECORD:
             _record_tile(rec_ptr, SLOT_DZ_ACCUM, slot_stride, rec_base, tt_s * R, ok_t, pp, P, dz_acc, W)
+
+
+@triton.jit
+def _mimo_out_kernel(
+    dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, angles_ptr, da_cs_ptr, dt_ptr, trap_ptr, d_ptr,
+    segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr, B, S,
+    H, HPG, nc, n_pt, n_virtual, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+    CP: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr, AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
+    QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, ROTARY: tl.constexpr,
+    DT_INPUT: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, K_SCALED: tl.constexpr,
+    PSIV: tl.constexpr, STATE_OPERAND: tl.constexpr, CAUSAL_SCORES: tl.constexpr, DIAG_ACCUM: tl.constexpr,
+    DIAG_FMA: tl.constexpr, DIAG_GAMMA: tl.constexpr, OUT: tl.constexpr, PHI_WEIGHT: tl.constexpr,
+    DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
+    REDUCE_O: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
+    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, PERSISTENT: tl.constexpr,
+):
+    """Everything that depends on rnd(h_c): o, out, the gradient branches and the dmimo partials of one chunk.
+
+    Grid: 1-D, up to n_virtual = B·H·nc·n_pt programs looping over virtual programs; virtual program → (b, h,
+    chunk c, P tile of BP columns). k̂ and ΨV come from
+    ``_mimo_prep_kernel`` as dense fused rows (the K dimension of the intra GEMMs); outputs are built per output rank
+    r on CP token rows, so the rank sums of the diagonal and of dz run in ascending order in one program.
+
+    Inputs: dout, q, z, trap (int16 bits), q_bias, mimo_o, mimo_z, angles, da_cs, dt, d, segsum (FP32) as in the
+    API; khat [B·H·nc, LP, N], psiv [B·H·nc, LP, P] (lp bits when K_SCALED / PSIV); hop [B, H, nc, N, P]: rnd(h_c)
+    as lp bits (the ``states`` output) when STATE_OPERAND, else FP32 h_c; qkin [B, H, S, R, R]: the qk_dot output
+    (lp bits) when QK_DOT_INTERNAL, else FP32 q̃·k̃ᵀ. Outputs: dz [B, S, H, P] (lp bits), part_o / part_z
+    [B·H·nc, R, P] FP32 per-chunk dmimo partials; records when RECORD.
+
+    Compile-time constants:
+        N, P, R, C: sizes. CP: token rows (pow2 ≥ max(16, C)). LP: fused rows (pow2 ≥ max(16, C·R)). BP: P tile.
+        AW: rotated columns per half. W: record row width. LPK: 0 bf16, 1 fp16.
+        QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
+        STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM: policy switches.
+        DIAG_FMA: ``diag_mode="fma"`` (one rounding of acc + a·b) else ``"mul_then_add"``. SILU_TANH: tanh form.
+        HAS_Z, HAS_D, REDUCE_O: branches. DOT_*_LP: feed that GEMM bf16/fp16 operands (devices only, both operands
+        on the grid). NATIVE_DIAG: run the diagonal's rank steps with the device's lp instructions (fma.rn.bf16,
+        or mul.rn + add.rn with FMA contraction off): bit-identical to the emulation, only with LPK >= 2, DIAG_ACCUM,
+        QK_DOT_INTERNAL and PSIV. RECORD: write the per-stage records. PERSISTENT: loop over the n_virtual
+        virtual programs (the launch has fewer programs).
+
+    Rounding sites: S4, S12 (q̃), S16 (q rotation), S19 (operand), S22, S26 (diag_accum, diag_mode), S27, S30,
+    S34, S35, S36, S38 (dz_accum; DZ store); FP32: S9, S20, S21, S23, S24, S25, S28, S29, S31–S33, S37, S39.
+    """
+    if PERSISTENT:
+        # loop over virtual programs: Ascend caps a launch at 65535 programs
+        for pid in tl.range(tl.program_id(0), n_virtual, tl.num_programs(0)):
+            _out_program(
+                pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, angles_ptr, da_cs_ptr, dt_ptr,
+                trap_ptr, d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr,
+                rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_pt, N, P, R, C, CP, LP, BP, AW, W, LPK, QK_BIAS, QK_BIASED,
+                QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV, STATE_OPERAND,
+                CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM, SILU_TANH, HAS_Z,
+                HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD)
+    else:
+        pid = tl.program_id(0)
+        _out_program(
+            pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, angles_ptr, da_cs_ptr, dt_ptr, trap_ptr,
+            d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr,
+            rec_cs_ptr, B, S, H, HPG, nc, n_pt, N, P, R, C, CP, LP, BP, AW, W, LPK, QK_BIAS, QK_BIASED,
+            QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV, STATE_OPERAND,
+            CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM, SILU_TANH, HAS_Z,
+            HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD)
 
 
 @triton.jit

@@ -17,6 +17,11 @@ conversion truncates). One helper per format, used at every site:
 * ``rnd_sum``: the exact ``a + b`` rounded once (``diag_mode="fma"``): TwoSum in FP32, then the residual's sign
   breaks exact ties, as ``mimo_numerics.rounding.round_sum_to_lp`` does (bit-identical for the same FP32 inputs).
 
+Also here, because the kernels may only call jit functions of their own (interpreted or compiled) build: ``tsum``
+and ``fzeros`` (``tl.sum``/``tl.zeros`` are jit functions of triton.language), ``sigmoid``, ``sincos`` (portable
+sin/cos), ``silu_parts`` (the Z gate's functions from one exp), and the ``tl.dot`` operand helpers ``operand``,
+``bits_operand``, ``mma``, ``mma_acc``.
+
 Only int32 bit operations with constant shift amounts, FP32 add/sub/mul and compares are used: no inline assembly,
 no libdevice, no fp64, no unsigned types (Triton-Ascend lacks uint tensors and tensor shift amounts).
 """
@@ -204,14 +209,6 @@ def mma_acc(a, b, acc, LP_OPS: tl.constexpr, LPK: tl.constexpr):
 def sigmoid(x):
     """1 / (1 + exp(-x)) in FP32 (the backend's exp)."""
     return 1.0 / (1.0 + tl.exp(-x))
-
-
-@triton.jit
-def tanh(x):
-    """tanh in FP32 through exp (Triton has no portable tanh): sign(x)·(1 - e)/(1 + e), e = exp(-2|x|)."""
-    e = tl.exp(-2.0 * tl.abs(x))
-    t = (1.0 - e) / (1.0 + e)
-    return tl.where(x < 0.0, -t, t)
 
 
 @triton.jit

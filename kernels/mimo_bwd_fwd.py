@@ -35,8 +35,10 @@ _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 #: Overrides of the tile plan, for benchmarks and tests only (never numerics: tiles change FP32 summation orders
 #: inside GEMMs and of the dmimo sums at most). Keys: ``BN``, ``BP2`` (state walk tile), ``BP3`` (output kernel P
 #: tile), ``CB`` (chunks per decay load), ``CBR``/``BLKR`` (chunks/columns per step of the dmimo sum),
-#: ``warps_k1`` … ``warps_k4`` (CUDA), and ``native_rne`` (1: on CUDA round with the hardware RNE conversion instead
-#: of the integer helpers; bit-identical, fewer instructions). Empty in normal use.
+#: ``max_programs`` (cap the chunk kernels' grids; they loop over virtual programs),
+#: ``warps_k1`` … ``warps_k4`` (CUDA), and ``native_lp`` (1: on CUDA use the hardware's lp instructions: cvt.rn for
+#: every rounding, fma.rn / mul.rn + add.rn for the diagonal's rank steps; bit-identical to the integer helpers,
+#: far fewer instructions). Empty in normal use.
 TUNING: Dict[str, int] = {}
 
 
@@ -123,10 +125,12 @@ class Plan:
     CBR: int  # dmimo sum: chunks per step
     BP3: int  # output kernel: P tile
     W: int  # record row width
-    grid1: int
+    grid1: int  # programs launched for the prep kernel (≤ virt1)
     grid2: int
-    grid3: int
+    grid3: int  # programs launched for the output kernel (≤ virt3)
     warps: Dict[str, int]
+    virt1: int  # virtual programs of the prep kernel: B·H·nc
+    virt3: int  # virtual programs of the output kernel: B·H·nc·(P/BP3)
 
 
 def _check_sizes(dims: Dims) -> None:
@@ -135,8 +139,9 @@ def _check_sizes(dims: Dims) -> None:
     if dims.value_dim not in SUPPORTED_DIMS:
         raise ValueError(f"v has value dim P={dims.value_dim}; the Triton kernels support P in {SUPPORTED_DIMS}")
     if dims.chunk_size * dims.rank > MAX_FUSED_ROWS:
-        raise ValueError(f"chunk_size={dims.chunk_size} with rank R={dims.rank} gives C·R={dims.chunk_size * dims.rank} "
-                         f"fused rows per chunk; the Triton kernels support C·R <= {MAX_FUSED_ROWS}")
+        raise ValueError(f"chunk_size={dims.chunk_size} with rank R={dims.rank} gives "
+                         f"C·R={dims.chunk_size * dims.rank} fused rows per chunk; the Triton kernels support "
+                         f"C·R <= {MAX_FUSED_ROWS}")
 
 
 def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
@@ -182,10 +187,29 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         CB = TUNING.get("CB", CB)
         CBR = TUNING.get("CBR", CBR)
         warps = {k: TUNING.get(f"warps_{k}", warps.get(k, 4)) for k in ("k1", "k2", "k3", "k4")}
-    grid1 = B * H * nc
+    virt1 = B * H * nc
+    virt3 = B * H * nc * (P // BP3)  # launched only when an output branch or a record needs it
+    if backend == "npu":
+        # Ascend: at most 65535 programs per launch; the chunk kernels loop over virtual programs
+        cap = min(65535, _npu_core_count(dims.device) * 8)
+        grid1, grid3 = min(virt1, cap), min(virt3, cap)
+    else:
+        grid1, grid3 = virt1, virt3
+    if TUNING.get("max_programs"):
+        grid1, grid3 = min(grid1, TUNING["max_programs"]), min(grid3, TUNING["max_programs"])
     grid2 = B * H * (N // BN) * (P // BP2)
-    grid3 = B * H * nc * (P // BP3)  # launched only when an output branch or a record needs it
-    return Plan(backend, LP, CP, BN, BP2, CB, CBR, BP3, W, grid1, grid2, grid3, warps)
+    return Plan(backend, LP, CP, BN, BP2, CB, CBR, BP3, W, grid1, grid2, grid3, warps, virt1, virt3)
+
+
+def _npu_core_count(device) -> int:
+    """AI (cube) cores of the NPU (triton-ascend driver), or a conservative default when unavailable."""
+    try:
+        import triton
+
+        props = triton.runtime.driver.active.utils.get_device_properties(device.index or 0)
+        return int(props.get("num_aicore", 24))
+    except Exception:  # pragma: no cover - depends on triton-ascend internals
+        return 24
 
 
 def estimate_interpreter_seconds(dims: Dims, pl: Optional[Plan] = None) -> float:
@@ -193,10 +217,10 @@ def estimate_interpreter_seconds(dims: Dims, pl: Optional[Plan] = None) -> float
     pl = pl or plan(dims, "interpreter")
     R, nc = dims.rank, dims.nchunks
     nsl = pl.LP // 16
-    k1 = pl.grid1 * (170 + 12 * R)
+    k1 = pl.virt1 * (170 + 12 * R)
     k2 = dims.batch * dims.heads * (nc / pl.CB * 8 + nc * (12 + 8 * nsl))
     per3 = 120 + R * (80 + R * 35) + (R * 60 if dims.has_z else 0)
-    k3 = pl.grid3 * per3
+    k3 = pl.virt3 * per3
     k4 = dims.batch * dims.heads * (math.ceil(nc / 32) * 6 + 4) * 2
     ops = k1 + k2 + k3 + k4
     # bigger tiles cost more per op in numpy
@@ -320,8 +344,10 @@ def build_launches(
 
     # ---- constexprs: policy switches, sizes, branches, dot operand formats
     cx = dict(cx)
-    if backend == "cuda" and TUNING.get("native_rne"):
+    native = backend == "cuda" and bool(TUNING.get("native_lp"))
+    if native:
         cx["LPK"] += 2  # same RNE through cvt.rn (see _rounding.py); never under the interpreter
+    cx["NATIVE_DIAG"] = native and cx["DIAG_ACCUM"] and cx["QK_DOT_INTERNAL"] and cx["PSIV"]
     cx.update(N=N, P=P, R=R, C=C, LP=pl.LP, CP=pl.CP, BN=pl.BN, CB=pl.CB, W=pl.W, AW=N // rotary_dim_divisor,
               HAS_Z=dims.has_z, HAS_D=dims.has_d, REDUCE_O=dims.reduce_o, RECORD=keep)
     cx["DOT_QK_LP"] = on_device and cx["QK_BIASED"]
@@ -390,8 +416,9 @@ def build_launches(
     # ---- 1. per-row quantities of every chunk (k̂, k_state, ΨV, qk_dot), chunk-parallel
     add("prep", mod._mimo_prep_kernel, pl.grid1,
         (arg(q), arg(k), arg(v), q_bias, k_bias, mimo_v, angles, dt, arg(trap), da_cs_rev,
-         arg(kst), arg(khat), arg(psiv), arg(qk_dot), arg(qkf), rec_arg, B, S, H, dims.heads_per_group, nc),
-        cx, pl.warps.get("k1", 4), 1)
+         arg(kst), arg(khat), arg(psiv), arg(qk_dot), arg(qkf), rec_arg, B, S, H, dims.heads_per_group, nc,
+         pl.virt1),
+        dict(cx, PERSISTENT=pl.grid1 < pl.virt1), pl.warps.get("k1", 4), 1)
     # ---- 2. sequential walk over the chunks: states (lp), FP32 h when needed
     add("state", mod._mimo_state_kernel, pl.grid2,
         (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
@@ -403,8 +430,8 @@ def build_launches(
         add("out", mod._mimo_out_kernel, pl.grid3,
             (arg(dout), arg(q), q_bias, arg(mimo_o), arg(z), arg(mimo_z), angles, da_cs, dt, arg(trap), arg(d),
              segsum, arg(khat), arg(psiv), arg(hop), arg(qkin), arg(dz), arg(part_o), arg(part_z), rec_arg,
-             rec_cs_arg, B, S, H, dims.heads_per_group, nc, P // pl.BP3),
-            dict(cx, BP=pl.BP3), pl.warps.get("k3", 4), 1)
+             rec_cs_arg, B, S, H, dims.heads_per_group, nc, P // pl.BP3, pl.virt3),
+            dict(cx, BP=pl.BP3, PERSISTENT=pl.grid3 < pl.virt3), pl.warps.get("k3", 4), 1)
     # ---- 4. deterministic sums of the per-chunk dmimo partials
     RPc = R * P
     blk = TUNING.get("BLKR", min(256, _pow2(RPc)))

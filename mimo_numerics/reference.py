@@ -142,6 +142,7 @@ def _state_recurrence(k_state: torch.Tensor, psiv: torch.Tensor, decay: torch.Te
     return states.permute(1, 2, 0, 3, 4)
 
 
+@torch.no_grad()
 def mamba_mimo_bwd_fwd(
     dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, segsum,
     chunk_size: int = 16, rotary_dim_divisor: int = 4, policy="upstream_sm90",

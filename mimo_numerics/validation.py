@@ -97,6 +97,9 @@ def validate_inputs(
             raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}"
                             if name in OPTIONAL_INPUTS else
                             f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        elif value.layout != torch.strided or value.is_nested:  # sparse, mkldnn, nested: no strided storage
+            kind = "a nested tensor" if value.is_nested else f"a tensor of layout {value.layout}"
+            raise TypeError(f"{name} must be a dense (strided) torch.Tensor, got {kind}")
     chunk_size = _check_int("chunk_size", chunk_size, 1)
     rotary_dim_divisor = _check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
     if rotary_dim_divisor not in SUPPORTED_ROTARY_DIVISORS:

@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -376,7 +377,7 @@ def bishengir_command(bishengir: str, part: str, options: Any, src: str, out: st
 
 _CONST_RE = re.compile(r"(%[\w.]+)\s*=\s*arith\.constant\s+(-?\d+)\s*:\s*i(?:64|32)\b")
 _PTR_CAST_RE = re.compile(r"hivm\.hir\.pointer_cast\(([^)]*)\)[^:]*:\s*memref<([^>]*?),\s*#hivm\.address_space<ub>>")
-_ELEM_BITS = {"f32": 32, "f16": 16, "bf16": 16, "i1": 8, "i8": 8, "i16": 16, "i32": 32, "i64": 64, "f64": 64}
+_ELEM_BITS = {"f32": 32, "f16": 16, "bf16": 16, "i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64, "f64": 64}
 
 
 def ub_peak_bytes(hivm: str) -> Optional[int]:
@@ -412,7 +413,9 @@ def summarize_failure(output: str) -> str:
     errs = error_lines(output)
     if not errs:
         return _tail(output, 2000)
-    return _tail("\n".join(dict.fromkeys(errs)), 3000)
+    errs = sorted(dict.fromkeys(errs), key=lambda ln: 0 if _UB_RE.search(ln) else 1)   # the UB verdict first
+    text = "\n".join(errs)
+    return text if len(text) <= 3000 else text[:3000] + "…"
 
 
 def classify_bishengir(returncode: int, output: str, produced_binary: bool) -> Tuple[bool, str, str, Optional[int]]:
@@ -628,7 +631,10 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
             inputs_cache[shape] = _cases.make_inputs(spec, "cpu")
         inputs = inputs_cache[shape]
         label = f"N{n}_P{p}_R{r}_C{c}_" + ("ro" if ro else "fo") + ("Z" if z else "-") + ("D" if d else "-")
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            # without CANN, triton-ascend's driver probe warns "No such file or directory: 'ccec'" on every call
+            # (the launcher asks it for the core count and falls back to a default)
+            warnings.filterwarnings("ignore", message=r".*ccec.*", category=UserWarning)
             prep = build(*_cases.as_args(inputs), **_cases.as_kwargs(inputs), policy=policy, backend="npu")
         for launch in prep.launches:
             grid = launch.grid if isinstance(launch.grid, (tuple, list)) else (int(launch.grid),)

@@ -1,7 +1,7 @@
 """Benchmark the Triton ``mamba_mimo_bwd_fwd`` kernels on a CUDA GPU (one command, compact tables).
 
     python scripts/bench_kernels.py                 # shapes a-d, writes reports/bench/<date>_<sha>_kernels.{md,json}
-    python scripts/bench_kernels.py --shapes a --variants default,native_rne,k3w8
+    python scripts/bench_kernels.py --shapes a --variants default,native_lp,k3w8,k3w4,native_lp_k3w4
 
 For every shape it first checks correctness (kernel vs reference under the same policy, rel RMS <= 3e-4 on every
 output, no NaN after a poisoned launch) and refuses to time a configuration whose gate is red. Then it reports the
@@ -49,10 +49,10 @@ UPSTREAM_MS = {"a": "6.63, 6.72", "b": "1.75, 1.78", "c": "9.91, 10.07", "d": "3
 #: tuning variants of the upstream_sm90 kernels (mimo_bwd_fwd.TUNING; none changes numerics)
 VARIANTS = {
     "default": {},
-    "native_rne": {"native_rne": 1},
+    "native_lp": {"native_lp": 1},
     "k3w8": {"warps_k1": 8, "warps_k3": 8},
     "k3w4": {"warps_k1": 4, "warps_k3": 4},
-    "native_rne_k3w4": {"native_rne": 1, "warps_k1": 4, "warps_k3": 4},
+    "native_lp_k3w4": {"native_lp": 1, "warps_k1": 4, "warps_k3": 4},
 }
 
 
@@ -119,8 +119,8 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="a,b,c,d")
-    ap.add_argument("--variants", default="default,native_rne,k3w8,k3w4,native_rne_k3w4",
-                    help=f"tuning variants of the upstream_sm90 kernels, from {list(VARIANTS)}")
+    ap.add_argument("--variants", default="default,native_lp",
+                    help=f"tuning variants of the upstream_sm90 kernels, from {list(VARIANTS)} (each compiles anew)")
     ap.add_argument("--no-reference-timing", action="store_true", help="skip timing the PyTorch reference")
     ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms) for the kernels")
     ap.add_argument("--out", default=os.path.join(ROOT, "reports", "bench"))
@@ -138,8 +138,8 @@ def main(argv=None) -> int:
 
         SHAPES["s"] = dict(batch=1, seqlen=24, heads=2, state_dim=16)
         UPSTREAM_MS["s"] = "-"
-        VARIANTS["native_rne"] = VARIANTS["k3w8"] = VARIANTS["k3w4"] = VARIANTS["native_rne_k3w4"] = {}
-        args.shapes, args.variants = "s", "default,native_rne"
+        VARIANTS["native_lp"] = VARIANTS["k3w8"] = VARIANTS["k3w4"] = VARIANTS["native_lp_k3w4"] = {}
+        args.shapes, args.variants = "s", "default,native_lp"
         args.out = os.path.join(args.out, "smoke")
         dev = torch.device("cpu")
     elif not torch.cuda.is_available():

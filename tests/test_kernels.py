@@ -185,16 +185,18 @@ def test_every_switch_and_knob_is_honoured(spec, change):
 @pytest.mark.parametrize("preset", ["upstream_sm90", "seed_bf16"])
 def test_tiled_plan_matches_reference(preset):
     """The device tilings under the interpreter: several N/P tiles in the state walk and output kernel, decays
-    loaded two chunks at a time, dmimo sums over blocks of chunks and columns."""
+    loaded two chunks at a time, dmimo sums over blocks of chunks and columns, and the chunk kernels looping over
+    more virtual programs than launched (the Ascend grid cap)."""
     from mimo_numerics.kernels import mimo_bwd_fwd
 
     spec = CaseSpec(seqlen=36, state_dim=32, value_dim=32, rank=2, chunk_size=8, has_z=True, has_d=True)
     x = _inputs(spec)
     saved = dict(mimo_bwd_fwd.TUNING)
-    mimo_bwd_fwd.TUNING.update(BN=16, BP2=16, BP3=16, CB=2, CBR=2, BLKR=16)
+    mimo_bwd_fwd.TUNING.update(BN=16, BP2=16, BP3=16, CB=2, CBR=2, BLKR=16, max_programs=3)
     try:
         prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=preset)
-        assert prep.plan.grid2 == 4 and prep.plan.grid3 == 2 * prep.plan.grid1
+        pl = prep.plan
+        assert pl.grid2 == 4 and pl.virt3 == 2 * pl.virt1 == 10 and pl.grid1 == pl.grid3 == 3
         out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, poison=True)
     finally:
         mimo_bwd_fwd.TUNING.clear()
@@ -435,28 +437,37 @@ def _toolchain():
 
 
 @pytest.mark.skipif(not _toolchain(), reason="Triton's NVIDIA backend (ptxas) is not installed")
-@pytest.mark.parametrize("policy, spec", [
+@pytest.mark.parametrize("policy, spec, tuning", [
     ("upstream_sm90", CaseSpec(seqlen=32, heads=2, state_dim=64, value_dim=64, rank=4, chunk_size=16, has_z=True,
-                               has_d=True)),
-    ("fp32", CaseSpec(seqlen=24, state_dim=32, value_dim=16, rank=3, chunk_size=6, reduce_o=False, has_z=True)),
+                               has_d=True), {}),
+    ("upstream_sm90", CaseSpec(seqlen=32, heads=2, state_dim=64, value_dim=64, rank=4, chunk_size=16, has_z=True,
+                               has_d=True), {"native_lp": 1}),
+    ("fp32", CaseSpec(seqlen=24, state_dim=32, value_dim=16, rank=3, chunk_size=6, reduce_o=False, has_z=True), {}),
     ("upstream_sm90_fp16", CaseSpec(seqlen=24, state_dim=16, value_dim=128, rank=2, chunk_size=8, has_d=True,
-                                    dtype="float16")),
-], ids=["sm90_N64_P64_R4_C16", "fp32_R3_C6", "fp16_P128"])
-def test_compiles_for_sm90_without_spills(policy, spec):
+                                    dtype="float16"), {"native_lp": 1}),
+], ids=["sm90_N64_P64_R4_C16", "sm90_native_lp", "fp32_R3_C6", "fp16_P128_native_lp"])
+def test_compiles_for_sm90_without_spills(policy, spec, tuning):
     """The compiled (CUDA) path: every kernel compiles for sm_90 with the CUDA launch options and does not spill
     (checked with Triton's own ptxas/cuobjdump; no GPU needed)."""
     from mimo_numerics.kernels import _devtools, mimo_bwd_fwd
 
     x = _inputs(spec)
-    prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=policy, backend="cuda", sm_count=132)
+    saved = dict(mimo_bwd_fwd.TUNING)
+    mimo_bwd_fwd.TUNING.update(tuning)
+    try:
+        prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=policy, backend="cuda",
+                                           sm_count=132)
+    finally:
+        mimo_bwd_fwd.TUNING.clear()
+        mimo_bwd_fwd.TUNING.update(saved)
     for row in _devtools.compile_launches(prep, arch=90):
         assert row["regs"] > 0 and row["stack"] == 0, row
 
 
-# ---------------------------------------------------------------------------------------------------- golden (slow)
-@pytest.mark.slow
+# ---------------------------------------------------------------------------------------------------- golden
 def test_golden_upstream_cases_on_cpu():
-    """The GPU gate of test_kernels_gpu.py, run through the interpreter (about a minute or two)."""
+    """The GPU gate of test_kernels_gpu.py through the interpreter (~40 s): within 1e-3 of the real upstream H200
+    outputs under upstream_sm90 on every output, 3x closer than seed_bf16 on dz, dmimo_o, dmimo_z."""
     from test_kernels_gpu import check_golden
 
     check_golden(torch.device("cpu"))

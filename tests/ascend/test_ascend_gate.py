@@ -153,3 +153,18 @@ def test_ci_cases_cover_every_shape_class_preset_and_branch():
     assert {c[1] for c in cases} == set(gate.GATE_DIMS) and {c[2] for c in cases} == set(gate.GATE_DIMS)
     assert {c[5:] for c in cases} == set(gate.GATE_BRANCHES)
     assert set(cases) <= set(gate.full_cases())
+
+
+def test_ub_peak_reads_planned_offsets_and_sizes():
+    hivm = """
+    %c0_i64 = arith.constant 0 : i64
+    %c4096_i64 = arith.constant 4096 : i64
+    %c8192_i64 = arith.constant 8192 : i64
+    %1 = hivm.hir.pointer_cast(%c0_i64) : memref<1024xf32, #hivm.address_space<ub>>
+    %2 = hivm.hir.pointer_cast(%c4096_i64, %c8192_i64) : memref<16x64xbf16, #hivm.address_space<ub>>
+    %3 = hivm.hir.pointer_cast(%c8192_i64) : memref<32x16x256xi1, #hivm.address_space<ub>>
+    %4 = hivm.hir.pointer_cast(%c0_i64) : memref<1x2x16x16xf32, #hivm.address_space<cc>>
+    """
+    # bf16 16x64 at 8192 ends at 10240; i1 bits are packed: 32*16*256/8 = 16384 bytes from 8192 -> 24576
+    assert gate.ub_peak_bytes(hivm) == 24576
+    assert gate.ub_peak_bytes("no buffers") is None

@@ -1,0 +1,361 @@
+"""Property-based reliability tests (hypothesis) over random valid shapes, branches and policies.
+
+Properties (each runs twice: ``test_<name>`` in the fast profile of CI, ``test_<name>_slow`` with many more
+examples under ``-m slow``; ``scripts/reliability.py --profile fast|slow`` runs them and writes
+``reports/reliability.md``):
+
+* the Triton kernels (CPU interpreter) match the policy reference under the same random policy within the
+  issue-level tolerance ``tolerances.get("same_policy_rel_rms")``, widened only by the case's own FP32-order noise
+  as the project's same-policy gate does (``mimo_numerics.testing``; counted separately in the report);
+* the reference under the ``fp64`` preset matches the independent FP64 oracle
+  (``tolerances.get("fp64_reference_vs_oracle_rel_rms")``);
+* the reference under any random policy returns the documented output structure (presence, shape, dtype, device)
+  and only finite values on the finite inputs of both formulas;
+* ``RoundingPolicy`` JSON/dict round trips are exact, and older JSON (fields missing) loads with defaults;
+* ``infer_policy`` on hypothesis-drawn tiny cases: what it returns is always consistent (its distance is the
+  distance of its policy, never above the start's, and distance 0 means bit-identical outputs); the exact-recovery
+  rate is counted (a counterexample where the search stalls is pinned in ``test_inference_stall_counterexample``).
+
+Shapes: the reference/oracle draw B ≤ 3, S ≤ 64 (tails included), H = G·m ≤ 9, N = d·k ≤ 64, P ≤ 48, R ≤ 8 and
+C with C·R ≤ 128 (non-powers of two included); the kernels under the interpreter draw N, P ∈ {16, 32}, S ≤ 24 and at
+most 6 chunk programs. Profiles are derandomized (reproducible in CI); set ``MIMO_RELIABILITY_EXPLORE=1`` (and
+pytest's ``--hypothesis-seed``) to explore new examples.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, assume, given, note, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import mimo_numerics as mn  # noqa: E402
+from mimo_numerics import inference, testing, tolerances  # noqa: E402
+from mimo_numerics.bundles import _output_layout  # noqa: E402
+from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs  # noqa: E402
+from mimo_numerics.metrics import rel_rms  # noqa: E402
+from mimo_numerics.outputs import OUTPUT_NAMES  # noqa: E402
+from mimo_numerics.policy import KNOBS, SWITCHES, RoundingPolicy, field_names  # noqa: E402
+from mimo_numerics.validation import validate_inputs  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------------- profiles
+_EXPLORE = bool(os.environ.get("MIMO_RELIABILITY_EXPLORE"))
+_QUIET = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
+          HealthCheck.large_base_example]
+for _profile in ("fast", "slow"):
+    settings.register_profile(f"mimo-reliability-{_profile}", deadline=None, database=None,
+                              derandomize=not _EXPLORE, print_blob=True, suppress_health_check=_QUIET)
+
+
+def profile(name: str, examples: int) -> settings:
+    """The hypothesis settings of one property in profile ``name`` ("fast" or "slow")."""
+    return settings(settings.get_profile(f"mimo-reliability-{name}"), max_examples=examples)
+
+
+#: generated cases run, per "property[profile]" (written to $MIMO_RELIABILITY_STATS/<module>.json for the report)
+COUNTS = collections.Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_counts():
+    yield
+    target = os.environ.get("MIMO_RELIABILITY_STATS")
+    if target and COUNTS:
+        path = Path(target) / f"{Path(__file__).stem}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dict(sorted(COUNTS.items())), indent=1) + "\n")
+
+
+def _kernels_available() -> bool:
+    try:
+        from mimo_numerics import kernels
+    except ImportError:
+        return False
+    return kernels.triton_available()
+
+
+needs_kernels = pytest.mark.skipif(not _kernels_available(), reason="triton is not installed")
+
+
+# ---------------------------------------------------------------------------------------------------- strategies
+@st.composite
+def general_specs(draw):
+    """Any valid case of the reference: tails, GQA, non-power-of-two sizes, C·R ≤ 128, every branch."""
+    divisor = draw(st.sampled_from([2, 4]))
+    groups = draw(st.integers(1, 3))
+    rank = draw(st.integers(1, 8))
+    return CaseSpec(
+        batch=draw(st.integers(1, 3)), seqlen=draw(st.integers(1, 64)), groups=groups,
+        heads=groups * draw(st.integers(1, 3)), state_dim=divisor * draw(st.integers(1, 16)),
+        value_dim=draw(st.integers(1, 48)), rank=rank, chunk_size=draw(st.integers(1, min(64, 128 // rank))),
+        reduce_o=draw(st.booleans()), has_z=draw(st.booleans()), has_d=draw(st.booleans()),
+        formula=draw(st.sampled_from(["seed", "realistic"])), dtype=draw(st.sampled_from(["bfloat16", "float16"])),
+        seed=draw(st.integers(0, 2 ** 31 - 1)), rotary_dim_divisor=divisor)
+
+
+@st.composite
+def kernel_specs(draw):
+    """Tiny cases the interpreter runs in about a second: N, P ∈ {16, 32}, S ≤ 24, ≤ 6 chunk programs."""
+    groups = draw(st.integers(1, 2))
+    heads = groups * draw(st.integers(1, 2))
+    batch = draw(st.integers(1, 2))
+    rank = draw(st.integers(1, 4))
+    chunk = draw(st.integers(1, 16))
+    seqlen = draw(st.integers(1, 24))
+    assume(batch * heads * -(-seqlen // chunk) <= 6)
+    return CaseSpec(
+        batch=batch, seqlen=seqlen, heads=heads, groups=groups, state_dim=draw(st.sampled_from([16, 32])),
+        value_dim=draw(st.sampled_from([16, 32])), rank=rank, chunk_size=chunk, reduce_o=draw(st.booleans()),
+        has_z=draw(st.booleans()), has_d=draw(st.booleans()), formula=draw(st.sampled_from(["seed", "realistic"])),
+        dtype=draw(st.sampled_from(["bfloat16", "float16"])), seed=draw(st.integers(0, 2 ** 31 - 1)),
+        rotary_dim_divisor=draw(st.sampled_from([2, 4])))
+
+
+def policies(lp_dtype=None, kernel=False):
+    """Random policies: every switch and honoured knob; the kernels' subset has FP32 math and rounded outputs."""
+    fields = {name: st.booleans() for name in SWITCHES}
+    for knob, values in KNOBS.items():
+        fields[knob] = st.sampled_from(values)
+    if lp_dtype is not None:
+        fields["lp_dtype"] = st.just(lp_dtype)
+    if kernel:
+        fields["math_dtype"] = st.just("float32")
+        fields["round_outputs"] = st.just(True)
+    return st.builds(RoundingPolicy, **fields)
+
+
+def _run(fn, inputs, **kw):
+    return fn(*as_args(inputs), **as_kwargs(inputs), **kw)
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
+def _same_policy_checks(spec, policy, got, ref, counter):
+    """Structure, no NaN left by the poisoned launch, and rel RMS <= max(same_policy_rel_rms, factor · noise)."""
+    tol = tolerances.get("same_policy_rel_rms")
+    factor = tolerances.get("gate_same_policy_noise_factor")
+    for name in OUTPUT_NAMES:
+        a, e = getattr(got, name), getattr(ref, name)
+        assert (a is None) == (e is None), f"{name}: present in one implementation only"
+        if a is None:
+            continue
+        assert a.dtype == e.dtype and tuple(a.shape) == tuple(e.shape), (name, a.dtype, e.dtype, a.shape, e.shape)
+        assert torch.isfinite(a.float()).all(), f"{name}: non-finite values (an element the kernels did not write?)"
+        err = rel_rms(a, e)
+        if err <= tol:
+            continue
+        noise, label = testing.self_noise(spec, policy)[name]
+        COUNTS[f"{counter}: above same_policy_rel_rms, within factor x own FP32 noise"] += 1
+        note(f"{name}: rel RMS {err:.3e} > {tol:.1e}; the case's own FP32-order noise is {noise:.3e} ({label})")
+        assert err <= max(tol, factor * noise), (
+            f"{name}: kernel vs reference rel RMS {err:.3e} > max({tol:.1e}, {factor} x noise {noise:.3e})")
+
+
+def _kernel_vs_reference(profile_name: str, examples: int):
+    counter = f"kernel_vs_reference[{profile_name}]"
+
+    @needs_kernels
+    @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+    @profile(profile_name, examples)
+    @given(data=st.data(), spec=kernel_specs())
+    def check(data, spec):
+        from mimo_numerics import kernels
+
+        policy = data.draw(policies(spec.dtype, kernel=True), label="policy")
+        note(f"case {spec.case_id}; policy diff from upstream_sm90: {policy.diff(mn.presets.get('upstream_sm90'))}")
+        COUNTS[counter] += 1
+        x = make_inputs(spec)
+        got = _run(kernels.mamba_mimo_bwd_fwd, x, policy=policy, poison=True)
+        ref = _run(mn.reference.mamba_mimo_bwd_fwd, x, policy=policy)
+        _same_policy_checks(spec, policy, got, ref, counter)
+
+    return check
+
+
+test_kernel_matches_reference_same_policy = _kernel_vs_reference("fast", 10)
+test_kernel_matches_reference_same_policy_slow = pytest.mark.slow(_kernel_vs_reference("slow", 150))
+
+
+# ---------------------------------------------------------------------------------------------------- oracle
+def _fp64_vs_oracle(profile_name: str, examples: int):
+    counter = f"fp64_reference_vs_oracle[{profile_name}]"
+
+    @profile(profile_name, examples)
+    @given(spec=general_specs())
+    def check(spec):
+        note(spec.case_id)
+        COUNTS[counter] += 1
+        x = make_inputs(spec)
+        ref = _run(mn.reference.mamba_mimo_bwd_fwd, x, policy=mn.presets.get("fp64").replace(lp_dtype=spec.dtype))
+        orc = _run(mn.oracle.mamba_mimo_bwd_fwd_oracle, x)
+        tol = tolerances.get("fp64_reference_vs_oracle_rel_rms")
+        for name in OUTPUT_NAMES:
+            a, e = getattr(ref, name), getattr(orc, name)
+            assert (a is None) == (e is None), name
+            if a is None:
+                continue
+            assert a.dtype == e.dtype == torch.float64 and a.shape == e.shape, name
+            err = rel_rms(a, e)
+            assert err <= tol, f"{name}: fp64 reference vs oracle rel RMS {err:.3e} > {tol:.0e}"
+
+    return check
+
+
+test_fp64_reference_matches_oracle = _fp64_vs_oracle("fast", 60)
+test_fp64_reference_matches_oracle_slow = pytest.mark.slow(_fp64_vs_oracle("slow", 3000))
+
+
+# ---------------------------------------------------------------------------------------------------- structure
+def _reference_contract(profile_name: str, examples: int):
+    counter = f"reference_output_contract[{profile_name}]"
+
+    @profile(profile_name, examples)
+    @given(data=st.data(), spec=general_specs())
+    def check(data, spec):
+        policy = data.draw(policies(spec.dtype), label="policy")
+        note(spec.case_id)
+        COUNTS[counter] += 1
+        x = make_inputs(spec)
+        before = {n: t.clone() for n, t in x.items() if isinstance(t, torch.Tensor)}
+        out = _run(mn.reference.mamba_mimo_bwd_fwd, x, policy=policy)
+        dims = validate_inputs(*as_args(x), **as_kwargs(x))
+        layout = _output_layout(dims, policy)
+        for name in OUTPUT_NAMES:
+            value, expect = getattr(out, name), layout[name]
+            assert (value is None) == (expect is None), f"{name}: presence"
+            if value is None:
+                continue
+            shape, _ = expect
+            assert tuple(value.shape) == shape, (name, value.shape, shape)
+            if not policy.round_outputs:
+                dtype = policy.math_torch_dtype
+            else:
+                dtype = policy.lp_torch_dtype if name in ("states", "dz", "qk_dot") else torch.float32
+            assert value.dtype == dtype, (name, value.dtype, dtype)
+            assert value.device == dims.device and value.is_contiguous(), name
+            assert torch.isfinite(value).all(), f"{name}: non-finite output on finite inputs"
+        for n, t in before.items():  # the reference never writes into its inputs
+            assert torch.equal(t, x[n]), f"input {n} was modified"
+
+    return check
+
+
+test_reference_output_contract = _reference_contract("fast", 40)
+test_reference_output_contract_slow = pytest.mark.slow(_reference_contract("slow", 2000))
+
+
+# ---------------------------------------------------------------------------------------------------- policies
+def _policy_round_trip(profile_name: str, examples: int):
+    counter = f"policy_json_round_trip[{profile_name}]"
+
+    @profile(profile_name, examples)
+    @given(policy=policies(), drop=st.sets(st.sampled_from(field_names())), indent=st.sampled_from([None, 0, 2]))
+    def check(policy, drop, indent):
+        COUNTS[counter] += 1
+        text = policy.to_json(indent=indent)
+        back = RoundingPolicy.from_json(text)
+        assert back == policy and hash(back) == hash(policy) and back.diff(policy) == {}
+        assert back.name == policy.name
+        assert RoundingPolicy.from_dict(policy.to_dict()) == policy
+        assert json.loads(text) == policy.to_dict()
+        # an older file without some fields loads with their defaults
+        data = {k: v for k, v in policy.to_dict().items() if k not in drop}
+        partial = RoundingPolicy.from_json(json.dumps(data))
+        default = RoundingPolicy()
+        for f in field_names():
+            assert getattr(partial, f) == (getattr(default, f) if f in drop else getattr(policy, f)), f
+        # key order does not matter
+        assert RoundingPolicy.from_json(json.dumps(dict(reversed(list(policy.to_dict().items()))))) == policy
+
+    return check
+
+
+test_policy_json_round_trip = _policy_round_trip("fast", 200)
+test_policy_json_round_trip_slow = pytest.mark.slow(_policy_round_trip("slow", 5000))
+
+
+# ---------------------------------------------------------------------------------------------------- inference
+@st.composite
+def inference_specs(draw):
+    """Tiny cases for the policy search (a few hundred reference runs each)."""
+    rank = draw(st.integers(1, 3))
+    return CaseSpec(
+        formula=draw(st.sampled_from(["seed", "realistic"])), seqlen=draw(st.integers(4, 20)),
+        state_dim=draw(st.sampled_from([8, 16])), value_dim=draw(st.sampled_from([4, 8, 16])), rank=rank,
+        chunk_size=draw(st.integers(2, 8)), reduce_o=draw(st.booleans()), has_z=draw(st.booleans()),
+        has_d=draw(st.booleans()), seed=draw(st.integers(0, 2 ** 31 - 1)))
+
+
+def _inference(profile_name: str, examples: int):
+    counter = f"infer_policy[{profile_name}]"
+
+    @profile(profile_name, examples)
+    @given(spec=inference_specs(), policy_seed=st.integers(0, 2 ** 31 - 1))
+    def check(spec, policy_seed):
+        policy = inference.random_policy(torch.Generator().manual_seed(policy_seed))
+        note(f"{spec.case_id}; policy {policy.to_json(indent=None)}")
+        COUNTS[counter] += 1
+        x = make_inputs(spec)
+        with inference.torch_threads(1):
+            target = inference.run_reference(x, policy)
+            result = inference.infer_policy(x, target, start="seed_bf16")
+            evaluator = inference.PolicyEvaluator([x], [target], "bfloat16")
+            assert evaluator.distance(policy) == 0.0  # the truth is in the search space
+            assert result.distance == evaluator.distance(result.best)
+            assert result.distance <= result.start_distance
+            if result.distance == 0.0:
+                recovered = inference.run_reference(x, result.best)
+                for name, want in target.items():
+                    assert (want is None) == (recovered[name] is None)
+                    if want is not None:  # distance 0: equal values (+0 = -0), so compare values, not bits
+                        assert torch.equal(recovered[name], want), name
+                check_truth = inference.compare_to_truth(x, policy, result)
+                COUNTS[f"{counter}: recovered exactly"] += int(check_truth["exact"])
+            else:
+                COUNTS[f"{counter}: search stalled (distance > 0)"] += 1
+
+    return check
+
+
+test_infer_policy_is_consistent = _inference("fast", 3)
+test_infer_policy_is_consistent_slow = pytest.mark.slow(_inference("slow", 60))
+
+# A drawn tiny case where the descent of infer_policy stalls at distance 7.44 with five identifiable fields wrong,
+# from the seed_bf16, upstream_sm90 and upstream_sm80 starts (the fp32 start finds it): see reports/reliability.md.
+STALL_SPEC = CaseSpec(formula="realistic", seqlen=9, state_dim=8, value_dim=4, rank=3, chunk_size=6, reduce_o=False,
+                      has_z=True, has_d=True, seed=2)
+
+
+def _stall_policy() -> RoundingPolicy:
+    gen = torch.Generator().manual_seed(5)
+    return [inference.random_policy(gen) for _ in range(3)][2]
+
+
+@pytest.mark.xfail(strict=True, reason="infer_policy's single-start descent stalls in a local minimum on this tiny "
+                                       "case (reports/reliability.md, finding F4); remove the mark once the search "
+                                       "restarts or widens its moves")
+def test_inference_stall_counterexample():
+    x = make_inputs(STALL_SPEC)
+    policy = _stall_policy()
+    with inference.torch_threads(1):
+        target = inference.run_reference(x, policy)
+        result = inference.infer_policy(x, target, start="seed_bf16")
+    assert result.distance == 0.0, (result.distance, result.best.diff(policy))
+
+
+def test_inference_stall_counterexample_is_a_search_limit_not_a_model_gap():
+    # the truth has distance 0 and is found from another start: the stall is the search's, not the distance's
+    x = make_inputs(STALL_SPEC)
+    policy = _stall_policy()
+    with inference.torch_threads(1):
+        target = inference.run_reference(x, policy)
+        evaluator = inference.PolicyEvaluator([x], [target], "bfloat16")
+        assert evaluator.distance(policy) == 0.0
+        assert inference.infer_policy(x, target, start="fp32").distance == 0.0
+
