@@ -36,6 +36,7 @@ dz_accum           [B, H, S, P]          DZ rank sum before the output store (S3
 
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, Optional
 
 import torch
@@ -181,6 +182,17 @@ def _state_recurrence(k_state: torch.Tensor, psiv: torch.Tensor, decay: torch.Te
     return states.permute(1, 2, 0, 3, 4)
 
 
+@contextlib.contextmanager
+def _ieee_fp32_matmul():
+    """Run with TF32 off for CUDA matmuls: a global torch flag must not change the reference's numerics."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 @torch.no_grad()
 def mamba_mimo_bwd_fwd(
     dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, segsum,
@@ -207,7 +219,13 @@ def mamba_mimo_bwd_fwd(
         ``[B, H, nc, N, P]``, ``dz`` ``[B, S, H, P]``, ``qk_dot`` ``[B, H, S, R, R]`` in lp (in the math dtype,
         unrounded, when ``policy.round_outputs`` is false); None where a branch is off.
     """
-    policy = _presets.resolve(policy)
+    with _ieee_fp32_matmul():
+        return _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap,
+                          d, segsum, chunk_size, rotary_dim_divisor, _presets.resolve(policy), record)
+
+
+def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d,
+               segsum, chunk_size, rotary_dim_divisor, policy: RoundingPolicy, record) -> MimoBwdFwdOutputs:
     dims = validate_inputs(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev,
                            dt, trap, d, segsum, chunk_size, rotary_dim_divisor, lp_dtype=policy.lp_torch_dtype)
     md = policy.math_torch_dtype
