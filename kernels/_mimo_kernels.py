@@ -9,9 +9,10 @@ FP32, every access has a mask and an in-bounds address, no inline assembly, no f
 Work is split so that chunks run in parallel (upstream walks all chunks of a (batch, head) in one program); fused
 rows of a chunk are i = t_local·R + r (C·R of them, padded to LP, a power of two ≥ 16):
 
-1. ``_mimo_prep_kernel``   grid B·H·nc, chunk-parallel, everything that does not need the state: per fused row
-   k̃, the rotation, k̂, k_state, q̃, the same-step q̃·k̃ᵀ (the ``qk_dot`` output) and ΨV. Writes k_state, k̂ and
-   ΨV (lp bits when the policy rounds them, else FP32) for the next two kernels.
+0. ``_mimo_angles_kernel`` grid cdiv(B·S·H·N/d, BLOCK): cos and sin of every angle, once (FP32 workspace).
+1. ``_mimo_prep_kernel``   grid B·H·nc·(LP/RB), chunk-parallel, everything that does not need the state: per fused
+   row k̃, the rotation, k̂, k_state, q̃, the same-step q̃·k̃ᵀ (the ``qk_dot`` output) and ΨV. Writes k_state, k̂
+   and ΨV (lp bits when the policy rounds them, else FP32) for the next two kernels.
    Sites: S3, S4, S5, S6, S8 (dt), S9, S10, S11, S12, S13, S14 (+ S15 store), S17, S18, S42.
 2. ``_mimo_state_kernel``  grid B·H·(N tiles)·(P tiles), one sequential walk over the chunks per program:
    h ← h·decay (S43, S44), the state GEMM k_stateᵀ·ΨV (S45, ``state_update``), ``states`` = rnd(h_c) (S41), FP32
@@ -34,9 +35,9 @@ FP32-level orders that differ from upstream (none of them is a rounding site; al
   (upstream: one running FP32 sum over time; reference: torch's sum over t).
 * The diagonal rank sum with ``diag_accum`` off is a sequential FP32 sum over r_in (reference: a matmul).
 * Special functions: sin/cos are ``_rounding.sincos`` (Cody–Waite + minimax polynomials, ~1 ulp, same formula on
-  every backend); ``tl.exp`` (ex2.approx on NVIDIA, numpy under the interpreter); sigmoid as 1/(1+exp(−x)); the Z
-  gate's σ(x), σ(−x) and tanh(x/2) from one e = exp(−|x|) (``_rounding.silu_parts``). The reference uses torch's
-  accurate functions; upstream uses CUDA fast math.
+  every backend, evaluated once per angle by kernel 0); ``tl.exp`` (ex2.approx on NVIDIA, numpy under the
+  interpreter); sigmoid as 1/(1+exp(−x)); the Z gate's σ(x), σ(−x) and tanh(x/2) from one e = exp(−|x|)
+  (``_rounding.silu_parts``). The reference uses torch's accurate functions; upstream uses CUDA fast math.
 * FP32 FMA contraction: the CUDA launch passes ``enable_fp_fusion=False`` (the policy's ``fp32_fma=False``);
   upstream contracts. Other backends: the backend's default.
 * FP32 denormals: the backend's default (upstream flushes them).
@@ -73,32 +74,42 @@ NSLOT = 20
 
 
 @triton.jit
-def _rotation(ang_ptr, a_row, ok, ROWS: tl.constexpr, N: tl.constexpr, AW: tl.constexpr):
-    """cos θ and sin θ on [ROWS, N]: column k·AW + j uses angles[..., j] when k is even (k < N/AW), else θ = 0.
+def _rotation(cs_ptr, sn_ptr, a_row, ok, N: tl.constexpr, AW: tl.constexpr):
+    """cos θ and sin θ on [rows, N] from the ``_mimo_angles_kernel`` workspace: column n uses angle j = n mod N/2
+    when j < AW (rotated columns), else θ = 0 (cos 1, sin 0). ``a_row``: element offsets of the angle rows, clamped
+    (0 where ``ok`` is false)."""
+    j = tl.arange(0, N) % (N // 2)
+    m = ok[:, None] & (j < AW)[None, :]
+    offs = a_row[:, None] + tl.where(m, j[None, :], 0)
+    return tl.load(cs_ptr + offs, mask=m, other=1.0), tl.load(sn_ptr + offs, mask=m, other=0.0)
 
-    The AW distinct angles of a row are evaluated once and spread over the N columns (for divisor 4 the columns
-    are [rotated | kept | rotated | kept], for divisor 2 [rotated | rotated]). ``a_row``: element offsets of the
-    angle rows, clamped (0 where ``ok`` is false).
+
+@triton.jit
+def _mimo_angles_kernel(angles_ptr, cs_ptr, sn_ptr, n, BLOCK: tl.constexpr):
+    """cos and sin of every angle, once: cs, sn [B, S, H, AW] FP32 (``_rounding.sincos``, the same formula on every
+    backend), for the prep and output kernels.
+
+    Grid: 1-D, cdiv(n, BLOCK) programs over the n = B·S·H·AW angles (int32 offsets: n < 2**31). Compile-time
+    constants: BLOCK. Rounding sites: none (FP32; feeds S16/S17).
     """
-    D: tl.constexpr = N // AW
-    HD: tl.constexpr = D // 2
-    j = tl.arange(0, AW)
-    theta = tl.load(ang_ptr + a_row[:, None] + j[None, :], mask=ok[:, None], other=0.0)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    theta = tl.load(angles_ptr + tl.minimum(offs, n - 1), mask=m, other=0.0)
     sn, cs = sincos(theta)
-    rot = ((tl.arange(0, D) % HD) == 0)[None, :, None]
-    sn3 = tl.where(rot, tl.broadcast_to(sn[:, None, :], [ROWS, D, AW]), 0.0)
-    cs3 = tl.where(rot, tl.broadcast_to(cs[:, None, :], [ROWS, D, AW]), 1.0)
-    return tl.reshape(cs3, [ROWS, N]), tl.reshape(sn3, [ROWS, N])
+    tl.store(cs_ptr + offs, cs, mask=m)
+    tl.store(sn_ptr + offs, sn, mask=m)
 
 
 @triton.jit
 def _biased_rotated(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
                     N: tl.constexpr, AW: tl.constexpr, LPK: tl.constexpr,
-                    QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, ROTARY: tl.constexpr):
+                    QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, ROTARY: tl.constexpr, BIAS_ROW: tl.constexpr):
     """Rows of q̃ = R(q + R(b)) (S4, S12/S13) and of the rotated q̃ (S16/S17); rows are element offsets.
 
-    ``x_row`` must already be clamped (0 where ``ok`` is false); ``b_row`` is always in bounds. Column n is paired
-    with n ± N/2; columns j and N/2 + j with j < AW = N/d rotate by θ (``cs``, ``sn`` from ``_rotation``).
+    ``x_row`` must already be clamped (0 where ``ok`` is false). ``b_row``: bias row offsets per row, or with
+    ``BIAS_ROW`` one scalar offset whose row is loaded once and broadcast (a row-offset vector that is constant along
+    the rows is a zero-stride view, which triton-ascend rejects). Column n is paired with n ± N/2; columns j and
+    N/2 + j with j < AW = N/d rotate by θ (``cs``, ``sn`` from ``_rotation``).
     """
     HALF: tl.constexpr = N // 2
     n = tl.arange(0, N)
@@ -106,8 +117,12 @@ def _biased_rotated(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
     m2 = ok[:, None]
     x = dec(tl.load(x_ptr + x_row[:, None] + n[None, :], mask=m2, other=0), LPK)
     xp = dec(tl.load(x_ptr + x_row[:, None] + npart[None, :], mask=m2, other=0), LPK)
-    bias = rnd_if(tl.load(bias_ptr + b_row[:, None] + n[None, :]), QK_BIAS, LPK)
-    bias_p = rnd_if(tl.load(bias_ptr + b_row[:, None] + npart[None, :]), QK_BIAS, LPK)
+    if BIAS_ROW:
+        bias = rnd_if(tl.load(bias_ptr + b_row + n), QK_BIAS, LPK)[None, :]
+        bias_p = rnd_if(tl.load(bias_ptr + b_row + npart), QK_BIAS, LPK)[None, :]
+    else:
+        bias = rnd_if(tl.load(bias_ptr + b_row[:, None] + n[None, :]), QK_BIAS, LPK)
+        bias_p = rnd_if(tl.load(bias_ptr + b_row[:, None] + npart[None, :]), QK_BIAS, LPK)
     xb = rnd_if(x + bias, QK_BIASED, LPK)
     xbp = rnd_if(xp + bias_p, QK_BIASED, LPK)
     first = (n < HALF)[None, :]
@@ -157,16 +172,17 @@ def _load_tile(ptr, offs, AS_LP: tl.constexpr, LPK: tl.constexpr):
 
 @triton.jit
 def _prep_program(
-    pid, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, angles_ptr, dt_ptr, trap_ptr, da_cs_rev_ptr,
-    kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, N: tl.constexpr, P: tl.constexpr,
-    R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
-    PSI_WEIGHT: tl.constexpr, QK_BIAS: tl.constexpr, DT_INPUT: tl.constexpr, QK_BIASED: tl.constexpr,
-    PSIV: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, ROTARY: tl.constexpr,
-    K_SCALED: tl.constexpr, K_STATE: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, DOT_QK_LP: tl.constexpr,
-    RECORD: tl.constexpr,
+    pid, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, cs_ptr, sn_ptr, dt_ptr, trap_ptr, da_cs_rev_ptr,
+    kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, n_rb, N: tl.constexpr, P: tl.constexpr,
+    R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, RB: tl.constexpr, AW: tl.constexpr, W: tl.constexpr,
+    LPK: tl.constexpr, PSI_WEIGHT: tl.constexpr, QK_BIAS: tl.constexpr, DT_INPUT: tl.constexpr,
+    QK_BIASED: tl.constexpr, PSIV: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr,
+    ROTARY: tl.constexpr, K_SCALED: tl.constexpr, K_STATE: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr,
+    QK_GEMM: tl.constexpr, DOT_QK_LP: tl.constexpr, RECORD: tl.constexpr,
 ):
-    """Body of ``_mimo_prep_kernel`` for one (virtual) program ``pid``."""
-    bhc = pid
+    """Body of ``_mimo_prep_kernel`` for one (virtual) program ``pid``: RB fused rows of one chunk."""
+    rb = pid % n_rb
+    bhc = pid // n_rb
     c = bhc % nc
     bh = bhc // nc
     b = bh // H
@@ -181,7 +197,7 @@ def _prep_program(
     v_base = (row0 * H + h) * P
     hs_base = bh.to(tl.int64) * S
 
-    i = tl.arange(0, LP)
+    i = rb * RB + tl.arange(0, RB)
     t_loc = i // R
     r_i = i % R
     t = cC + t_loc
@@ -192,9 +208,9 @@ def _prep_program(
     p = tl.arange(0, P)
 
     # ---- k side: k̃, rotation, k̂ = R(k_rot·ts), k_state = R(k̂·exp(da_cs_rev))
-    cs, sn = _rotation(angles_ptr + a_base, t_loc_s * (H * AW), ok, LP, N, AW)
+    cs, sn = _rotation(cs_ptr + a_base, sn_ptr + a_base, t_loc_s * (H * AW), ok, N, AW)
     kb, krot = _biased_rotated(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N), r_i * N, ok, cs, sn,
-                               N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY)
+                               N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY, False)
     gamma, shifted, ts = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT,
                                            SHIFTED_GAMMA, TRAP_SCALE)
     k_hat = tl.where(ok[:, None], rnd_if(krot * ts[:, None], K_SCALED, LPK), 0.0)
@@ -204,18 +220,29 @@ def _prep_program(
     _store_tile(kst_ptr, nk_offs, k_state, K_STATE, LPK)
     _store_tile(khat_ptr, nk_offs, k_hat, K_SCALED, LPK)
 
-    # ---- same-step q̃·k̃ᵀ (S14): a [LP, LP] product, entry (i, j) used where j = t_i·R + r_in
-    qrow = i_s * (G * N)
-    q = dec(tl.load(q_ptr + qk_base + qrow[:, None] + n[None, :], mask=ok[:, None], other=0), LPK)
+    # ---- same-step q̃·k̃ᵀ (S14) for every r_in: qk[t_i, r_i, r_in] = Σ_n q̃[i, n]·k̃[t_i·R + r_in, n]
+    q = dec(tl.load(q_ptr + qk_base + (i_s * (G * N))[:, None] + n[None, :], mask=ok[:, None], other=0), LPK)
     qbias = rnd_if(tl.load(q_bias_ptr + h * (R * N) + (r_i * N)[:, None] + n[None, :]), QK_BIAS, LPK)
     qb = rnd_if(q + qbias, QK_BIASED, LPK)
-    qk_all = mma(qb, tl.trans(kb), DOT_QK_LP, LPK)
+    if QK_GEMM:
+        # the whole chunk in this program (RB = LP): one [LP, LP] GEMM, same-step entries picked per r_in
+        qk_all = mma(qb, tl.trans(kb), DOT_QK_LP, LPK)
     qk_base_out = (bh.to(tl.int64) * S + cC) * (R * R)
-    slot_stride = B.to(tl.int64) * H * S * R * W
+    # B may arrive as the constexpr 1 (the JIT specializes integer arguments equal to 1): no .to() on it
+    slot_stride = tl.cast(B, tl.int64) * H * S * R * W
     rec_base = (bh.to(tl.int64) * S + cC) * R * W
     for r_in in tl.static_range(R):
-        sel = i[None, :] == (t_loc[:, None] * R + r_in)
-        qk = tsum(tl.where(sel, qk_all, 0.0), axis=1)
+        if QK_GEMM:
+            sel = i[None, :] == (t_loc[:, None] * R + r_in)
+            qk = tsum(tl.where(sel, qk_all, 0.0), axis=1)
+        else:
+            # row products with k̃ of rows (t_i, r_in) reloaded: no [LP, LP] tile (Ascend UB)
+            j_s = t_loc_s * R + r_in
+            kx = dec(tl.load(k_ptr + qk_base + (j_s * (G * N))[:, None] + n[None, :], mask=ok[:, None], other=0),
+                     LPK)
+            kbias = rnd_if(tl.load(k_bias_ptr + h * (R * N) + r_in * N + n), QK_BIAS, LPK)
+            kb_in = rnd_if(kx + kbias[None, :], QK_BIASED, LPK)
+            qk = tsum(qb * kb_in, axis=1)
         tl.store(qk_ptr + qk_base_out + i_s * R + r_in, enc(qk, LPK), mask=ok)
         if not QK_DOT_INTERNAL:
             tl.store(qkf_ptr + qk_base_out + i_s * R + r_in, qk, mask=ok)
@@ -240,30 +267,33 @@ def _prep_program(
 
 @triton.jit
 def _mimo_prep_kernel(
-    q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, angles_ptr, dt_ptr, trap_ptr, da_cs_rev_ptr, kst_ptr,
-    khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, n_virtual, N: tl.constexpr, P: tl.constexpr,
-    R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, cs_ptr, sn_ptr, dt_ptr, trap_ptr, da_cs_rev_ptr,
+    kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr,
+    B, S, H, HPG, nc, n_rb, n_virtual,
+    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, RB: tl.constexpr,
+    AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
     PSI_WEIGHT: tl.constexpr, QK_BIAS: tl.constexpr, DT_INPUT: tl.constexpr, QK_BIASED: tl.constexpr,
     PSIV: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, ROTARY: tl.constexpr,
-    K_SCALED: tl.constexpr, K_STATE: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, DOT_QK_LP: tl.constexpr,
-    RECORD: tl.constexpr, PERSISTENT: tl.constexpr,
+    K_SCALED: tl.constexpr, K_STATE: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr,
+    QK_GEMM: tl.constexpr, DOT_QK_LP: tl.constexpr, RECORD: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
     """Per-row quantities of one chunk that do not depend on the state.
 
-    Grid: 1-D, up to n_virtual = B·H·nc programs looping over virtual programs; virtual program → (b, h, chunk c),
-    all LP fused rows i = t_local·R + r of the chunk.
+    Grid: 1-D, up to n_virtual = B·H·nc·n_rb programs (looping over virtual programs when PERSISTENT); virtual
+    program → (b, h, chunk c, block of RB fused rows i = t_local·R + r).
 
     Inputs: q, k [B, S, R, G, N] and v [B, S, H, P], trap [B, H, S] (int16 bits); q_bias, k_bias [H, R, N],
-    mimo_v [H, R, P], angles [B, S, H, AW], dt, da_cs_rev [B, H, S] (FP32).
+    mimo_v [H, R, P], cs, sn [B, S, H, AW] (``_mimo_angles_kernel``), dt, da_cs_rev [B, H, S] (FP32).
     Outputs: kst (k_state) and khat (k̂) [B·H·nc, LP, N], psiv [B·H·nc, LP, P], as lp bits when the policy rounds
     them (K_STATE, K_SCALED, PSIV) else FP32, rows of tokens t ≥ S and rows i ≥ C·R written as 0; qk_dot
     [B, H, S, R, R] (lp bits, the output); qkf (same shape, FP32 q̃·k̃ᵀ) when QK_DOT_INTERNAL is off.
 
     Compile-time constants:
-        N, P, R, C: sizes. LP: padded fused rows. AW: rotated columns per half (N / rotary_dim_divisor).
-        W: record row width. LPK: 0 bf16, 1 fp16.
+        N, P, R, C: sizes. LP: padded fused rows. RB: rows per program (LP on GPUs and the interpreter, 16 on
+        Ascend). AW: rotated columns per half (N / rotary_dim_divisor). W: record row width. LPK: 0 bf16, 1 fp16.
         PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY, K_SCALED, K_STATE,
-        QK_DOT_INTERNAL: policy switches. DOT_QK_LP: lp operands for q̃·k̃ᵀ (devices, QK_BIASED).
+        QK_DOT_INTERNAL: policy switches. QK_GEMM: same-step q̃·k̃ᵀ as one [LP, LP] GEMM (RB == LP) else as row
+        products with the k̃ rows reloaded (no [LP, LP] tile: Ascend UB). DOT_QK_LP: lp operands for that GEMM.
         RECORD: write the record slots (k_biased, k_rot, k_scaled, k_state, psiv, qk_dot).
         PERSISTENT: loop over the n_virtual virtual programs (the launch has fewer programs than chunks).
 
@@ -274,17 +304,17 @@ def _mimo_prep_kernel(
         # loop over virtual programs: Ascend caps a launch at 65535 programs
         for pid in tl.range(tl.program_id(0), n_virtual, tl.num_programs(0)):
             _prep_program(
-                pid, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, angles_ptr, dt_ptr, trap_ptr,
-                da_cs_rev_ptr, kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, N, P, R, C,
-                LP, AW, W, LPK, PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY,
-                K_SCALED, K_STATE, QK_DOT_INTERNAL, DOT_QK_LP, RECORD)
+                pid, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, cs_ptr, sn_ptr, dt_ptr, trap_ptr,
+                da_cs_rev_ptr, kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, n_rb, N, P,
+                R, C, LP, RB, AW, W, LPK, PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE,
+                ROTARY, K_SCALED, K_STATE, QK_DOT_INTERNAL, QK_GEMM, DOT_QK_LP, RECORD)
     else:
         pid = tl.program_id(0)
         _prep_program(
-            pid, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, angles_ptr, dt_ptr, trap_ptr,
-            da_cs_rev_ptr, kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, N, P, R, C, LP,
-            AW, W, LPK, PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY, K_SCALED,
-            K_STATE, QK_DOT_INTERNAL, DOT_QK_LP, RECORD)
+            pid, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, cs_ptr, sn_ptr, dt_ptr, trap_ptr,
+            da_cs_rev_ptr, kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, n_rb, N, P, R, C,
+            LP, RB, AW, W, LPK, PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY,
+            K_SCALED, K_STATE, QK_DOT_INTERNAL, QK_GEMM, DOT_QK_LP, RECORD)
 
 
 @triton.jit
@@ -378,7 +408,7 @@ def _record_tile(rec_ptr, slot, slot_stride, rec_base, rows, ok, cols, ncols, va
 
 @triton.jit
 def _out_program(
-    pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, angles_ptr, da_cs_ptr, dt_ptr, trap_ptr,
+    pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr, trap_ptr,
     d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr,
     B, S, H, HPG, nc, n_pt, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, CP: tl.constexpr,
     LP: tl.constexpr, BP: tl.constexpr, AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
@@ -421,7 +451,7 @@ def _out_program(
     tt_s = tl.where(ok_t, tt, 0)
     gamma_t, sg_t, ts_t = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok_t, S, LPK, DT_INPUT,
                                             SHIFTED_GAMMA, TRAP_SCALE)
-    cs_t, sn_t = _rotation(angles_ptr + a_base, tt_s * (H * AW), ok_t, CP, N, AW)
+    cs_t, sn_t = _rotation(cs_ptr + a_base, sn_ptr + a_base, tt_s * (H * AW), ok_t, N, AW)
     tok_offs = tt_s[:, None] * (H * P) + pp[None, :]
     e_da = tl.exp(tl.load(da_cs_ptr + hs_base + tl.where(ok_t, t, 0), mask=ok_t, other=0.0))
 
@@ -445,7 +475,8 @@ def _out_program(
     if REDUCE_O:
         do_t = dec(tl.load(dout_ptr + v_base + tok_offs, mask=ok_t[:, None], other=0), LPK)
 
-    slot_stride = B.to(tl.int64) * H * S * R * W
+    # B may arrive as the constexpr 1 (the JIT specializes integer arguments equal to 1): no .to() on it
+    slot_stride = tl.cast(B, tl.int64) * H * S * R * W
     rec_base = (bh.to(tl.int64) * S + cC) * R * W
     if RECORD:
         tok_rec = rec_base + tt_s * (R * W)
@@ -459,8 +490,8 @@ def _out_program(
     dz_acc = fzeros(CP, BP)
     for r in tl.static_range(R):
         q_row = (tt_s * R + r) * (G * N)
-        qb, qrot = _biased_rotated(q_ptr + qk_base, q_bias_ptr + h * (R * N), q_row, tt * 0 + r * N, ok_t,
-                                   cs_t, sn_t, N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY)
+        qb, qrot = _biased_rotated(q_ptr + qk_base, q_bias_ptr + h * (R * N), q_row, r * N, ok_t, cs_t, sn_t,
+                                   N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY, True)
         inter = mma(qrot, hop_op, DOT_INTER_LP, LPK) * e_da[:, None]
         scores = mma(qrot, khat_t_op, DOT_SCORES_LP, LPK)
         masked = rnd_if(tl.where(causal, scores * e_seg, 0.0), CAUSAL_SCORES, LPK)
@@ -563,7 +594,7 @@ def _out_program(
 
 @triton.jit
 def _mimo_out_kernel(
-    dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, angles_ptr, da_cs_ptr, dt_ptr, trap_ptr, d_ptr,
+    dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr, trap_ptr, d_ptr,
     segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr, B, S,
     H, HPG, nc, n_pt, n_virtual, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
     CP: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr, AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
@@ -582,11 +613,12 @@ def _mimo_out_kernel(
     ``_mimo_prep_kernel`` as dense fused rows (the K dimension of the intra GEMMs); outputs are built per output rank
     r on CP token rows, so the rank sums of the diagonal and of dz run in ascending order in one program.
 
-    Inputs: dout, q, z, trap (int16 bits), q_bias, mimo_o, mimo_z, angles, da_cs, dt, d, segsum (FP32) as in the
-    API; khat [B·H·nc, LP, N], psiv [B·H·nc, LP, P] (lp bits when K_SCALED / PSIV); hop [B, H, nc, N, P]: rnd(h_c)
-    as lp bits (the ``states`` output) when STATE_OPERAND, else FP32 h_c; qkin [B, H, S, R, R]: the qk_dot output
-    (lp bits) when QK_DOT_INTERNAL, else FP32 q̃·k̃ᵀ. Outputs: dz [B, S, H, P] (lp bits), part_o / part_z
-    [B·H·nc, R, P] FP32 per-chunk dmimo partials; records when RECORD.
+    Inputs: dout, q, z, trap (int16 bits), q_bias, mimo_o, mimo_z, da_cs, dt, d, segsum (FP32) as in the API;
+    cs, sn [B, S, H, AW] (``_mimo_angles_kernel``); khat [B·H·nc, LP, N], psiv [B·H·nc, LP, P] (lp bits when
+    K_SCALED / PSIV); hop [B, H, nc, N, P]: rnd(h_c) as lp bits (the ``states`` output) when STATE_OPERAND, else
+    FP32 h_c; qkin [B, H, S, R, R]: the qk_dot output (lp bits) when QK_DOT_INTERNAL, else FP32 q̃·k̃ᵀ.
+    Outputs: dz [B, S, H, P] (lp bits), part_o / part_z [B·H·nc, R, P] FP32 per-chunk dmimo partials; records
+    when RECORD.
 
     Compile-time constants:
         N, P, R, C: sizes. CP: token rows (pow2 ≥ max(16, C)). LP: fused rows (pow2 ≥ max(16, C·R)). BP: P tile.
@@ -607,7 +639,7 @@ def _mimo_out_kernel(
         # loop over virtual programs: Ascend caps a launch at 65535 programs
         for pid in tl.range(tl.program_id(0), n_virtual, tl.num_programs(0)):
             _out_program(
-                pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, angles_ptr, da_cs_ptr, dt_ptr,
+                pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr,
                 trap_ptr, d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr,
                 rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_pt, N, P, R, C, CP, LP, BP, AW, W, LPK, QK_BIAS, QK_BIASED,
                 QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV, STATE_OPERAND,
@@ -616,9 +648,9 @@ def _mimo_out_kernel(
     else:
         pid = tl.program_id(0)
         _out_program(
-            pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, angles_ptr, da_cs_ptr, dt_ptr, trap_ptr,
-            d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr,
-            rec_cs_ptr, B, S, H, HPG, nc, n_pt, N, P, R, C, CP, LP, BP, AW, W, LPK, QK_BIAS, QK_BIASED,
+            pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr,
+            trap_ptr, d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr,
+            rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_pt, N, P, R, C, CP, LP, BP, AW, W, LPK, QK_BIAS, QK_BIASED,
             QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV, STATE_OPERAND,
             CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM, SILU_TANH, HAS_Z,
             HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD)

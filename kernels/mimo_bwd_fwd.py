@@ -35,7 +35,8 @@ _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 #: Overrides of the tile plan, for benchmarks and tests only (never numerics: tiles change FP32 summation orders
 #: inside GEMMs and of the dmimo sums at most). Keys: ``BN``, ``BP2`` (state walk tile), ``BP3`` (output kernel P
 #: tile), ``CB`` (chunks per decay load), ``CBR``/``BLKR`` (chunks/columns per step of the dmimo sum),
-#: ``max_programs`` (cap the chunk kernels' grids; they loop over virtual programs),
+#: ``max_programs`` (cap the chunk kernels' grids; they loop over virtual programs), ``RB`` and ``qk_gemm`` (prep
+#: kernel rows per program and its same-step product form; the Ascend choices are 16 and 0),
 #: ``warps_k1`` … ``warps_k4`` (CUDA), and ``native_lp`` (1: on CUDA use the hardware's lp instructions: cvt.rn for
 #: every rounding, fma.rn / mul.rn + add.rn for the diagonal's rank steps; bit-identical to the integer helpers,
 #: far fewer instructions). Empty in normal use.
@@ -119,6 +120,8 @@ class Plan:
     backend: str
     LP: int  # fused rows per chunk, padded (K of the intra GEMMs)
     CP: int  # token rows per chunk, padded
+    RB: int  # prep kernel: fused rows per program (LP, or 16 on Ascend)
+    QK_GEMM: bool  # prep kernel: same-step q̃·k̃ᵀ as one [LP, LP] GEMM (needs RB == LP) or as row products
     BN: int  # state walk: N tile
     BP2: int  # state walk: P tile
     CB: int  # state walk: chunks per decay load
@@ -129,7 +132,7 @@ class Plan:
     grid2: int
     grid3: int  # programs launched for the output kernel (≤ virt3)
     warps: Dict[str, int]
-    virt1: int  # virtual programs of the prep kernel: B·H·nc
+    virt1: int  # virtual programs of the prep kernel: B·H·nc·(LP/RB)
     virt3: int  # virtual programs of the output kernel: B·H·nc·(P/BP3)
 
 
@@ -156,6 +159,7 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     LP = max(16, _pow2(C * R))
     CP = max(16, _pow2(C))
     W = max(N, P, R)
+    RB, QK_GEMM = LP, True
     if backend == "interpreter":
         BN, BP2, BP3, CB = N, P, P, 16
         warps = {}
@@ -169,11 +173,15 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
                 BN //= 2
         BP3 = min(P, 64)
         CB = 16
+        # prep rows per program: whole chunks unless the [rows, N] and [rows, P] tiles would spill (N = P = 128)
+        RB = LP if LP * (N + P) <= 12288 else max(16, 1 << ((12288 // (N + P)).bit_length() - 1))
+        QK_GEMM = RB == LP
         big1 = LP * max(N, P) >= 4096
         big3 = LP * max(N, BP3) >= 4096 or CP * LP > 4096
         warps = {"k1": 8 if big1 else 4, "k2": 4, "k3": 8 if big3 else 4, "k4": 4}
-    else:  # npu (triton-ascend): keep the live tiles of a program under ~96 KB
-        BN, BP2 = min(N, 32), min(P, 32)
+    else:  # npu (triton-ascend): keep the live tiles of a program within the unified buffer
+        RB, QK_GEMM = 16, False  # no [LP, LP] tile, 16-row tiles (docs/ascend_findings.md)
+        BN, BP2 = 16, 16
         BP3 = min(P, 64)
         while BP3 > 16 and 4 * (LP * N + LP * BP3 + N * BP3 + 12 * CP * max(BP3, LP, N)) > 96 * 1024:
             BP3 //= 2
@@ -186,8 +194,10 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         BP3 = min(P, TUNING.get("BP3", BP3))
         CB = TUNING.get("CB", CB)
         CBR = TUNING.get("CBR", CBR)
+        RB = min(LP, TUNING.get("RB", RB))
+        QK_GEMM = bool(TUNING.get("qk_gemm", QK_GEMM)) and RB == LP
         warps = {k: TUNING.get(f"warps_{k}", warps.get(k, 4)) for k in ("k1", "k2", "k3", "k4")}
-    virt1 = B * H * nc
+    virt1 = B * H * nc * (LP // RB)
     virt3 = B * H * nc * (P // BP3)  # launched only when an output branch or a record needs it
     if backend == "npu":
         # Ascend: at most 65535 programs per launch; the chunk kernels loop over virtual programs
@@ -198,7 +208,8 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     if TUNING.get("max_programs"):
         grid1, grid3 = min(grid1, TUNING["max_programs"]), min(grid3, TUNING["max_programs"])
     grid2 = B * H * (N // BN) * (P // BP2)
-    return Plan(backend, LP, CP, BN, BP2, CB, CBR, BP3, W, grid1, grid2, grid3, warps, virt1, virt3)
+    return Plan(backend, LP, CP, RB, QK_GEMM, BN, BP2, CB, CBR, BP3, W, grid1, grid2, grid3, warps, virt1,
+                virt3)
 
 
 def _npu_core_count(device) -> int:
@@ -217,7 +228,7 @@ def estimate_interpreter_seconds(dims: Dims, pl: Optional[Plan] = None) -> float
     pl = pl or plan(dims, "interpreter")
     R, nc = dims.rank, dims.nchunks
     nsl = pl.LP // 16
-    k1 = pl.virt1 * (170 + 12 * R)
+    k1 = pl.virt1 * (150 + 12 * R) + dims.batch * dims.seqlen * dims.heads / 8192 * 10
     k2 = dims.batch * dims.heads * (nc / pl.CB * 8 + nc * (12 + 8 * nsl))
     per3 = 120 + R * (80 + R * 35) + (R * 60 if dims.has_z else 0)
     k3 = pl.virt3 * per3
@@ -382,6 +393,9 @@ def build_launches(
     khat = work((B * H * nc, pl.LP, N), cx["K_SCALED"])
     psiv = work((B * H * nc, pl.LP, P), cx["PSIV"])
     qkf = None if cx["QK_DOT_INTERNAL"] else torch.empty((B, H, S, R, R), dtype=f32, device=dev)
+    aw = N // rotary_dim_divisor
+    cs = torch.empty((B, S, H, aw), dtype=f32, device=dev)
+    sn = torch.empty((B, S, H, aw), dtype=f32, device=dev)
     hf32 = torch.empty((B, H, nc, N, P), dtype=f32, device=dev) if store_f32 else None
     part_o = torch.empty((B * H * nc, R * P), dtype=f32, device=dev) if dims.reduce_o else None
     part_z = torch.empty((B * H * nc, R * P), dtype=f32, device=dev) if dims.has_z else None
@@ -392,7 +406,8 @@ def build_launches(
         rec = torch.zeros((mod.NSLOT, B, H, S, R, pl.W), dtype=f32, device=dev)
         rec_cs = torch.zeros((B * H * nc, C * R, C * R), dtype=f32, device=dev)
     if poison:
-        for t in (states, qk_dot, dz, kst, khat, psiv, qkf, hf32, part_o, part_z, dmimo_o, dmimo_z, rec, rec_cs):
+        for t in (states, qk_dot, dz, kst, khat, psiv, qkf, cs, sn, hf32, part_o, part_z, dmimo_o, dmimo_z, rec,
+                  rec_cs):
             if t is None:
                 continue
             if t.dtype == f32:
@@ -413,12 +428,15 @@ def build_launches(
         launches.append(Launch(name, kernel, grid, args, _kwargs_for(kernel, extra),
                                _options(backend, warps, stages)))
 
+    # ---- 0. cos/sin of every angle, once
+    n_ang = cs.numel()
+    add("angles", mod._mimo_angles_kernel, -(-n_ang // 1024), (angles, cs, sn, n_ang), {"BLOCK": 1024}, 4, 1)
     # ---- 1. per-row quantities of every chunk (k̂, k_state, ΨV, qk_dot), chunk-parallel
     add("prep", mod._mimo_prep_kernel, pl.grid1,
-        (arg(q), arg(k), arg(v), q_bias, k_bias, mimo_v, angles, dt, arg(trap), da_cs_rev,
+        (arg(q), arg(k), arg(v), q_bias, k_bias, mimo_v, cs, sn, dt, arg(trap), da_cs_rev,
          arg(kst), arg(khat), arg(psiv), arg(qk_dot), arg(qkf), rec_arg, B, S, H, dims.heads_per_group, nc,
-         pl.virt1),
-        dict(cx, PERSISTENT=pl.grid1 < pl.virt1), pl.warps.get("k1", 4), 1)
+         pl.LP // pl.RB, pl.virt1),
+        dict(cx, RB=pl.RB, QK_GEMM=pl.QK_GEMM, PERSISTENT=pl.grid1 < pl.virt1), pl.warps.get("k1", 4), 1)
     # ---- 2. sequential walk over the chunks: states (lp), FP32 h when needed
     add("state", mod._mimo_state_kernel, pl.grid2,
         (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
@@ -428,7 +446,7 @@ def build_launches(
         hop = states if cx["STATE_OPERAND"] else hf32
         qkin = qk_dot if cx["QK_DOT_INTERNAL"] else qkf
         add("out", mod._mimo_out_kernel, pl.grid3,
-            (arg(dout), arg(q), q_bias, arg(mimo_o), arg(z), arg(mimo_z), angles, da_cs, dt, arg(trap), arg(d),
+            (arg(dout), arg(q), q_bias, arg(mimo_o), arg(z), arg(mimo_z), cs, sn, da_cs, dt, arg(trap), arg(d),
              segsum, arg(khat), arg(psiv), arg(hop), arg(qkin), arg(dz), arg(part_o), arg(part_z), rec_arg,
              rec_cs_arg, B, S, H, dims.heads_per_group, nc, P // pl.BP3, pl.virt3),
             dict(cx, BP=pl.BP3, PERSISTENT=pl.grid3 < pl.virt3), pl.warps.get("k3", 4), 1)

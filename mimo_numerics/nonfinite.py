@@ -11,8 +11,9 @@ Two tools, both described in ``docs/nonfinite.md``:
   moves it).
 * **Predicting**: :func:`predict_nan_outputs` gives, for one NaN placed at one element of one input (every other
   input finite and moderate), the output elements that must be NaN when ``docs/semantics.md`` is evaluated in IEEE
-  arithmetic, which is what the reference and the Triton kernels do. The rules are the table of
-  ``docs/nonfinite.md``; ``tests/test_reliability_nonfinite.py`` checks the reference and the kernels against them.
+  arithmetic, which is what the reference and the Triton kernels do; :func:`predict_nonfinite_outputs` does the
+  same for ±Inf. The rules are the tables of ``docs/nonfinite.md``; ``tests/test_reliability_nonfinite.py`` checks
+  the reference and the kernels against them.
 
 Classes of values (:func:`value_class`): 0 finite, 1 NaN, 2 +Inf, 3 −Inf.
 """

@@ -224,11 +224,12 @@ class CompileResult:
     ub_peak_bytes: Optional[int] = None    # planned UB use of a passing compile (read from the HIVM module)
     log: str = ""                          # end of the compiler's raw output, for failures
     no_multibuffer: bool = False           # passed only after BiShengIR switched auto multi-buffering off
+    skipped: bool = False                  # not compiled (``max_failures`` reached)
     index: int = 0                         # position of the plan, to keep reports in launcher order
 
     @property
     def status(self) -> str:
-        return "pass" if self.ok else "FAIL"
+        return "pass" if self.ok else ("skipped" if self.skipped else "FAIL")
 
     def describe(self) -> str:
         head = f"{self.kernel} [{self.spec}] on {self.part}: {self.status} at {self.stage}"
@@ -475,9 +476,11 @@ def _grid_programs(grid: Sequence[int]) -> int:
 
 def run_gate(plans: Iterable[Any], parts: Sequence[str] = DEFAULT_PARTS, jobs: int = 1,
              progress: Optional[Callable[[CompileResult], None]] = None, dedupe: bool = True,
-             timeout: float = DEFAULT_TIMEOUT_S) -> List[CompileResult]:
+             timeout: float = DEFAULT_TIMEOUT_S, max_failures: int = 0) -> List[CompileResult]:
     """Compile every plan for every part. The front end runs once per plan (it does not depend on the part:
-    both A2 and A3 use the same adapter options), BiShengIR once per plan and part, ``jobs`` at a time."""
+    both A2 and A3 use the same adapter options), BiShengIR once per plan and part, ``jobs`` at a time.
+    With ``max_failures`` > 0, plans not yet started once that many compiles failed are reported as skipped
+    (a failing gate stays quick: one UB overflow costs BiShengIR 30–120 s of retries)."""
     check_environment()
     bishengir = find_bishengir()
     plans = [dataclasses.replace(as_plan(p)) for p in plans]
@@ -495,6 +498,12 @@ def run_gate(plans: Iterable[Any], parts: Sequence[str] = DEFAULT_PARTS, jobs: i
     try:
         for index, plan in enumerate(plans):
             kname, spec = plan.kernel_name, spec_label(plan)
+            if max_failures and sum(not r.ok and not r.skipped for r in results) >= max_failures:
+                for part in parts:
+                    emit(CompileResult(kname, spec, part, False, "skipped",
+                                       f"not compiled: the gate stopped after {max_failures} failures",
+                                       group=plan.group, index=index, skipped=True))
+                continue
             nprog = _grid_programs(plan.grid)
             if nprog > MAX_PROGRAMS or nprog < 1:
                 for part in parts:
@@ -558,13 +567,13 @@ GateCase = Tuple[str, int, int, int, int, bool, bool, bool]
 
 def full_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
     """Every preset × N × P × (C, R) × branch combination (6 × 16 × 11 × 8 = 8448 launcher calls, about 8000
-    distinct kernel specializations: hours of compiling on two cores; run it on demand with ``--scope full``)."""
+    distinct kernel specializations; at 1–120 s per BiShengIR compile that is days on two cores)."""
     return [(pr, n, p, c, r, ro, z, d) for pr in presets for n in GATE_DIMS for p in GATE_DIMS
             for c, r in GATE_CR for ro, z, d in GATE_BRANCHES]
 
 
-def ci_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
-    """A covering subset of ``full_cases`` that CI compiles in a few minutes.
+def wide_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
+    """A covering subset of ``full_cases`` (200 calls, ~340 distinct specializations; hours of compiling).
 
     A specialization's unified-buffer use depends on its tile sizes (N, P, C, R and the tiles the launcher derives
     from them), its constructs on the policy switches and branches. So the subset crosses each group fully with one
@@ -573,7 +582,7 @@ def ci_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
     1. tiles: every (N, P) with N, P ∈ {16, 128} plus N = P ∈ {32, 64}, × every (C, R) class, with the branch
        combination that instantiates the most code (reduced DOUT, Z and D) and with full DOUT + Z, under
        ``upstream_sm90`` (every switch on, lp GEMM operands);
-    2. the same tiles (at N = P = 128, the largest) under ``fp32`` (every switch off: FP32 GEMM operands, FP32
+    2. the same tiles at N = P = 128 (the largest) under ``fp32`` (every switch off: FP32 GEMM operands, FP32
        workspaces, i.e. the biggest tiles in bytes);
     3. switches: every preset × every branch combination at N = P = 64, C = 16, R = 4.
     """
@@ -585,8 +594,39 @@ def ci_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
     if "fp32" in presets:
         out += [("fp32", 128, 128, c, r, ro, z, d) for c, r in GATE_CR for ro, z, d in heavy]
     out += [(pr, 64, 64, 16, 4, ro, z, d) for pr in presets for ro, z, d in GATE_BRANCHES]
-    seen = set()
-    return [cs for cs in out if not (cs in seen or seen.add(cs))]
+    return _unique(out)
+
+
+#: The CI scope: 13 launcher calls chosen so that together they hit every preset, every branch combination, every
+#: N and P value, the largest tiles of every (LP, CP) class the launcher derives at N = P = 128, padded
+#: non-power-of-two C·R (18, 48, 100) and C below the 16-row minimum. Each line says what it adds.
+CI_CASES: Tuple[GateCase, ...] = (
+    ("upstream_sm90", 128, 128, 16, 1, True, True, True),         # LP 16,  CP 16,  R = 1, largest N, P
+    ("upstream_sm90", 128, 128, 8, 3, True, True, True),          # LP 32,  CP 16,  C·R = 24 padded, C < 16
+    ("upstream_sm90", 128, 128, 16, 4, True, True, True),         # LP 64,  CP 16
+    ("upstream_sm90", 128, 128, 25, 4, True, True, True),         # LP 128, CP 32,  C·R = 100 padded
+    ("upstream_sm90", 128, 128, 64, 2, True, True, True),         # LP 128, CP 64
+    ("upstream_sm90", 128, 128, 128, 1, True, True, True),        # LP 128, CP 128
+    ("upstream_sm90", 128, 128, 32, 4, False, True, False),       # full DOUT + Z at LP 128
+    ("fp32", 128, 128, 32, 4, True, True, True),                  # every switch off: FP32 operands and workspaces
+    ("seed_bf16", 64, 64, 16, 4, False, False, True),             # separate state update, mul_then_add, fo-D
+    ("upstream_sm90_fp16", 64, 64, 16, 4, True, True, True),      # fp16 lp format with Z and D
+    ("upstream_sm80", 32, 32, 16, 2, True, False, True),          # sm80 knobs, ro-D, N = P = 32
+    ("upstream_sm80_fp16", 16, 128, 6, 3, False, False, False),   # fo--, N != P, C·R = 18 padded, C < 16
+    ("upstream_sm90_fp16", 32, 16, 16, 3, True, True, False),     # roZ-, P = 16, C·R = 48 padded
+    ("fp32", 16, 16, 8, 2, False, True, True),                    # smallest tiles, foZD
+    ("seed_bf16", 64, 32, 16, 4, True, False, False),             # ro--
+)
+
+
+def ci_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
+    """``CI_CASES`` restricted to ``presets`` (see there). A few minutes of compiling on two cores."""
+    return [cs for cs in CI_CASES if cs[0] in presets]
+
+
+def _unique(cases: Iterable[GateCase]) -> List[GateCase]:
+    seen: set = set()
+    return [cs for cs in cases if not (cs in seen or seen.add(cs))]
 
 
 def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
@@ -609,10 +649,12 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
     if cases is None:
         if scope == "full":
             cases = full_cases(presets)
+        elif scope == "wide":
+            cases = wide_cases(presets)
         elif scope == "ci":
             cases = ci_cases(presets)
         else:
-            raise ValueError(f"scope must be 'ci' or 'full', got {scope!r}")
+            raise ValueError(f"scope must be 'ci', 'wide' or 'full', got {scope!r}")
     launcher = importlib.import_module("mimo_numerics.kernels.mimo_bwd_fwd")
     build = getattr(launcher, "build_launches", None)
     if build is None:
@@ -669,14 +711,15 @@ def write_report(results: Sequence[CompileResult], path: Path, info: Dict[str, s
         "",
         "## Summary",
         "",
-        "| part | specializations | pass | fail | compile time total (s) |",
-        "|---|---:|---:|---:|---:|",
+        "| part | specializations | pass | fail | skipped | compile time total (s) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for part in parts:
         rs = [r for r in results if r.part == part]
-        lines.append(f"| {part} | {len(rs)} | {sum(r.ok for r in rs)} | {sum(not r.ok for r in rs)} | "
+        lines.append(f"| {part} | {len(rs)} | {sum(r.ok for r in rs)} | "
+                     f"{sum(not r.ok and not r.skipped for r in rs)} | {sum(r.skipped for r in rs)} | "
                      f"{sum(r.seconds for r in rs):.1f} |")
-    fails = [r for r in results if not r.ok]
+    fails = [r for r in results if not r.ok and not r.skipped]
     if fails:
         lines += ["", "## Failures", ""]
         for r in fails:
@@ -709,10 +752,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="MODULE[:FUNC] returning launch plans (default: the project's kernels)")
     ap.add_argument("--parts", default=",".join(DEFAULT_PARTS), help="comma-separated Ascend parts")
     ap.add_argument("--presets", default=None, help="comma-separated presets (default: all gated presets)")
-    ap.add_argument("--scope", choices=("ci", "full"), default="ci",
-                    help="ci: the covering subset (minutes); full: every preset x shape x branch (hours)")
+    ap.add_argument("--scope", choices=("ci", "wide", "full"), default="ci",
+                    help="ci: 15 launcher calls covering every preset, branch, dim and tile class (minutes); "
+                         "wide: 200 calls crossing all tile classes with the heavy branches and all switches with "
+                         "one tile (hours); full: every preset x N x P x (C, R) x branch (days)")
     ap.add_argument("--filter", default=None, help="only plans whose kernel or specialization contains this")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel bishengir runs")
+    ap.add_argument("--max-failures", type=int, default=0,
+                    help="stop compiling new specializations after this many failures (0: never)")
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per bishengir-compile run")
     ap.add_argument("--report", default=str(ROOT / "reports" / "ascend_compile.md"))
     ap.add_argument("--no-report", action="store_true")
@@ -740,28 +787,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"ascendnpu-ir {info['ascendnpu-ir']}", flush=True)
 
     def progress(r: CompileResult):
+        if r.skipped:
+            return
         if not r.ok:
             print(r.describe(), flush=True)
         elif not a.quiet:
             print(f"  pass {r.part:<15} {r.seconds:6.2f}s  {r.kernel} [{r.spec}]", flush=True)
 
     t0 = time.perf_counter()
-    results = run_gate(plans, parts, jobs=a.jobs, progress=progress, dedupe=False, timeout=a.timeout)
+    results = run_gate(plans, parts, jobs=a.jobs, progress=progress, dedupe=False, timeout=a.timeout,
+                       max_failures=a.max_failures)
     wall = time.perf_counter() - t0
     if not a.no_report:
         cmd = "python scripts/ascend_compile_gate.py" + ("" if argv is None else " " + " ".join(argv))
         if argv is None and len(sys.argv) > 1:
             cmd += " " + " ".join(sys.argv[1:])
         write_report(results, Path(a.report), info, wall, cmd, n_launches)
-    n_fail = sum(not r.ok for r in results)
+    n_fail = sum(not r.ok and not r.skipped for r in results)
+    n_skip = sum(r.skipped for r in results)
+    n_pass = sum(r.ok for r in results)
     for part in parts:
         rs = [r for r in results if r.part == part]
-        print(f"ascend_compile_gate: {part}: {sum(r.ok for r in rs)} passed, {sum(not r.ok for r in rs)} failed")
-    print(f"ascend_compile_gate: {len(results) - n_fail} passed, {n_fail} failed in {wall:.1f} s")
+        print(f"ascend_compile_gate: {part}: {sum(r.ok for r in rs)} passed, "
+              f"{sum(not r.ok and not r.skipped for r in rs)} failed, {sum(r.skipped for r in rs)} skipped")
+    print(f"ascend_compile_gate: {n_pass} passed, {n_fail} failed, {n_skip} skipped in {wall:.1f} s")
     if not results:
         print("ascend_compile_gate: no specialization compiled", file=sys.stderr)
         return 1
-    return 1 if n_fail else 0
+    return 1 if (n_fail or n_skip) else 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ Shapes are tiny: the interpreter costs milliseconds per op per program. GPU vers
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -182,21 +183,30 @@ def test_every_switch_and_knob_is_honoured(spec, change):
         assert sum(d_own.values()) < sum(_distances(out, ref_b).values())
 
 
+_TILINGS = {
+    "device_tiles": dict(BN=16, BP2=16, BP3=16, CB=2, CBR=2, BLKR=16, max_programs=3),
+    "ascend_plan": dict(RB=16, qk_gemm=0, BN=16, BP2=16, BP3=16, max_programs=3),
+}
+
+
+@pytest.mark.parametrize("tiling", list(_TILINGS))
 @pytest.mark.parametrize("preset", ["upstream_sm90", "seed_bf16"])
-def test_tiled_plan_matches_reference(preset):
-    """The device tilings under the interpreter: several N/P tiles in the state walk and output kernel, decays
-    loaded two chunks at a time, dmimo sums over blocks of chunks and columns, and the chunk kernels looping over
-    more virtual programs than launched (the Ascend grid cap)."""
+def test_tiled_plan_matches_reference(preset, tiling):
+    """The device plans under the interpreter: several N/P tiles in the state walk and output kernel, decays
+    loaded two chunks at a time, dmimo sums over blocks of chunks and columns, the chunk kernels looping over more
+    virtual programs than launched (the Ascend grid cap), and the Ascend prep plan (16-row programs, same-step
+    products without the [LP, LP] GEMM)."""
     from mimo_numerics.kernels import mimo_bwd_fwd
 
-    spec = CaseSpec(seqlen=36, state_dim=32, value_dim=32, rank=2, chunk_size=8, has_z=True, has_d=True)
+    spec = CaseSpec(seqlen=36, state_dim=32, value_dim=32, rank=4, chunk_size=8, has_z=True, has_d=True)
     x = _inputs(spec)
     saved = dict(mimo_bwd_fwd.TUNING)
-    mimo_bwd_fwd.TUNING.update(BN=16, BP2=16, BP3=16, CB=2, CBR=2, BLKR=16, max_programs=3)
+    mimo_bwd_fwd.TUNING.update(_TILINGS[tiling])
     try:
-        prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=preset)
-        pl = prep.plan
-        assert pl.grid2 == 4 and pl.virt3 == 2 * pl.virt1 == 10 and pl.grid1 == pl.grid3 == 3
+        pl = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=preset).plan
+        assert pl.grid1 == pl.grid3 == 3 and pl.virt3 == 2 * spec.nchunks
+        if tiling == "ascend_plan":
+            assert pl.RB == 16 and not pl.QK_GEMM and pl.virt1 == 2 * spec.nchunks
         out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, poison=True)
     finally:
         mimo_bwd_fwd.TUNING.clear()
@@ -206,6 +216,21 @@ def test_tiled_plan_matches_reference(preset):
     for n in OUTPUT_NAMES:
         if getattr(out, n) is not None:
             assert not torch.isnan(getattr(out, n).float()).any(), n
+
+
+def test_npu_plan_builds_from_cpu_tensors():
+    """The Ascend compile gate builds the NPU launches from CPU tensors (no device, no torch_npu)."""
+    from mimo_numerics.kernels import _backend, mimo_bwd_fwd
+
+    spec = CaseSpec(seqlen=40, state_dim=64, value_dim=64, rank=4, chunk_size=16, has_z=True, has_d=True)
+    x = _inputs(spec)
+    prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy="upstream_sm90", backend="npu")
+    names = [launch.name for launch in prep.launches]
+    assert names == ["angles", "prep", "state", "out", "reduce_o", "reduce_z"], names
+    assert prep.plan.RB == 16 and not prep.plan.QK_GEMM and prep.plan.BN == prep.plan.BP2 == 16
+    for launch in prep.launches:
+        assert not _backend.is_interpreted(launch.kernel) or os.environ.get("TRITON_INTERPRET") == "1"
+        assert launch.grid <= 65535 and launch.options == {}
 
 
 def test_policy_constexprs():
@@ -397,8 +422,6 @@ def test_cpu_runs_interpreted_and_devices_compiled():
     interp = _backend.kernel_module(interpreted=True)
     assert _backend.is_interpreted(interp._mimo_out_kernel)
     compiled = _backend.kernel_module(interpreted=False)
-    import os
-
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         assert not _backend.is_interpreted(compiled._mimo_out_kernel)
     assert _backend.backend_of(torch.device("cpu")) == "interpreter"
@@ -443,12 +466,14 @@ def _toolchain():
     ("upstream_sm90", CaseSpec(seqlen=32, heads=2, state_dim=64, value_dim=64, rank=4, chunk_size=16, has_z=True,
                                has_d=True), {"native_lp": 1}),
     ("fp32", CaseSpec(seqlen=24, state_dim=32, value_dim=16, rank=3, chunk_size=6, reduce_o=False, has_z=True), {}),
-    ("upstream_sm90_fp16", CaseSpec(seqlen=24, state_dim=16, value_dim=128, rank=2, chunk_size=8, has_d=True,
+    ("upstream_sm90_fp16", CaseSpec(seqlen=24, state_dim=128, value_dim=128, rank=4, chunk_size=16, has_d=True,
                                     dtype="float16"), {"native_lp": 1}),
-], ids=["sm90_N64_P64_R4_C16", "sm90_native_lp", "fp32_R3_C6", "fp16_P128_native_lp"])
+], ids=["sm90_N64_P64_R4_C16", "sm90_native_lp", "fp32_R3_C6", "fp16_N128_P128_native_lp"])
 def test_compiles_for_sm90_without_spills(policy, spec, tuning):
     """The compiled (CUDA) path: every kernel compiles for sm_90 with the CUDA launch options and does not spill
-    (checked with Triton's own ptxas/cuobjdump; no GPU needed)."""
+    (Triton's own ptxas/cuobjdump, no GPU needed). The launches go through the JIT's argument binder, so they get
+    the specialization of a real launch (B = 1 arrives as a constexpr: the H200 failure of an earlier snapshot).
+    The N = P = 128 case takes the row-block prep plan."""
     from mimo_numerics.kernels import _devtools, mimo_bwd_fwd
 
     x = _inputs(spec)

@@ -179,7 +179,7 @@ def _kernel_vs_reference(profile_name: str, examples: int):
 
 
 test_kernel_matches_reference_same_policy = _kernel_vs_reference("fast", 10)
-test_kernel_matches_reference_same_policy_slow = pytest.mark.slow(_kernel_vs_reference("slow", 150))
+test_kernel_matches_reference_same_policy_slow = pytest.mark.slow(_kernel_vs_reference("slow", 120))
 
 
 # ---------------------------------------------------------------------------------------------------- oracle
@@ -208,7 +208,7 @@ def _fp64_vs_oracle(profile_name: str, examples: int):
 
 
 test_fp64_reference_matches_oracle = _fp64_vs_oracle("fast", 60)
-test_fp64_reference_matches_oracle_slow = pytest.mark.slow(_fp64_vs_oracle("slow", 3000))
+test_fp64_reference_matches_oracle_slow = pytest.mark.slow(_fp64_vs_oracle("slow", 2000))
 
 
 # ---------------------------------------------------------------------------------------------------- structure
@@ -247,7 +247,7 @@ def _reference_contract(profile_name: str, examples: int):
 
 
 test_reference_output_contract = _reference_contract("fast", 40)
-test_reference_output_contract_slow = pytest.mark.slow(_reference_contract("slow", 2000))
+test_reference_output_contract_slow = pytest.mark.slow(_reference_contract("slow", 600))
 
 
 # ---------------------------------------------------------------------------------------------------- policies

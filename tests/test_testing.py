@@ -308,7 +308,7 @@ def _run(pytester, *args):
 
 
 def test_plugin_parametrizes_over_the_grid_with_case_ids(pytester):
-    pytester.makepyfile(test_ids="""
+    pytester.makepyfile(test_mimo_plugin_ids="""
         import pytest
         from mimo_numerics.cases import CaseSpec
 
@@ -321,9 +321,9 @@ def test_plugin_parametrizes_over_the_grid_with_case_ids(pytester):
     """)
     result = _run(pytester, "--collect-only", "-q")
     ids = [line for line in result.outlines if "::" in line]
-    assert f"test_ids.py::test_default[{grid('gate')[0].case_id}]" in ids
+    assert f"test_mimo_plugin_ids.py::test_default[{grid('gate')[0].case_id}]" in ids
     assert sum("test_default[" in i for i in ids) == len(grid("gate"))
-    assert f"test_ids.py::test_marked[{CaseSpec(seqlen=8, chunk_size=4).case_id}]" in ids
+    assert f"test_mimo_plugin_ids.py::test_marked[{CaseSpec(seqlen=8, chunk_size=4).case_id}]" in ids
     assert sum("test_marked[" in i for i in ids) == 2
     result = _run(pytester, "--collect-only", "-q", "--mimo-grid", "smoke")  # the option wins over the marker
     ids = [line for line in result.outlines if "::" in line]
@@ -334,7 +334,7 @@ def test_plugin_parametrizes_over_the_grid_with_case_ids(pytester):
 
 
 def test_plugin_policy_selection(pytester, tmp_path, monkeypatch):
-    pytester.makepyfile(test_policy="""
+    pytester.makepyfile(test_mimo_plugin_policy="""
         import os, pytest
 
         def test_default(mimo_policy):
@@ -361,7 +361,7 @@ def test_plugin_policy_selection(pytester, tmp_path, monkeypatch):
 
 
 def test_plugin_gate_fixture_passes_fails_and_skips(pytester):
-    pytester.makepyfile(test_gate="""
+    pytester.makepyfile(test_mimo_plugin_gate="""
         import functools, pytest
         from mimo_numerics import reference
 

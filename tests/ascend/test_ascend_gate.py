@@ -146,13 +146,18 @@ def test_project_launcher_enumerates_every_kernel_and_preset():
     assert hasattr(launcher, "build_launches")
 
 
-def test_ci_cases_cover_every_shape_class_preset_and_branch():
+def test_ci_cases_cover_every_preset_branch_dim_and_tile_class():
     cases = gate.ci_cases()
     assert {c[0] for c in cases} == set(gate.GATE_PRESETS)
-    assert {(c[3], c[4]) for c in cases} == set(gate.GATE_CR)
-    assert {c[1] for c in cases} == set(gate.GATE_DIMS) and {c[2] for c in cases} == set(gate.GATE_DIMS)
     assert {c[5:] for c in cases} == set(gate.GATE_BRANCHES)
-    assert set(cases) <= set(gate.full_cases())
+    assert {c[1] for c in cases} == set(gate.GATE_DIMS) and {c[2] for c in cases} == set(gate.GATE_DIMS)
+    # every padded fused-row / token-row tile class (LP, CP) at the largest N = P
+    def tiles(c, r):
+        pow2 = lambda x: max(16, 1 << (x - 1).bit_length())
+        return pow2(c * r), pow2(c)
+    assert {tiles(c, r) for _, n, p, c, r, *_ in cases if n == p == 128} == {tiles(c, r) for c, r in gate.GATE_CR}
+    assert any((c * r) & (c * r - 1) for _, _, _, c, r, *_ in cases)      # a padded non-power-of-two C·R
+    assert set(cases) <= set(gate.full_cases()) and set(gate.wide_cases()) <= set(gate.full_cases())
 
 
 def test_ub_peak_reads_planned_offsets_and_sizes():
@@ -168,3 +173,9 @@ def test_ub_peak_reads_planned_offsets_and_sizes():
     # bf16 16x64 at 8192 ends at 10240; i1 bits are packed: 32*16*256/8 = 16384 bytes from 8192 -> 24576
     assert gate.ub_peak_bytes(hivm) == 24576
     assert gate.ub_peak_bytes("no buffers") is None
+
+
+def test_max_failures_skips_the_rest_and_still_fails():
+    plans = [toy_kernels.plan_tf32(), toy_kernels.plan_fp64(), toy_kernels.plans_ok()[0]]
+    results = gate.run_gate(plans, parts=PARTS, max_failures=1)
+    assert [r.status for r in results] == ["FAIL", "FAIL", "skipped", "skipped", "skipped", "skipped"]

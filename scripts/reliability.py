@@ -1,0 +1,323 @@
+#!/usr/bin/env python
+"""Run the reliability suite (tests/test_reliability_*.py) in one profile and write ``reports/reliability.md``.
+
+    python scripts/reliability.py                  # fast profile: what CI runs (the default pytest run), ~2-3 min
+    python scripts/reliability.py --profile slow   # fast + slow-marked properties with many more examples, < 30 min
+    python scripts/reliability.py --explore 1234   # new random examples (not derandomized), seeded
+
+Profiles: every property exists twice, ``test_<name>`` (fast: few examples, hypothesis derandomized, so CI is
+reproducible) and ``test_<name>_slow`` (``@pytest.mark.slow``: many examples, derandomized too). ``fast`` runs
+``-m "not slow"``; ``slow`` runs both (``-m "slow or not slow"``). GPU tests (``@pytest.mark.gpu``) skip without
+CUDA; on a GPU machine add ``--gpu`` to run only them (see the report's GPU section).
+
+The tests count the generated cases they run into ``$MIMO_RELIABILITY_STATS/<module>.json``; this script collects
+them with the JUnit results into ``reports/reliability_<profile>.json`` and renders ``reports/reliability.md``
+from the latest fast and slow results found there (so one report shows both profiles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = ("tests/test_reliability_properties.py", "tests/test_reliability_inputs.py",
+         "tests/test_reliability_nonfinite.py", "tests/test_reliability_bundles.py",
+         "tests/test_reliability_determinism.py")
+MARKERS = {"fast": "not slow", "slow": "slow or not slow"}
+SLOW_BUDGET_S = 30 * 60
+
+#: Findings of the reliability work (kept by hand: what was found, where, and what was done about it).
+FINDINGS = [
+    ("F1", "fixed", "mimo_numerics/validation.py",
+     "Sparse (COO), mkldnn and nested tensors passed validation and then failed deep inside the reference, the "
+     "oracle and the kernels with internal errors (`RuntimeError: add(sparse, dense) is not supported`, "
+     "`NotImplementedError: Could not run 'aten::as_strided' ... SparseCPU`, `Internal error: NestedTensorImpl "
+     "doesn't support sizes`, `unsupported memory format option Contiguous`). Fix: validate_inputs refuses any "
+     "non-strided or nested tensor with `TypeError: <name> must be a dense (strided) torch.Tensor, got ...`. "
+     "Tests: test_reliability_inputs.py (layout family of the fuzz, `*_sparse`, `*_mkldnn`, `*_nested`)."),
+    ("F2", "fixed", "mimo_numerics/reference.py",
+     "Inputs with `requires_grad=True` made the reference fail with `RuntimeError: add(): functions with out=... "
+     "arguments don't support automatic differentiation` when they reach the state recurrence (dt, trap, v, "
+     "mimo_v, k, ...), while the kernels accepted them. Fix: `@torch.no_grad()` on "
+     "`reference.mamba_mimo_bwd_fwd` (it is a numerics reference of a backward stage, not a differentiable op). "
+     "Test: test_inputs_requiring_grad_are_accepted. (The oracle stays differentiable and returns outputs that "
+     "require grad; harmless, noted only.)"),
+    ("F3", "open", "mimo_numerics/bundles.py",
+     "`load_bundle(verify=True)` does not protect manifest.json itself nor the outputs' semantics: (a) about 2 % of "
+     "random byte flips in manifest.json load without error and silently change metadata: the case spec (a "
+     "renamed `spec_type` key drops the spec, a changed digit changes `seed`), `created`, `versions`, `backend`, "
+     "`device_name` (flips never changed a returned tensor or size argument: those are protected by the sha256 and "
+     "the inputs digest); (b) a tool that rewrites an outputs file consistently (hash and size updated) can swap "
+     "`dmimo_o` and `dmimo_z` undetected (inputs have `inputs_digest`, outputs have nothing similar). Suggested "
+     "fix: store `manifest_sha256` over the canonical JSON of the manifest without that field (and refuse a "
+     "mismatch), an `outputs_digest` per case like `inputs_digest`, and refuse unknown keys in case entries. Strict "
+     "xfail tests pin it: test_manifest_edits_are_detected[*], test_swapped_outputs_with_updated_hash_are_detected."),
+    ("F4", "open", "mimo_numerics/inference.py",
+     "`infer_policy` is not exact on every tiny case: on realistic B1 S9 N8 P4 R3 C6 (full DOUT, Z, D, seed 2) with "
+     "the third `random_policy` of generator seed 5, the descent from `seed_bf16` (also from upstream_sm90 and "
+     "upstream_sm80) stops at distance 7.44 with five identifiable fields wrong, while the truth has distance 0 "
+     "and the `fp32` start finds it. The returned result is always self-consistent (property "
+     "test_infer_policy_is_consistent). Suggested fix: restart from a few diverse starts (fp32/all-off, "
+     "seed_bf16/all-on) and keep the best, or widen the escape step to triples when pairs do not help. Pinned by the "
+     "strict xfail test_inference_stall_counterexample; the recovery rate on drawn cases is in the table below."),
+    ("F5", "documented", "docs/nonfinite.md",
+     "NaN/Inf propagation was undefined. Now defined (IEEE evaluation of docs/semantics.md: a NaN in ΨV poisons "
+     "every row of its chunk through `0·NaN` in the intra GEMM, including rows before it; −Inf in da_cs, da_cs_rev "
+     "or segsum and ±Inf in trap give finite outputs), implemented as `nonfinite.predict_nonfinite_outputs`, and "
+     "checked: the reference follows it exactly under random policies and the kernels match the reference's class "
+     "(NaN/±Inf/finite) on every element; on an H200 the upstream TileLang kernel matched the reference's class on "
+     "every element of all 1383 injections over the 15 golden cases (reports/gpu_nonfinite_upstream.md). The FP64 "
+     "oracle does not follow it (its token-pair weights multiply zeros by every token), so it is not a reference "
+     "for non-finite values."),
+    ("F6", "added", "mimo_numerics/nonfinite.py",
+     "drift/sensitivity had no way to say where the first non-finite value appears. `nonfinite.first_nonfinite` "
+     "(record or drift run, pipeline order, with the site's switch), `locate_nonfinite` and `nonfinite_switches` "
+     "do; FP16 overflows at psiv, state_operand, qk_dot, dphio and the output stores are located identically in "
+     "the reference and kernel records."),
+]
+
+GPU_SMOKE = (
+    "Runs by the reliability helper on an H200 (torch 2.11.0+cu130, Triton 3.6.0, TileLang 0.1.15 from the "
+    "wheelhouse, 16 cores; 2026-11-29): `-m gpu tests/test_reliability_nonfinite.py`: 34 passed (CUDA reference and "
+    "CUDA kernels give the CPU reference's class on every element for NaN/+Inf/-Inf in each input); `-m gpu "
+    "tests/test_reliability_determinism.py`: 5 passed, 1 skipped (the upstream test needs `use_upstream_wheels.sh` "
+    "in the pytest process); `-k thread_count`: 2 passed with 16 threads; `scripts/gpu_nonfinite_upstream.py` "
+    "(upstream, all 15 golden cases, 2 sites per input, NaN/+Inf/-Inf): **1383 injections, 0 differences from the "
+    "reference, 0 departures from docs/nonfinite.md** (reports/gpu_nonfinite_upstream.md); `--impl kernels` on "
+    "seed_tail_chunk: 51 injections, 0 differences.")
+
+GPU_COMMANDS = """\
+On the H200 (repository root, `.venv` with CUDA torch + triton; upstream: see docs/workflow.md):
+
+```bash
+. scripts/use_upstream_wheels.sh        # no registry there: tilelang + mamba-ssm source from wheelhouse/
+python -m pytest -q -m gpu tests/test_reliability_determinism.py tests/test_reliability_nonfinite.py
+python -m pytest -q tests/test_reliability_determinism.py -k thread_count   # 1 thread vs every core of the host
+python scripts/gpu_nonfinite_upstream.py --out reports/gpu_nonfinite_upstream.md            # upstream (~2.5 min)
+python scripts/gpu_nonfinite_upstream.py --impl kernels --out reports/gpu_nonfinite_kernels.md  # Triton on CUDA
+```
+"""
+
+
+def _run_pytest(profile: str, stats_dir: Path, junit: Path, explore, extra, gpu: bool) -> tuple:
+    marker = "gpu" if gpu else MARKERS[profile]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, f"--junitxml={junit}",
+           *FILES, *extra]
+    env = dict(os.environ, MIMO_RELIABILITY_STATS=str(stats_dir))
+    if explore is not None:
+        env["MIMO_RELIABILITY_EXPLORE"] = "1"
+        cmd.append(f"--hypothesis-seed={explore}")
+    start = time.perf_counter()
+    code = subprocess.call(cmd, cwd=ROOT, env=env)
+    return code, time.perf_counter() - start, cmd
+
+
+def _junit(path: Path) -> list:
+    if not path.exists():
+        return []
+    tests = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed"
+            elif child.tag == "skipped":
+                outcome = "xfailed" if "xfail" in (child.get("type", "") + child.get("message", "")) else "skipped"
+        name = case.get("name", "")
+        module = case.get("classname", "").rsplit(".", 1)[-1]
+        tests.append({"module": module, "name": name, "outcome": outcome, "time_s": float(case.get("time", 0))})
+    return tests
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+        return out.stdout.strip() + (" + uncommitted changes" if dirty.strip() else "")
+    except OSError:
+        return "unknown"
+
+
+def _versions() -> dict:
+    versions = {"python": platform.python_version()}
+    for name in ("torch", "triton", "hypothesis", "numpy", "pytest"):
+        try:
+            module = __import__(name)
+            versions[name] = getattr(module, "__version__", "?")
+        except ImportError:
+            versions[name] = "not installed"
+    return versions
+
+
+def collect(profile: str, explore, extra, gpu: bool) -> dict:
+    with tempfile.TemporaryDirectory(prefix="mimo-reliability-") as tmp:
+        tmp = Path(tmp)
+        code, wall, cmd = _run_pytest(profile, tmp / "stats", tmp / "junit.xml", explore, extra, gpu)
+        counts = {}
+        for f in sorted((tmp / "stats").glob("*.json")) if (tmp / "stats").exists() else []:
+            counts[f.stem] = json.loads(f.read_text())
+        tests = _junit(tmp / "junit.xml")
+    return {
+        "profile": "gpu" if gpu else profile, "exit_code": code, "wall_s": round(wall, 1),
+        "command": "python scripts/reliability.py --profile " + profile + (" --gpu" if gpu else "")
+                   + (f" --explore {explore}" if explore is not None else ""),
+        "pytest": " ".join(c if " " not in c else repr(c) for c in cmd[1:]),
+        "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        "commit": _git_commit(), "cpus": os.cpu_count(), "machine": platform.platform(), "versions": _versions(),
+        "derandomized": explore is None, "counts": counts, "tests": tests,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- rendering
+def _outcomes(tests) -> dict:
+    summary = {}
+    for t in tests:
+        summary[t["outcome"]] = summary.get(t["outcome"], 0) + 1
+    return summary
+
+
+def _property_rows(result) -> list:
+    """(file, counter, count) for every generated-case counter the tests wrote."""
+    rows = []
+    for module, counts in result["counts"].items():
+        for key, value in counts.items():
+            rows.append((module.replace("test_reliability_", ""), key, value))
+    return rows
+
+
+def _test_rows(result) -> list:
+    """Per test function (parametrizations folded): file, name, outcomes, total seconds."""
+    grouped = {}
+    for t in result["tests"]:
+        key = (t["module"].replace("test_reliability_", ""), t["name"].split("[")[0])
+        entry = grouped.setdefault(key, {"outcomes": {}, "time_s": 0.0})
+        entry["outcomes"][t["outcome"]] = entry["outcomes"].get(t["outcome"], 0) + 1
+        entry["time_s"] += t["time_s"]
+    return [(m, n, ", ".join(f"{v} {k}" for k, v in sorted(e["outcomes"].items())), e["time_s"])
+            for (m, n), e in grouped.items()]
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _bad_inputs(result) -> int:
+    total = 0
+    for counts in result["counts"].values():
+        for key, value in counts.items():
+            if re.fullmatch(r"bad_inputs\[[a-z]+\]", key):
+                total += value
+    return total
+
+
+def _profile_section(result) -> list:
+    lines = []
+    summary = _outcomes(result["tests"])
+    status = "all passed" if result["exit_code"] == 0 else f"pytest exit code {result['exit_code']}"
+    lines += [f"### Profile `{result['profile']}` ({status})", "",
+              f"* command: `{result['command']}` (pytest: `{result['pytest']}`)",
+              f"* run: {result['date']}, commit {result['commit']}, {result['cpus']} CPU(s), {result['machine']}",
+              "* versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()),
+              f"* hypothesis: {'derandomized (reproducible)' if result['derandomized'] else 'random exploration'}",
+              f"* wall time: **{_fmt_s(result['wall_s'])}**" + (
+                  f" (budget {SLOW_BUDGET_S // 60} min: {'within' if result['wall_s'] <= SLOW_BUDGET_S else 'OVER'})"
+                  if result["profile"] == "slow" else ""),
+              "* tests: " + ", ".join(f"{v} {k}" for k, v in sorted(summary.items())),
+              f"* bad inputs tried (fuzzed, each against every implementation): **{_bad_inputs(result)}**", ""]
+    lines += ["| file | counter (generated cases run, or sub-counts) | count |", "|---|---|---:|"]
+    for module, key, value in _property_rows(result):
+        lines.append(f"| {module} | `{key}` | {value} |")
+    lines.append("")
+    lines += ["| file | test | outcome | time |", "|---|---|---|---:|"]
+    for module, name, outcome, seconds in _test_rows(result):
+        lines.append(f"| {module} | `{name}` | {outcome} | {seconds:.1f} s |")
+    lines.append("")
+    failed = [t for t in result["tests"] if t["outcome"] == "failed"]
+    if failed:
+        lines += ["**Failed:** " + ", ".join(f"`{t['module']}::{t['name']}`" for t in failed), ""]
+    return lines
+
+
+def render(results: dict) -> str:
+    lines = ["# Reliability report", "",
+             "What the package holds under generated and adversarial inputs: property-based tests (hypothesis) of the "
+             "kernels, reference and oracle; fuzzed bad inputs; NaN/Inf propagation and FP16 overflow; bundle "
+             "corruption; determinism. Generated by `python scripts/reliability.py --profile fast|slow` from "
+             "`tests/test_reliability_*.py` (raw results: `reports/reliability_<profile>.json`). The non-finite rules "
+             "are in `docs/nonfinite.md`.", "",
+             "## Findings", "",
+             "| id | status | where | what |", "|---|---|---|---|"]
+    for fid, status, where, text in FINDINGS:
+        lines.append(f"| {fid} | {status} | `{where}` | {text} |")
+    lines += ["", "## Decisions", "",
+              "* **Overlapping and expanded views are valid inputs.** Inputs are read-only values; the reference and "
+              "the oracle read them through torch ops, the kernels copy every input to a contiguous tensor before "
+              "launching. Tested: non-contiguous, offset, transposed, `expand` (stride 0) and `as_strided` views with "
+              "aliasing elements give the bits of contiguous copies, in all three, and no input is written.",
+              "* **`requires_grad` inputs are valid**; the reference and the kernels return outputs without grad.",
+              "* **`meta` tensors**: shape-only outputs from the reference and the oracle; the kernels refuse them "
+              "(`ValueError` naming the device).",
+              "* **Sizes must be Python ints**: `4.0`, `nan`, `inf`, numpy and 0-d tensor sizes are refused with a "
+              "`TypeError` naming `chunk_size`/`rotary_dim_divisor` (no silent conversion).",
+              "* **Kernel vs reference tolerance**: `same_policy_rel_rms` (3e-4), widened only by the case's own "
+              "FP32-order noise exactly as the project's same-policy gate (`mimo_numerics.testing`); how often the "
+              "widening was needed is counted in the tables (`above same_policy_rel_rms, within ...`).", "",
+              "## Results", ""]
+    for profile in ("fast", "slow", "gpu"):
+        if profile in results:
+            lines += _profile_section(results[profile])
+    if "slow" not in results:
+        lines += ["The slow profile has not been run on this machine yet: `python scripts/reliability.py --profile "
+                  "slow`.", ""]
+    lines += ["## GPU parts (for the H200)", "", GPU_COMMANDS, "", GPU_SMOKE, "",
+              "`scripts/gpu_nonfinite_upstream.py` injects NaN, +Inf and −Inf into each input of every golden case "
+              "and compares the non-finite pattern of the upstream TileLang kernel with the CPU reference and the "
+              "documented rules; the `gpu`-marked tests check that the reference and the Triton kernels on CUDA "
+              "give the CPU reference's pattern and are bitwise repeatable on the golden shapes (and the upstream "
+              "kernel too, when it is installed).", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", choices=("fast", "slow"), default="fast")
+    parser.add_argument("--gpu", action="store_true", help="run only the gpu-marked reliability tests")
+    parser.add_argument("--explore", type=int, default=None, metavar="SEED",
+                        help="random (not derandomized) hypothesis examples from this seed")
+    parser.add_argument("--out", default=str(ROOT / "reports" / "reliability.md"))
+    parser.add_argument("--render-only", action="store_true", help="re-render the report from stored results")
+    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    store = out.parent
+    results = {}
+    if not args.render_only:
+        result = collect(args.profile, args.explore, args.pytest_args, args.gpu)
+        store.mkdir(parents=True, exist_ok=True)
+        (store / f"reliability_{result['profile']}.json").write_text(json.dumps(result, indent=1) + "\n")
+        code = result["exit_code"]
+    else:
+        code = 0
+    for profile in ("fast", "slow", "gpu"):
+        path = store / f"reliability_{profile}.json"
+        if path.exists():
+            results[profile] = json.loads(path.read_text())
+    out.write_text(render(results) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
