@@ -51,7 +51,30 @@ def _set_interpret(value):
     return restore
 
 
+def _interpreter_index_shim():
+    """Triton <= 3.6's interpreter converts loop bounds with ``int(array)``, which NumPy >= 2.3 rejects for the
+    1-element 1-D arrays that hold scalar kernel arguments ("only 0-dimensional arrays can be converted"); 3.9 fixed
+    it with ``squeeze()``. Re-apply ``tensor.__index__`` in the fixed form after the interpreter's own patching
+    (restored with it after every interpreted launch). Changes nothing for compiled kernels."""
+    try:
+        import numpy as np
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover
+        return
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_mimo_index_shim", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    patched._mimo_index_shim = True
+    interpreter._patch_lang_tensor = patched
+
+
 def _load_interpreted():
+    _interpreter_index_shim()
     here = os.path.dirname(os.path.abspath(__file__))
     pkg = sys.modules.get(_INTERP_PKG)
     if pkg is None:

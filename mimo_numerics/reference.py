@@ -228,6 +228,11 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles,
                segsum, chunk_size, rotary_dim_divisor, policy: RoundingPolicy, record) -> MimoBwdFwdOutputs:
     dims = validate_inputs(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev,
                            dt, trap, d, segsum, chunk_size, rotary_dim_divisor, lp_dtype=policy.lp_torch_dtype)
+    # contiguous inputs: torch reduces in the order of the operands' strides, so a strided view (e.g. a transposed
+    # dout) would change the FP32 sums over t (dmimo_*) by an ulp; with this the bits depend on the values only
+    dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, segsum = (
+        None if t is None else t.contiguous() for t in (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z,
+                                                         angles, da_cs, da_cs_rev, dt, trap, d, segsum))
     md = policy.math_torch_dtype
     rnd = _Rounder(policy)
     B, S, H, N, P, R, C, nc = (dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank,

@@ -689,7 +689,7 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
 # ---------------------------------------------------------------------------------------------- report
 
 def write_report(results: Sequence[CompileResult], path: Path, info: Dict[str, str], wall: float,
-                 command: str, n_launches: Optional[int] = None) -> None:
+                 command: str, n_launches: Optional[int] = None, expected: Optional[int] = None) -> None:
     parts = list(dict.fromkeys(r.part for r in results))
     lines = [
         "# Ascend compile gate",
@@ -700,11 +700,15 @@ def write_report(results: Sequence[CompileResult], path: Path, info: Dict[str, s
         "Triton front end, triton-adapter (linalg) and the BiShengIR HFusion/HIVM pipeline of `bishengir-compile`,",
         "stopping at the external `hivmc` step (CANN, not installable here). *pass* = the pipeline reached `hivmc`",
         "with no error. Not executed; NPU numerics unverified (docs/ascend.md). *UB used*: highest unified-buffer",
-        "byte the planned kernel addresses; *(no multi-buffer)*: it fitted only after BiShengIR switched auto",
-        "multi-buffering (double buffering) off, which costs speed.",
+        "byte the planned kernel addresses (BiShengIR's auto-tiling may sub-tile a big kernel until it fills the",
+        "buffer, so a value near 192 KiB is not by itself a warning); *(no multi-buffer)*: it fitted only after",
+        "BiShengIR switched auto multi-buffering (double buffering) off, which costs speed.",
         "",
+        *([f"**Partial: {len(results)} of {expected} compiles done so far (the run is still going or was "
+           "stopped).**", ""] if expected is not None and len(results) < expected else []),
         "Environment: " + ", ".join(f"{k} {v}" for k, v in info.items() if k != "bishengir-compile")
-        + f". Wall time {wall:.1f} s."
+        + f". Wall time {wall:.1f} s on a 2-core machine shared with other jobs (load "
+        + f"{os.getloadavg()[0]:.1f} at the end): compile times are wall-clock and vary with load."
         + ("" if n_launches is None else
            f" {n_launches} launcher launches, {len({r.index for r in results})} distinct specializations "
            "(identical kernel + signature + constexprs compiled once; the group column lists who shares it)."),
@@ -731,7 +735,8 @@ def write_report(results: Sequence[CompileResult], path: Path, info: Dict[str, s
     lines += ["", "## All compiles", "",
               "| kernel | specialization | group | part | result | stage | time (s) | UB used (KiB of 192) |",
               "|---|---|---|---|---|---|---:|---:|"]
-    for r in results:
+    order = {p: i for i, p in enumerate(parts)}
+    for r in sorted(results, key=lambda r: (r.index, order.get(r.part, 0))):
         if r.ub_required_bits is not None:
             ub = f"overflow: needs {r.ub_required_bits / 8192:.0f}"
         elif r.ub_peak_bytes is not None:
@@ -786,7 +791,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"parts ({', '.join(parts)}), triton-ascend {info['triton-ascend']}, "
           f"ascendnpu-ir {info['ascendnpu-ir']}", flush=True)
 
+    partial: List[CompileResult] = []
+    expected = len(plans) * len(parts)
+    cmd = "python scripts/ascend_compile_gate.py" + ("" if argv is None else " " + " ".join(argv))
+    if argv is None and len(sys.argv) > 1:
+        cmd += " " + " ".join(sys.argv[1:])
+    t0 = time.perf_counter()
+
     def progress(r: CompileResult):
+        partial.append(r)
+        if not a.no_report:      # rewrite as results come in, so a stopped run still leaves its table
+            write_report(partial, Path(a.report), info, time.perf_counter() - t0, cmd, n_launches, expected)
         if r.skipped:
             return
         if not r.ok:
@@ -794,15 +809,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif not a.quiet:
             print(f"  pass {r.part:<15} {r.seconds:6.2f}s  {r.kernel} [{r.spec}]", flush=True)
 
-    t0 = time.perf_counter()
     results = run_gate(plans, parts, jobs=a.jobs, progress=progress, dedupe=False, timeout=a.timeout,
                        max_failures=a.max_failures)
     wall = time.perf_counter() - t0
     if not a.no_report:
-        cmd = "python scripts/ascend_compile_gate.py" + ("" if argv is None else " " + " ".join(argv))
-        if argv is None and len(sys.argv) > 1:
-            cmd += " " + " ".join(sys.argv[1:])
-        write_report(results, Path(a.report), info, wall, cmd, n_launches)
+        write_report(results, Path(a.report), info, wall, cmd, n_launches, expected)
     n_fail = sum(not r.ok and not r.skipped for r in results)
     n_skip = sum(r.skipped for r in results)
     n_pass = sum(r.ok for r in results)

@@ -9,8 +9,9 @@
   size defect in them may be reported on the first tensor that disagrees (the message then names that one).
 * **Layouts** (decision, see ``reports/reliability.md``): inputs are read-only values, so non-contiguous views,
   views with a storage offset, and overlapping views (``expand``, ``as_strided`` with zero or repeated strides) are
-  *valid*: the reference, the oracle and the kernels (which copy every input to a contiguous tensor first) return
-  the same bits as for contiguous copies of the same values, and never write into their inputs.
+  *valid*: the reference and the kernels (both copy every input to a contiguous tensor first) return the same bits
+  as for contiguous copies of the same values, the oracle the same values to FP64 rounding (finding F8), and none
+  of them writes into its inputs.
 * Tensors with ``requires_grad=True`` are valid inputs (the reference runs under ``torch.no_grad``); ``meta``
   tensors give shape-only outputs in the reference and the oracle and a ``ValueError`` naming the device in the
   kernels.
@@ -351,7 +352,14 @@ def _layouts_reference(profile_name: str, examples: int):
         snapshot = {n: v.clone() for n, v in views.items() if isinstance(v, torch.Tensor)}
         policy = "upstream_sm90"
         _assert_same_bits(call("reference", views, policy), call("reference", copies, policy), f"reference {chosen}")
-        _assert_same_bits(call("oracle", views, policy), call("oracle", copies, policy), f"oracle {chosen}")
+        # the oracle's float64 einsums still follow the operands' strides (finding F8): equal to FP64 rounding only
+        got, want = call("oracle", views, policy), call("oracle", copies, policy)
+        for name in OUTPUT_NAMES:
+            if getattr(want, name) is not None:
+                assert mn.metrics.rel_rms(getattr(got, name), getattr(want, name)) <= 1e-13, name
+                if not torch.equal(_bits(getattr(got, name)), _bits(getattr(want, name))):
+                    COUNTS[f"{counter}: oracle last-bit differences (F8)"] += 1
+                    break
         for n, v in snapshot.items():
             assert torch.equal(_bits(views[n]), _bits(v)), f"input {n} was written to"
 
@@ -360,6 +368,29 @@ def _layouts_reference(profile_name: str, examples: int):
 
 test_unusual_layouts_reference_and_oracle = _layouts_reference("fast", 40)
 test_unusual_layouts_reference_and_oracle_slow = pytest.mark.slow(_layouts_reference("slow", 400))
+
+
+def test_reference_bits_do_not_depend_on_input_strides():
+    # regression (finding F7, found by the slow layout property): a transposed view of dout changed dmimo_z by one
+    # float32 ulp, because torch reduced over t in the order of the operands' strides; the reference now makes its
+    # inputs contiguous first
+    spec = CaseSpec(seqlen=5, state_dim=4, value_dim=4, rank=1, chunk_size=1, reduce_o=False, has_z=True, seed=0)
+    inputs = make_inputs(spec)
+    views, copies = _layout_inputs(inputs, {"dout": "transposed"}, seed=0)
+    COUNTS["layouts_reference_oracle[regression]"] += 1
+    _assert_same_bits(call("reference", views, "upstream_sm90"), call("reference", copies, "upstream_sm90"),
+                      "reference, transposed dout")
+
+
+@pytest.mark.xfail(strict=True, reason="the oracle's float64 einsums reduce in the order of the operands' strides, so "
+                                       "a transposed v changes states in the last bit (finding F8; suggested fix: "
+                                       "make the oracle's inputs contiguous as the reference now does)")
+def test_oracle_bits_do_not_depend_on_input_strides():
+    spec = CaseSpec(seqlen=4, state_dim=8, value_dim=4, rank=1, chunk_size=1, reduce_o=False, seed=0)
+    inputs = make_inputs(spec)
+    views, copies = _layout_inputs(inputs, {"dout": "strided", "q": "strided", "v": "transposed"}, seed=0)
+    _assert_same_bits(call("oracle", views, "upstream_sm90"), call("oracle", copies, "upstream_sm90"),
+                      "oracle, transposed v")
 
 
 KERNEL_LAYOUT_SPEC = CaseSpec(seqlen=9, state_dim=16, value_dim=16, rank=2, chunk_size=4, has_z=True, has_d=True)
