@@ -17,7 +17,6 @@ import subprocess
 import tempfile
 from typing import Dict, List
 
-import torch
 
 def nvidia_toolchain_available() -> bool:
     """True when the installed Triton has its NVIDIA backend with ptxas (no GPU needed)."""

@@ -37,7 +37,7 @@ _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 #: tile), ``CB`` (chunks per decay load), ``CBR``/``BLKR`` (chunks/columns per step of the dmimo sum),
 #: ``max_programs`` (cap the chunk kernels' grids; they loop over virtual programs), ``RB`` and ``qk_gemm`` (prep
 #: kernel rows per program and its same-step product form; the Ascend choices are 16 and 0),
-#: ``warps_k1`` … ``warps_k4`` (CUDA), and ``native_lp`` (1: on CUDA use the hardware's lp instructions: cvt.rn for
+#: ``warps_k1`` … ``warps_k4`` and ``stages_k2`` (CUDA), and ``native_lp`` (1: on CUDA use the hardware's lp instructions: cvt.rn for
 #: every rounding, fma.rn / mul.rn + add.rn for the diagonal's rank steps; bit-identical to the integer helpers,
 #: far fewer instructions). Empty in normal use.
 TUNING: Dict[str, int] = {}
@@ -178,7 +178,9 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         QK_GEMM = RB == LP
         big1 = LP * max(N, P) >= 4096
         big3 = LP * max(N, BP3) >= 4096 or CP * LP > 4096
-        warps = {"k1": 8 if big1 else 4, "k2": 4, "k3": 8 if big3 else 4, "k4": 4}
+        # state walk: a 16x16 tile is one warp's MMA; one warp avoids a cross-warp reduction (and its barrier) on
+        # the sequential path every chunk (measured on an H200 with 4 warps: ~1 µs per chunk at shape (a))
+        warps = {"k1": 8 if big1 else 4, "k2": 1 if BN * BP2 <= 256 else 4, "k3": 8 if big3 else 4, "k4": 4}
     else:  # npu (triton-ascend): keep the live tiles of a program within the unified buffer
         RB, QK_GEMM = 16, False  # no [LP, LP] tile, 16-row tiles (docs/ascend_findings.md)
         BN, BP2 = 16, 16
@@ -187,7 +189,8 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
             BP3 //= 2
         CB = 16
         warps = {}
-    CBR = 32
+    CBR = 64
+    stages2 = 4
     if TUNING:
         BN = min(N, TUNING.get("BN", BN))
         BP2 = min(P, TUNING.get("BP2", BP2))
@@ -197,6 +200,8 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         RB = min(LP, TUNING.get("RB", RB))
         QK_GEMM = bool(TUNING.get("qk_gemm", QK_GEMM)) and RB == LP
         warps = {k: TUNING.get(f"warps_{k}", warps.get(k, 4)) for k in ("k1", "k2", "k3", "k4")}
+        stages2 = TUNING.get("stages_k2", stages2)
+    warps["stages_k2"] = stages2
     virt1 = B * H * nc * (LP // RB)
     virt3 = B * H * nc * (P // BP3)  # launched only when an output branch or a record needs it
     if backend == "npu":
@@ -440,7 +445,7 @@ def build_launches(
     # ---- 2. sequential walk over the chunks: states (lp), FP32 h when needed
     add("state", mod._mimo_state_kernel, pl.grid2,
         (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
-        dict(cx, BP=pl.BP2), pl.warps.get("k2", 4), 3)
+        dict(cx, BP=pl.BP2), pl.warps.get("k2", 4), pl.warps.get("stages_k2", 3))
     # ---- 3. chunk-parallel outputs from rnd(h_c)
     if need_out:
         hop = states if cx["STATE_OPERAND"] else hf32
@@ -452,7 +457,8 @@ def build_launches(
             dict(cx, BP=pl.BP3, PERSISTENT=pl.grid3 < pl.virt3), pl.warps.get("k3", 4), 1)
     # ---- 4. deterministic sums of the per-chunk dmimo partials
     RPc = R * P
-    blk = TUNING.get("BLKR", min(256, _pow2(RPc)))
+    # enough programs for the dmimo sums (measured: 16 programs of 256 columns took ~0.09 ms each at shape (a))
+    blk = TUNING.get("BLKR", min(32, _pow2(RPc)))
     nblk = -(-RPc // blk)
     for name, part, out in (("reduce_o", part_o, dmimo_o), ("reduce_z", part_z, dmimo_z)):
         if part is not None:

@@ -1,7 +1,7 @@
 """Benchmark the Triton ``mamba_mimo_bwd_fwd`` kernels on a CUDA GPU (one command, compact tables).
 
     python scripts/bench_kernels.py                 # shapes a-d, writes reports/bench/<date>_<sha>_kernels.{md,json}
-    python scripts/bench_kernels.py --shapes a --variants default,native_lp,k3w8,k3w4,native_lp_k3w4
+    python scripts/bench_kernels.py --shapes a --variants default,native_lp,k3w4,bp3_32,native_lp_bp3_32,k2w4s3,k2s8
 
 For every shape it first checks correctness (kernel vs reference under the same policy, rel RMS <= 3e-4 on every
 output, no NaN after a poisoned launch) and refuses to time a configuration whose gate is red. Then it reports the
@@ -53,6 +53,10 @@ VARIANTS = {
     "k3w8": {"warps_k1": 8, "warps_k3": 8},
     "k3w4": {"warps_k1": 4, "warps_k3": 4},
     "native_lp_k3w4": {"native_lp": 1, "warps_k1": 4, "warps_k3": 4},
+    "bp3_32": {"BP3": 32},
+    "native_lp_bp3_32": {"native_lp": 1, "BP3": 32},
+    "k2w4s3": {"warps_k2": 4, "stages_k2": 3},
+    "k2s8": {"stages_k2": 8},
 }
 
 
@@ -138,7 +142,8 @@ def main(argv=None) -> int:
 
         SHAPES["s"] = dict(batch=1, seqlen=24, heads=2, state_dim=16)
         UPSTREAM_MS["s"] = "-"
-        VARIANTS["native_lp"] = VARIANTS["k3w8"] = VARIANTS["k3w4"] = VARIANTS["native_lp_k3w4"] = {}
+        for key in list(VARIANTS):
+            VARIANTS[key] = {k: v for k, v in VARIANTS[key].items() if k in ("BP3",)}
         args.shapes, args.variants = "s", "default,native_lp"
         args.out = os.path.join(args.out, "smoke")
         dev = torch.device("cpu")

@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -132,8 +133,11 @@ def _run_pytest(profile: str, stats_dir: Path, junit: Path, explore, extra, gpu:
         env["MIMO_RELIABILITY_EXPLORE"] = "1"
         cmd.append(f"--hypothesis-seed={explore}")
     start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     code = subprocess.call(cmd, cwd=ROOT, env=env)
-    return code, time.perf_counter() - start, cmd
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return code, time.perf_counter() - start, cpu, cmd
 
 
 def _junit(path: Path) -> list:
@@ -176,16 +180,20 @@ def _versions() -> dict:
 def collect(profile: str, explore, extra, gpu: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="mimo-reliability-") as tmp:
         tmp = Path(tmp)
-        code, wall, cmd = _run_pytest(profile, tmp / "stats", tmp / "junit.xml", explore, extra, gpu)
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        code, wall, cpu, cmd = _run_pytest(profile, tmp / "stats", tmp / "junit.xml", explore, extra, gpu)
+        load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         counts = {}
         for f in sorted((tmp / "stats").glob("*.json")) if (tmp / "stats").exists() else []:
             counts[f.stem] = json.loads(f.read_text())
         tests = _junit(tmp / "junit.xml")
     return {
-        "profile": "gpu" if gpu else profile, "exit_code": code, "wall_s": round(wall, 1),
+        "profile": "gpu" if gpu else profile, "exit_code": code, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+        "load_avg_1min": [load, load_after],
         "command": "python scripts/reliability.py --profile " + profile + (" --gpu" if gpu else "")
                    + (f" --explore {explore}" if explore is not None else ""),
-        "pytest": " ".join(c if " " not in c else repr(c) for c in cmd[1:]),
+        "pytest": " ".join((c if " " not in c else repr(c)) if not c.startswith("--junitxml") else "--junitxml=<tmp>"
+                           for c in cmd[1:]),
         "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
         "commit": _git_commit(), "cpus": os.cpu_count(), "machine": platform.platform(), "versions": _versions(),
         "derandomized": explore is None, "counts": counts, "tests": tests,
@@ -245,9 +253,15 @@ def _profile_section(result) -> list:
               f"* hypothesis: {'derandomized (reproducible)' if result['derandomized'] else 'random exploration'}",
               f"* wall time: **{_fmt_s(result['wall_s'])}**" + (
                   f" (budget {SLOW_BUDGET_S // 60} min: {'within' if result['wall_s'] <= SLOW_BUDGET_S else 'OVER'})"
-                  if result["profile"] == "slow" else ""),
+                  if result["profile"] == "slow" else "")
+              + (f"; CPU time of the pytest process {_fmt_s(result['cpu_s'])}" if "cpu_s" in result else "")
+              + (f"; 1-min load average {result['load_avg_1min'][0]:.1f} at the start, "
+                 f"{result['load_avg_1min'][1]:.1f} at the end (the machine is shared)"
+                 if result.get("load_avg_1min") and None not in result["load_avg_1min"] else ""),
               "* tests: " + ", ".join(f"{v} {k}" for k, v in sorted(summary.items())),
-              f"* bad inputs tried (fuzzed, each against every implementation): **{_bad_inputs(result)}**", ""]
+              f"* bad inputs tried: **{_bad_inputs(result)}** calls (each fuzzed or enumerated defect against each "
+              "implementation: reference, oracle, kernels), every one a `TypeError`/`ValueError` naming the argument"
+              if result["exit_code"] == 0 else f"* bad inputs tried: {_bad_inputs(result)} calls", ""]
     lines += ["| file | counter (generated cases run, or sub-counts) | count |", "|---|---|---:|"]
     for module, key, value in _property_rows(result):
         lines.append(f"| {module} | `{key}` | {value} |")
