@@ -90,6 +90,10 @@ def mamba_mimo_bwd_fwd_oracle(
     """
     dims = validate_inputs(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt,
                            trap, d, segsum, chunk_size, rotary_dim_divisor)
+    # contiguous inputs: einsum reduces in the order of the operands' strides, so the bits would depend on layout
+    dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, segsum = (
+        None if t is None else t.contiguous() for t in (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z,
+                                                         angles, da_cs, da_cs_rev, dt, trap, d, segsum))
     B, S, H, N, P, R = dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank
     C, nc, width = dims.chunk_size, dims.nchunks, dims.state_dim // dims.rotary_dim_divisor
     device = dims.device

@@ -80,11 +80,10 @@ FINDINGS = [
      "reduces over t in the order of the operands' strides. Fix: `_reference` makes its 17 inputs contiguous right "
      "after validation (a no-op for contiguous inputs), so the bits depend on the values only, as in the kernels. "
      "Test: test_reference_bits_do_not_depend_on_input_strides."),
-    ("F8", "open (minor)", "mimo_numerics/oracle.py",
-     "The FP64 oracle has the same layout dependence in the last float64 bit (e.g. `states` with a transposed `v`); "
-     "harmless for accuracy (values equal to ~1e-16) but not bitwise reproducible across layouts. Suggested fix: "
-     "the same `.contiguous()` of the inputs after `validate_inputs`. Pinned by the strict xfail "
-     "test_oracle_bits_do_not_depend_on_input_strides; the layout property counts its occurrences."),
+    ("F8", "fixed", "mimo_numerics/oracle.py",
+     "The FP64 oracle had the same layout dependence in the last float64 bit (e.g. `states` with a transposed `v`). "
+     "Fix: the oracle makes its inputs contiguous after `validate_inputs`. Test: "
+     "test_oracle_bits_do_not_depend_on_input_strides."),
     ("F5", "documented", "docs/nonfinite.md",
      "NaN/Inf propagation was undefined. Now defined (IEEE evaluation of docs/semantics.md: a NaN in ΨV poisons "
      "every row of its chunk through `0·NaN` in the intra GEMM, including rows before it; −Inf in da_cs, da_cs_rev "
@@ -291,8 +290,8 @@ def render(results: dict) -> str:
               "* **Overlapping and expanded views are valid inputs.** Inputs are read-only values; the reference "
               "(since F7) and the kernels copy every input to a contiguous tensor first. Tested: non-contiguous, "
               "offset, transposed, `expand` (stride 0) and `as_strided` views with aliasing elements give the bits "
-              "of contiguous copies in the reference and the kernels, the same values to FP64 rounding in the oracle "
-              "(F8), and no input is written.",
+              "of contiguous copies in the reference, the oracle (since F8) and the kernels, and no input is "
+              "written.",
               "* **`requires_grad` inputs are valid**; the reference and the kernels return outputs without grad.",
               "* **`meta` tensors**: shape-only outputs from the reference and the oracle; the kernels refuse them "
               "(`ValueError` naming the device).",
