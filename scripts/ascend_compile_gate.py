@@ -46,7 +46,7 @@ import tempfile
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -620,7 +620,7 @@ CI_CASES: Tuple[GateCase, ...] = (
 
 
 def ci_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
-    """``CI_CASES`` restricted to ``presets`` (see there). A few minutes of compiling on two cores."""
+    """``CI_CASES`` restricted to ``presets`` (see there); about 50 distinct specializations per part."""
     return [cs for cs in CI_CASES if cs[0] in presets]
 
 
@@ -758,7 +758,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--parts", default=",".join(DEFAULT_PARTS), help="comma-separated Ascend parts")
     ap.add_argument("--presets", default=None, help="comma-separated presets (default: all gated presets)")
     ap.add_argument("--scope", choices=("ci", "wide", "full"), default="ci",
-                    help="ci: 15 launcher calls covering every preset, branch, dim and tile class (minutes); "
+                    help="ci: 15 launcher calls covering every preset, branch, dim and tile class (~20 min now); "
                          "wide: 200 calls crossing all tile classes with the heavy branches and all switches with "
                          "one tile (hours); full: every preset x N x P x (C, R) x branch (days)")
     ap.add_argument("--filter", default=None, help="only plans whose kernel or specialization contains this")
