@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-from pathlib import Path
 
 import pytest
 import torch
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, assume, given, note, settings  # noqa: E402
+from hypothesis import assume, given, note  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import mimo_numerics as mn  # noqa: E402
@@ -46,42 +44,14 @@ from mimo_numerics.policy import KNOBS, SWITCHES, RoundingPolicy, field_names  #
 from mimo_numerics.validation import validate_inputs  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------- profiles
-_EXPLORE = bool(os.environ.get("MIMO_RELIABILITY_EXPLORE"))
-_QUIET = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
-          HealthCheck.large_base_example]
-for _profile in ("fast", "slow"):
-    settings.register_profile(f"mimo-reliability-{_profile}", deadline=None, database=None,
-                              derandomize=not _EXPLORE, print_blob=True, suppress_health_check=_QUIET)
-
-
-def profile(name: str, examples: int) -> settings:
-    """The hypothesis settings of one property in profile ``name`` ("fast" or "slow")."""
-    return settings(settings.get_profile(f"mimo-reliability-{name}"), max_examples=examples)
-
+from reliability_support import counts_writer, kernels_or_none, profile  # noqa: E402
 
 #: generated cases run, per "property[profile]" (written to $MIMO_RELIABILITY_STATS/<module>.json for the report)
 COUNTS = collections.Counter()
+_write_counts = counts_writer(COUNTS, __file__)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _write_counts():
-    yield
-    target = os.environ.get("MIMO_RELIABILITY_STATS")
-    if target and COUNTS:
-        path = Path(target) / f"{Path(__file__).stem}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(dict(sorted(COUNTS.items())), indent=1) + "\n")
-
-
-def _kernels_available() -> bool:
-    try:
-        from mimo_numerics import kernels
-    except ImportError:
-        return False
-    return kernels.triton_available()
-
-
-needs_kernels = pytest.mark.skipif(not _kernels_available(), reason="triton is not installed")
+needs_kernels = pytest.mark.skipif(kernels_or_none() is None, reason="triton is not installed")
 
 
 # ---------------------------------------------------------------------------------------------------- strategies

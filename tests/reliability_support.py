@@ -1,0 +1,51 @@
+"""Shared set-up of the tests/test_reliability_*.py files: hypothesis profiles, case counters, kernel probe.
+
+Profiles ``mimo-reliability-fast`` and ``-slow`` are derandomized (reproducible in CI) unless
+``MIMO_RELIABILITY_EXPLORE`` is set (fresh random examples; changes which examples run, never a result). Each test
+module keeps a ``collections.Counter`` of generated cases; ``scripts/reliability.py`` sets
+``MIMO_RELIABILITY_STATS`` to collect them into ``<dir>/<module>.json`` for the report.
+"""
+
+import collections
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+_EXPLORE = bool(os.environ.get("MIMO_RELIABILITY_EXPLORE"))
+_QUIET = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
+          HealthCheck.large_base_example]
+for _profile in ("fast", "slow"):
+    settings.register_profile(f"mimo-reliability-{_profile}", deadline=None, database=None,
+                              derandomize=not _EXPLORE, print_blob=True, suppress_health_check=_QUIET)
+
+
+def profile(name: str, examples: int) -> settings:
+    """The hypothesis settings of one property in profile ``name`` ("fast" or "slow")."""
+    return settings(settings.get_profile(f"mimo-reliability-{name}"), max_examples=examples)
+
+
+def counts_writer(counts: collections.Counter, module_file: str):
+    """An autouse module fixture writing ``counts`` to ``$MIMO_RELIABILITY_STATS/<module>.json`` at module end."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def _write_counts():
+        yield
+        target = os.environ.get("MIMO_RELIABILITY_STATS")
+        if target and counts:
+            path = Path(target) / f"{Path(module_file).stem}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(dict(sorted(counts.items())), indent=1) + "\n")
+
+    return _write_counts
+
+
+def kernels_or_none():
+    """``mimo_numerics.kernels`` when Triton is usable, else None."""
+    try:
+        from mimo_numerics import kernels
+    except ImportError:
+        return None
+    return kernels if kernels.triton_available() else None
