@@ -117,12 +117,8 @@ def _biased_rotated(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
     m2 = ok[:, None]
     x = dec(tl.load(x_ptr + x_row[:, None] + n[None, :], mask=m2, other=0), LPK)
     xp = dec(tl.load(x_ptr + x_row[:, None] + npart[None, :], mask=m2, other=0), LPK)
-    if BIAS_ROW:
-        bias = rnd_if(tl.load(bias_ptr + b_row + n), QK_BIAS, LPK)[None, :]
-        bias_p = rnd_if(tl.load(bias_ptr + b_row + npart), QK_BIAS, LPK)[None, :]
-    else:
-        bias = rnd_if(tl.load(bias_ptr + b_row[:, None] + n[None, :]), QK_BIAS, LPK)
-        bias_p = rnd_if(tl.load(bias_ptr + b_row[:, None] + npart[None, :]), QK_BIAS, LPK)
+    bias = rnd_if(_rank_rows(bias_ptr, b_row, n, BIAS_ROW), QK_BIAS, LPK)
+    bias_p = rnd_if(_rank_rows(bias_ptr, b_row, npart, BIAS_ROW), QK_BIAS, LPK)
     xb = rnd_if(x + bias, QK_BIASED, LPK)
     xbp = rnd_if(xp + bias_p, QK_BIASED, LPK)
     first = (n < HALF)[None, :]
@@ -209,8 +205,15 @@ def _prep_program(
 
     # ---- k side: k̃, rotation, k̂ = R(k_rot·ts), k_state = R(k̂·exp(da_cs_rev))
     cs, sn = _rotation(cs_ptr + a_base, sn_ptr + a_base, t_loc_s * (H * AW), ok, N, AW)
-    kb, krot = _biased_rotated(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N), r_i * N, ok, cs, sn,
-                               N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY, False)
+    # per-rank parameter rows: with R = 1 one scalar row (a constant offset vector is a zero stride on Ascend)
+    if R == 1:
+        prow_n = 0
+        prow_p = 0
+    else:
+        prow_n = r_i * N
+        prow_p = r_i * P
+    kb, krot = _biased_rotated(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N), prow_n, ok, cs, sn,
+                               N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY, R == 1)
     gamma, shifted, ts = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT,
                                            SHIFTED_GAMMA, TRAP_SCALE)
     k_hat = tl.where(ok[:, None], rnd_if(krot * ts[:, None], K_SCALED, LPK), 0.0)
@@ -222,7 +225,7 @@ def _prep_program(
 
     # ---- same-step q̃·k̃ᵀ (S14) for every r_in: qk[t_i, r_i, r_in] = Σ_n q̃[i, n]·k̃[t_i·R + r_in, n]
     q = dec(tl.load(q_ptr + qk_base + (i_s * (G * N))[:, None] + n[None, :], mask=ok[:, None], other=0), LPK)
-    qbias = rnd_if(tl.load(q_bias_ptr + h * (R * N) + (r_i * N)[:, None] + n[None, :]), QK_BIAS, LPK)
+    qbias = rnd_if(_rank_rows(q_bias_ptr + h * (R * N), prow_n, n, R == 1), QK_BIAS, LPK)
     qb = rnd_if(q + qbias, QK_BIASED, LPK)
     if QK_GEMM:
         # the whole chunk in this program (RB = LP): one [LP, LP] GEMM, same-step entries picked per r_in
@@ -234,7 +237,7 @@ def _prep_program(
     for r_in in tl.static_range(R):
         if QK_GEMM:
             sel = i[None, :] == (t_loc[:, None] * R + r_in)
-            qk = tsum(tl.where(sel, qk_all, 0.0), axis=1)
+            qk = tsum(tl.where(sel, qk_all, -0.0), axis=1)  # adding -0.0 is exact: the entry's own bits
         else:
             # row products with k̃ of rows (t_i, r_in) reloaded: no [LP, LP] tile (Ascend UB)
             j_s = t_loc_s * R + r_in
@@ -251,7 +254,7 @@ def _prep_program(
                      rnd_if(qk, QK_DOT_INTERNAL, LPK), mask=ok)
 
     # ---- ΨV = R(v·R(Ψ)) (S3, S11)
-    psi = rnd_if(tl.load(mimo_v_ptr + h * (R * P) + (r_i * P)[:, None] + p[None, :]), PSI_WEIGHT, LPK)
+    psi = rnd_if(_rank_rows(mimo_v_ptr + h * (R * P), prow_p, p, R == 1), PSI_WEIGHT, LPK)
     vv = dec(tl.load(v_ptr + v_base + (t_loc_s * (H * P))[:, None] + p[None, :], mask=ok[:, None], other=0), LPK)
     psiv = tl.where(ok[:, None], rnd_if(vv * psi, PSIV, LPK), 0.0)
     _store_tile(psiv_ptr, bhc.to(tl.int64) * (LP * P) + i[:, None] * P + p[None, :], psiv, PSIV, LPK)
@@ -407,11 +410,83 @@ def _record_tile(rec_ptr, slot, slot_stride, rec_base, rows, ok, cols, ncols, va
 
 
 @triton.jit
+def _rank_rows(ptr, row, cols, ONE_ROW: tl.constexpr):
+    """Rows of a per-rank parameter (biases, Ψ, Φ, ζ) as a tile [rows, cols]: ``row`` holds each row's element
+    offset; with ``ONE_ROW`` it is one scalar offset, the row is loaded once and broadcast ([1, cols]): a row-offset
+    vector that is constant along the rows is a zero-stride view, which triton-ascend rejects."""
+    if ONE_ROW:
+        return tl.load(ptr + row + cols)[None, :]
+    else:
+        return tl.load(ptr + row[:, None] + cols[None, :])
+
+
+@triton.jit
+def _diag_step(acc, psiv_r, r_in, qkin_ptr, qk_row, psiv_ptr, psiv_tok, r_s, ok, LPK: tl.constexpr,
+               P: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, PSIV: tl.constexpr, DIAG_ACCUM: tl.constexpr,
+               DIAG_FMA: tl.constexpr, NATIVE_DIAG: tl.constexpr):
+    """One rank step of the diagonal (S26): acc ← acc (+) qk[t, r, r_in]·ΨV[t·R + r_in] on rows (t, r).
+
+    ``acc`` starts at −0.0, the exact identity of every step form, so the first step is rnd(a·b) (or a·b). Also
+    picks ΨV[t·R + r] (``psiv_r``, for the D term) where ``r_s == r_in``.
+    """
+    if QK_DOT_INTERNAL:
+        a = dec(tl.load(qkin_ptr + qk_row + r_in, mask=ok, other=0), LPK)
+    else:
+        a = tl.load(qkin_ptr + qk_row + r_in, mask=ok, other=0.0)
+    bv = _load_tile(psiv_ptr, psiv_tok + r_in * P, PSIV, LPK)
+    if NATIVE_DIAG:
+        # devices, operands on the lp grid: fma.rn (one rounding of acc + a·b) or mul.rn then add.rn (FMA
+        # contraction off) round exactly as the integer emulation below
+        a_lp = operand(a, True, LPK)[:, None]
+        b_lp = operand(bv, True, LPK)
+        acc_lp = operand(acc, True, LPK)
+        if DIAG_FMA:
+            acc_lp = tl.fma(a_lp, b_lp, acc_lp)
+        else:
+            acc_lp = acc_lp + a_lp * b_lp
+        acc = acc_lp.to(tl.float32)
+    elif DIAG_ACCUM:
+        prod = a[:, None] * bv
+        if DIAG_FMA:
+            acc = rnd_sum(acc, prod, LPK)
+        else:
+            acc = rnd(acc + rnd(prod, LPK), LPK)
+    else:
+        acc = acc + a[:, None] * bv
+    psiv_r = tl.where((r_s == r_in)[:, None], bv, psiv_r)
+    return acc, psiv_r
+
+
+@triton.jit
+def _dz_step(dz_acc, term, DZ_ACCUM: tl.constexpr, LPK: tl.constexpr):
+    """One rank step of dz (S38): rnd(dz_acc + term) or dz_acc + term (dz_acc starts at −0.0)."""
+    if DZ_ACCUM:
+        return rnd(dz_acc + term, LPK)
+    else:
+        return dz_acc + term
+
+
+@triton.jit
+def _store_rank_sums(part_ptr, x, rr, rb, pp, R: tl.constexpr, P: tl.constexpr, RBK: tl.constexpr):
+    """part[r, p] = Σ over the token rows of rank r of ``x`` [RBK·TB, BP], for the RBK ranks r = rb·RBK + k < R
+    (rows of other ranks, and invalid rows, must hold 0)."""
+    if RBK == 1:
+        tl.store(part_ptr + rb * P + pp, tsum(x, axis=0))
+    else:
+        for k in tl.static_range(RBK):
+            r = rb * RBK + k
+            m = r * P + pp < R * P
+            tl.store(part_ptr + tl.where(m, r * P + pp, 0), tsum(tl.where((rr == k)[:, None], x, 0.0), axis=0),
+                     mask=m)
+
+
+@triton.jit
 def _out_program(
     pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr, trap_ptr,
     d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr,
-    B, S, H, HPG, nc, n_pt, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, CP: tl.constexpr,
-    LP: tl.constexpr, BP: tl.constexpr, AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
+    B, S, H, HPG, nc, n_tb, n_pt, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+    TB: tl.constexpr, RBK: tl.constexpr, JB: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr, AW: tl.constexpr,
+    W: tl.constexpr, LPK: tl.constexpr,
     QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, ROTARY: tl.constexpr,
     DT_INPUT: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, K_SCALED: tl.constexpr,
     PSIV: tl.constexpr, STATE_OPERAND: tl.constexpr, CAUSAL_SCORES: tl.constexpr, DIAG_ACCUM: tl.constexpr,
@@ -422,7 +497,9 @@ def _out_program(
 ):
     """Body of ``_mimo_out_kernel`` for one (virtual) program ``pid``."""
     pt = pid % n_pt
-    bhc = pid // n_pt
+    rest = pid // n_pt
+    tb = rest % n_tb
+    bhc = rest // n_tb
     c = bhc % nc
     bh = bhc // nc
     b = bh // H
@@ -430,44 +507,40 @@ def _out_program(
     g = h // HPG
     G = H // HPG
     L: tl.constexpr = C * R
+    M: tl.constexpr = RBK * TB
+    NRB: tl.constexpr = (R + RBK - 1) // RBK
     cC = c * C
     row0 = b.to(tl.int64) * S + cC
     qk_base = (row0 * R * G + g) * N
     a_base = (row0 * H + h) * AW
     v_base = (row0 * H + h) * P
     hs_base = bh.to(tl.int64) * S
+    chunk_rows = bhc.to(tl.int64) * LP
     n = tl.arange(0, N)
     pp = pt * BP + tl.arange(0, BP)
-    i = tl.arange(0, LP)
-    t_i = i // R
+    mrow = tl.arange(0, M)
+    # rows m = k·TB + token of rank rb·RBK + k: RBK ranks of a block of TB tokens, one GEMM for all of them
+    if RBK == 1:
+        tt = tb * TB + mrow
+        rr = mrow * 0
+    else:
+        tt = tb * TB + mrow % TB
+        rr = mrow // TB
+    t = cC + tt
+    ok_t = (tt < C) & (t < S)
+    tt_s = tl.where(ok_t, tt, 0)
     # P tile 0 also writes the records that do not depend on p; a limit, not a bool scalar, because the
     # interpreter mishandles bool-vector & bool-scalar
     lim0 = tl.where(pt == 0, C, 0)
 
-    # ---- token rows t = c·C + tt
-    tt = tl.arange(0, CP)
-    t = cC + tt
-    ok_t = (tt < C) & (t < S)
-    tt_s = tl.where(ok_t, tt, 0)
+    # ---- per-token quantities (rows of every rank of the block repeat them)
     gamma_t, sg_t, ts_t = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok_t, S, LPK, DT_INPUT,
                                             SHIFTED_GAMMA, TRAP_SCALE)
     cs_t, sn_t = _rotation(cs_ptr + a_base, sn_ptr + a_base, tt_s * (H * AW), ok_t, N, AW)
     tok_offs = tt_s[:, None] * (H * P) + pp[None, :]
     e_da = tl.exp(tl.load(da_cs_ptr + hs_base + tl.where(ok_t, t, 0), mask=ok_t, other=0.0))
-
-    # ---- operands every rank reuses, converted once (bf16/fp16 on devices when exact, else FP32)
-    chunk_rows = bhc.to(tl.int64) * LP
-    k_hat = _load_tile(khat_ptr, chunk_rows * N + i[:, None] * N + n[None, :], K_SCALED, LPK)
-    khat_t_op = operand(tl.trans(k_hat), DOT_SCORES_LP, LPK)
-    psiv_offs = chunk_rows * P + i[:, None] * P + pp[None, :]
-    psiv_op = operand(_load_tile(psiv_ptr, psiv_offs, PSIV, LPK), DOT_INTRA_LP, LPK)
     h_offs = bhc.to(tl.int64) * (N * P) + n[:, None] * P + pp[None, :]
     hop_op = operand(_load_tile(hop_ptr, h_offs, STATE_OPERAND, LPK), DOT_INTER_LP, LPK)
-    # causal mask t_i > t_j (strict) and exp(segsum) on the causal entries (S21)
-    causal = (tt[:, None] > t_i[None, :]) & (i[None, :] < L) & (tt[:, None] < C)
-    seg = tl.load(segsum_ptr + bhc.to(tl.int64) * (C * C) + tl.where(causal, tt[:, None] * C + t_i[None, :], 0),
-                  mask=causal, other=0.0)
-    e_seg = tl.exp(seg)
     if HAS_D:
         d_h = tl.load(d_ptr + h)
     if HAS_Z:
@@ -480,124 +553,136 @@ def _out_program(
     rec_base = (bh.to(tl.int64) * S + cC) * R * W
     if RECORD:
         tok_rec = rec_base + tt_s * (R * W)
-        tl.store(rec_ptr + SLOT_GAMMA * slot_stride + tok_rec, gamma_t, mask=ok_t & (tt < lim0))
-        tl.store(rec_ptr + SLOT_TRAP_SCALE * slot_stride + tok_rec, ts_t, mask=ok_t & (tt < lim0))
-        tl.store(rec_ptr + SLOT_SHIFTED_GAMMA * slot_stride + tok_rec, sg_t, mask=ok_t & (tt < lim0))
+        m0 = ok_t & (tt < lim0) & (rr == 0)
+        tl.store(rec_ptr + SLOT_GAMMA * slot_stride + tok_rec, gamma_t, mask=m0)
+        tl.store(rec_ptr + SLOT_TRAP_SCALE * slot_stride + tok_rec, ts_t, mask=m0)
+        tl.store(rec_ptr + SLOT_SHIFTED_GAMMA * slot_stride + tok_rec, sg_t, mask=m0)
 
-    qk_rows = (bh.to(tl.int64) * S + cC) * (R * R) + tt_s * (R * R)
-    psiv_rows = chunk_rows * P + (tt_s * R)[:, None] * P + pp[None, :]
+    qk_tok = (bh.to(tl.int64) * S + cC + tt_s) * (R * R)
+    psiv_tok = chunk_rows * P + (tt_s * R)[:, None] * P + pp[None, :]
     dfull_base = (row0 * R * H + h) * P
-    dz_acc = fzeros(CP, BP)
-    for r in tl.static_range(R):
-        q_row = (tt_s * R + r) * (G * N)
-        qb, qrot = _biased_rotated(q_ptr + qk_base, q_bias_ptr + h * (R * N), q_row, r * N, ok_t, cs_t, sn_t,
-                                   N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY, True)
+    part_base = (bhc.to(tl.int64) * n_tb + tb) * (R * P)
+    # -0.0: the exact identity of every rank step, so the first step is rnd(term) (or term)
+    dz_acc = tl.full([TB, BP], -0.0, tl.float32)
+    for rb in tl.range(0, NRB):
+        if RBK == 1:
+            r_m = rr + rb
+            ok_rank = tt >= 0
+            ok = ok_t
+            r_s = r_m
+            prow_n = rb * N
+            prow_p = rb * P
+        else:
+            r_m = rb * RBK + rr
+            ok_rank = r_m < R
+            ok = ok_t & ok_rank
+            r_s = tl.where(ok_rank, r_m, 0)
+            prow_n = r_s * N
+            prow_p = r_s * P
+        frow = tt_s * R + r_s  # fused row of (t, r)
+        qb, qrot = _biased_rotated(q_ptr + qk_base, q_bias_ptr + h * (R * N), frow * (G * N), prow_n, ok,
+                                   cs_t, sn_t, N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY, RBK == 1)
         inter = mma(qrot, hop_op, DOT_INTER_LP, LPK) * e_da[:, None]
-        scores = mma(qrot, khat_t_op, DOT_SCORES_LP, LPK)
-        masked = rnd_if(tl.where(causal, scores * e_seg, 0.0), CAUSAL_SCORES, LPK)
-        intra = mma(masked, psiv_op, DOT_INTRA_LP, LPK)
+        # scores and intra over blocks of JB fused rows j (one block on GPUs: JB = LP)
+        for j0 in tl.static_range(0, LP, JB):
+            jj = j0 + tl.arange(0, JB)
+            t_j = jj // R
+            kh = _load_tile(khat_ptr, chunk_rows * N + jj[:, None] * N + n[None, :], K_SCALED, LPK)
+            scores = mma(qrot, tl.trans(kh), DOT_SCORES_LP, LPK)
+            # causal mask t_i > t_j (strict) and exp(segsum) on the causal entries (S21)
+            # rows of tokens past S in the last chunk keep their scores (q̃ = bias there), as the reference
+            causal = (tt[:, None] > t_j[None, :]) & (jj[None, :] < L) & (ok_rank & (tt < C))[:, None]
+            seg = tl.load(segsum_ptr + bhc.to(tl.int64) * (C * C) + tl.where(causal, tt[:, None] * C + t_j[None, :], 0),
+                          mask=causal, other=0.0)
+            masked = rnd_if(tl.where(causal, scores * tl.exp(seg), 0.0), CAUSAL_SCORES, LPK)
+            pv = _load_tile(psiv_ptr, chunk_rows * P + jj[:, None] * P + pp[None, :], PSIV, LPK)
+            if j0 == 0:
+                intra = mma(masked, pv, DOT_INTRA_LP, LPK)
+            else:
+                intra = mma_acc(masked, pv, intra, DOT_INTRA_LP, LPK)
+            if RECORD:
+                # every row of the chunk's C tokens, also those past S in the last chunk (zeros there)
+                cs_m = ok_rank[:, None] & (tt[:, None] < lim0) & (jj[None, :] < L)
+                cs_offs = tl.where(cs_m, (tt * R + r_m)[:, None] * L + jj[None, :], 0)
+                tl.store(rec_cs_ptr + bhc.to(tl.int64) * (L * L) + cs_offs, masked, mask=cs_m)
         o = intra + inter
         # diagonal (S26): acc over r_in ascending, qk from the prep kernel, ΨV rows of the same token
-        acc = fzeros(CP, BP)
-        for r_in in tl.static_range(R):
-            if QK_DOT_INTERNAL:
-                a = dec(tl.load(qkin_ptr + qk_rows + (r * R + r_in), mask=ok_t, other=0), LPK)
-            else:
-                a = tl.load(qkin_ptr + qk_rows + (r * R + r_in), mask=ok_t, other=0.0)
-            bv = _load_tile(psiv_ptr, psiv_rows + r_in * P, PSIV, LPK)
-            prod = a[:, None] * bv
-            if NATIVE_DIAG:
-                # devices, operands on the lp grid: the lp FMA / mul+add instructions round exactly as the
-                # integer emulation below does (fma.rn = one rounding of acc + a·b; mul.rn then add.rn)
-                a_lp = operand(a, True, LPK)[:, None]
-                b_lp = operand(bv, True, LPK)
-                if r_in == 0:
-                    acc_lp = a_lp * b_lp
-                elif DIAG_FMA:
-                    acc_lp = tl.fma(a_lp, b_lp, acc_lp)
-                else:
-                    acc_lp = acc_lp + a_lp * b_lp
-                acc = acc_lp.to(tl.float32)
-            elif DIAG_ACCUM:
-                if r_in == 0:
-                    acc = rnd(prod, LPK)
-                elif DIAG_FMA:
-                    acc = rnd_sum(acc, prod, LPK)
-                else:
-                    acc = rnd(acc + rnd(prod, LPK), LPK)
-            else:
-                if r_in == 0:
-                    acc = prod
-                else:
-                    acc = acc + prod
-            if r_in == r:
-                psiv_r = bv
+        acc = tl.full([M, BP], -0.0, tl.float32)
+        psiv_r = fzeros(M, BP)
+        qk_row = qk_tok + r_s * R
+        if R <= 8:
+            for r_in in tl.static_range(R):
+                acc, psiv_r = _diag_step(acc, psiv_r, r_in, qkin_ptr, qk_row, psiv_ptr, psiv_tok, r_s, ok, LPK, P,
+                                         QK_DOT_INTERNAL, PSIV, DIAG_ACCUM, DIAG_FMA, NATIVE_DIAG)
+        else:
+            for r_in in tl.range(0, R):
+                acc, psiv_r = _diag_step(acc, psiv_r, r_in, qkin_ptr, qk_row, psiv_ptr, psiv_tok, r_s, ok, LPK, P,
+                                         QK_DOT_INTERNAL, PSIV, DIAG_ACCUM, DIAG_FMA, NATIVE_DIAG)
         diag = rnd_if(acc * gamma_t[:, None], DIAG_GAMMA, LPK)
         o = o + diag
         if HAS_D:
             o = o + d_h * psiv_r
         out = rnd_if(o, OUT, LPK)
         if RECORD:
-            rrow = tt_s * R + r
-            _record_tile(rec_ptr, SLOT_Q_ROT, slot_stride, rec_base, rrow, ok_t & (tt < lim0), n, N, qrot, W)
-            _record_tile(rec_ptr, SLOT_Q_BIASED, slot_stride, rec_base, rrow, ok_t & (tt < lim0), n, N, qb, W)
-            _record_tile(rec_ptr, SLOT_INTER, slot_stride, rec_base, rrow, ok_t, pp, P, inter, W)
-            _record_tile(rec_ptr, SLOT_INTRA, slot_stride, rec_base, rrow, ok_t, pp, P, intra, W)
-            _record_tile(rec_ptr, SLOT_DIAG_ACCUM, slot_stride, rec_base, rrow, ok_t, pp, P, acc, W)
-            _record_tile(rec_ptr, SLOT_DIAG, slot_stride, rec_base, rrow, ok_t, pp, P, diag, W)
-            _record_tile(rec_ptr, SLOT_OUT, slot_stride, rec_base, rrow, ok_t, pp, P, out, W)
-            cs_m = (tt[:, None] < lim0) & (i[None, :] < L)
-            tl.store(rec_cs_ptr + bhc.to(tl.int64) * (L * L)
-                     + tl.where(cs_m, (tt[:, None] * R + r) * L + i[None, :], 0), masked, mask=cs_m)
+            okr = ok & (tt < lim0)
+            _record_tile(rec_ptr, SLOT_Q_ROT, slot_stride, rec_base, frow, okr, n, N, qrot, W)
+            _record_tile(rec_ptr, SLOT_Q_BIASED, slot_stride, rec_base, frow, okr, n, N, qb, W)
+            _record_tile(rec_ptr, SLOT_INTER, slot_stride, rec_base, frow, ok, pp, P, inter, W)
+            _record_tile(rec_ptr, SLOT_INTRA, slot_stride, rec_base, frow, ok, pp, P, intra, W)
+            _record_tile(rec_ptr, SLOT_DIAG_ACCUM, slot_stride, rec_base, frow, ok, pp, P, acc, W)
+            _record_tile(rec_ptr, SLOT_DIAG, slot_stride, rec_base, frow, ok, pp, P, diag, W)
+            _record_tile(rec_ptr, SLOT_OUT, slot_stride, rec_base, frow, ok, pp, P, out, W)
         if HAS_Z:
-            zeta = tl.load(mimo_z_ptr + (h * R + r) * P + pp)
-            x = z_t * zeta[None, :]
+            zeta = _rank_rows(mimo_z_ptr + h * (R * P), prow_p, pp, RBK == 1)
+            x = z_t * zeta
             gate, sig_x, sig_negx = silu_parts(x, SILU_TANH)
-        part_offs = bhc.to(tl.int64) * (R * P) + r * P + pp
         if REDUCE_O:
             if HAS_Z:
                 gated = gate * out
             else:
                 gated = out
-            tl.store(part_o_ptr + part_offs, tsum(tl.where(ok_t[:, None], gated * do_t, 0.0), axis=0))
+            _store_rank_sums(part_o_ptr + part_base, tl.where(ok[:, None], gated * do_t, 0.0), rr, rb, pp, R, P,
+                             RBK)
             if HAS_Z:
-                phi = rnd_if(tl.load(mimo_o_ptr + (h * R + r) * P + pp), PHI_WEIGHT, LPK)
-                dphio = rnd_if(rnd_if(do_t * phi[None, :], DPHIO, LPK) * out, DPHIO, LPK)
+                phi = rnd_if(_rank_rows(mimo_o_ptr + h * (R * P), prow_p, pp, RBK == 1), PHI_WEIGHT, LPK)
+                dphio = rnd_if(rnd_if(do_t * phi, DPHIO, LPK) * out, DPHIO, LPK)
         else:
             if HAS_Z:
-                d_r = dec(tl.load(dout_ptr + dfull_base + (tt_s * R + r)[:, None] * (H * P) + pp[None, :],
-                                  mask=ok_t[:, None], other=0), LPK)
+                d_r = dec(tl.load(dout_ptr + dfull_base + frow[:, None] * (H * P) + pp[None, :],
+                                  mask=ok[:, None], other=0), LPK)
                 dphio = rnd_if(d_r * out, DPHIO, LPK)
         if HAS_Z:
             dzz = dphio * sig_x * (1.0 + x * sig_negx)
-            term = dzz * zeta[None, :]
-            if DZ_ACCUM:
-                if r == 0:
-                    dz_acc = rnd(term, LPK)
-                else:
-                    dz_acc = rnd(dz_acc + term, LPK)
+            # invalid rows (and ranks ≥ R) add −0.0: no change
+            term = tl.where(ok[:, None], dzz * zeta, -0.0)
+            if RBK == 1:
+                dz_acc = _dz_step(dz_acc, term, DZ_ACCUM, LPK)
             else:
-                if r == 0:
-                    dz_acc = term
-                else:
-                    dz_acc = dz_acc + term
-            tl.store(part_z_ptr + part_offs, tsum(tl.where(ok_t[:, None], dzz * z_t, 0.0), axis=0))
+                term3 = tl.reshape(term, [RBK, TB, BP])
+                k3 = tl.arange(0, RBK)[:, None, None]
+                for k in tl.static_range(RBK):
+                    dz_acc = _dz_step(dz_acc, tsum(tl.where(k3 == k, term3, -0.0), axis=0), DZ_ACCUM, LPK)
+            _store_rank_sums(part_z_ptr + part_base, tl.where(ok[:, None], dzz * z_t, 0.0), rr, rb, pp, R, P, RBK)
             if RECORD:
-                _record_tile(rec_ptr, SLOT_GATE, slot_stride, rec_base, tt_s * R + r, ok_t, pp, P, gate, W)
-                _record_tile(rec_ptr, SLOT_DPHIO, slot_stride, rec_base, tt_s * R + r, ok_t, pp, P, dphio, W)
-                _record_tile(rec_ptr, SLOT_DZZ, slot_stride, rec_base, tt_s * R + r, ok_t, pp, P, dzz, W)
+                _record_tile(rec_ptr, SLOT_GATE, slot_stride, rec_base, frow, ok, pp, P, gate, W)
+                _record_tile(rec_ptr, SLOT_DPHIO, slot_stride, rec_base, frow, ok, pp, P, dphio, W)
+                _record_tile(rec_ptr, SLOT_DZZ, slot_stride, rec_base, frow, ok, pp, P, dzz, W)
     if HAS_Z:
-        tl.store(dz_ptr + v_base + tok_offs, enc(dz_acc, LPK), mask=ok_t[:, None])
+        ttb = tb * TB + tl.arange(0, TB)
+        okb = (ttb < C) & (cC + ttb < S)
+        ttb_s = tl.where(okb, ttb, 0)
+        tl.store(dz_ptr + v_base + ttb_s[:, None] * (H * P) + pp[None, :], enc(dz_acc, LPK), mask=okb[:, None])
         if RECORD:
-            _record_tile(rec_ptr, SLOT_DZ_ACCUM, slot_stride, rec_base, tt_s * R, ok_t, pp, P, dz_acc, W)
+            _record_tile(rec_ptr, SLOT_DZ_ACCUM, slot_stride, rec_base, ttb_s * R, okb, pp, P, dz_acc, W)
 
 
 @triton.jit
 def _mimo_out_kernel(
     dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr, trap_ptr, d_ptr,
     segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr, B, S,
-    H, HPG, nc, n_pt, n_virtual, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
-    CP: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr, AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
+    H, HPG, nc, n_tb, n_pt, n_virtual, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+    TB: tl.constexpr, RBK: tl.constexpr, JB: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr, AW: tl.constexpr,
+    W: tl.constexpr, LPK: tl.constexpr,
     QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, ROTARY: tl.constexpr,
     DT_INPUT: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, K_SCALED: tl.constexpr,
     PSIV: tl.constexpr, STATE_OPERAND: tl.constexpr, CAUSAL_SCORES: tl.constexpr, DIAG_ACCUM: tl.constexpr,
@@ -608,21 +693,25 @@ def _mimo_out_kernel(
 ):
     """Everything that depends on rnd(h_c): o, out, the gradient branches and the dmimo partials of one chunk.
 
-    Grid: 1-D, up to n_virtual = B·H·nc·n_pt programs looping over virtual programs; virtual program → (b, h,
-    chunk c, P tile of BP columns). k̂ and ΨV come from
-    ``_mimo_prep_kernel`` as dense fused rows (the K dimension of the intra GEMMs); outputs are built per output rank
-    r on CP token rows, so the rank sums of the diagonal and of dz run in ascending order in one program.
+    Grid: 1-D, up to n_virtual = B·H·nc·n_tb·n_pt programs looping over virtual programs; virtual program → (b, h,
+    chunk c, block of TB tokens, P tile of BP columns). The program's rows are RBK ranks × TB tokens (row
+    k·TB + τ is token τ of rank rb·RBK + k), looping over the cdiv(R, RBK) rank blocks in ascending order, so one
+    GEMM serves RBK ranks and the rank sums of the diagonal (per row) and of dz (across blocks) run in ascending
+    rank order in one program. k̂ and ΨV come from ``_mimo_prep_kernel`` as dense fused rows (the K dimension of
+    the intra GEMMs), JB rows at a time.
 
     Inputs: dout, q, z, trap (int16 bits), q_bias, mimo_o, mimo_z, da_cs, dt, d, segsum (FP32) as in the API;
     cs, sn [B, S, H, AW] (``_mimo_angles_kernel``); khat [B·H·nc, LP, N], psiv [B·H·nc, LP, P] (lp bits when
     K_SCALED / PSIV); hop [B, H, nc, N, P]: rnd(h_c) as lp bits (the ``states`` output) when STATE_OPERAND, else
     FP32 h_c; qkin [B, H, S, R, R]: the qk_dot output (lp bits) when QK_DOT_INTERNAL, else FP32 q̃·k̃ᵀ.
-    Outputs: dz [B, S, H, P] (lp bits), part_o / part_z [B·H·nc, R, P] FP32 per-chunk dmimo partials; records
-    when RECORD.
+    Outputs: dz [B, S, H, P] (lp bits), part_o / part_z [B·H·nc·n_tb, R, P] FP32 per-block dmimo partials;
+    records when RECORD.
 
     Compile-time constants:
-        N, P, R, C: sizes. CP: token rows (pow2 ≥ max(16, C)). LP: fused rows (pow2 ≥ max(16, C·R)). BP: P tile.
-        AW: rotated columns per half. W: record row width. LPK: 0 bf16, 1 fp16.
+        N, P, R, C: sizes. TB: tokens per program (pow2 ≥ 16). RBK: ranks per row block (pow2; TB·RBK rows).
+        JB: fused rows per scores/intra step (divides LP). LP: fused rows (pow2 ≥ max(16, C·R)). BP: P tile.
+        AW: rotated columns per half. W: record row width. LPK: 0 bf16, 1 fp16 (2, 3: the same through the
+        device's cvt.rn).
         QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
         STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM: policy switches.
         DIAG_FMA: ``diag_mode="fma"`` (one rounding of acc + a·b) else ``"mul_then_add"``. SILU_TANH: tanh form.
@@ -641,17 +730,17 @@ def _mimo_out_kernel(
             _out_program(
                 pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr,
                 trap_ptr, d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr,
-                rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_pt, N, P, R, C, CP, LP, BP, AW, W, LPK, QK_BIAS, QK_BIASED,
-                QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV, STATE_OPERAND,
-                CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM, SILU_TANH, HAS_Z,
-                HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD)
+                rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, JB, LP, BP, AW, W, LPK,
+                QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
+                STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM,
+                SILU_TANH, HAS_Z, HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD)
     else:
         pid = tl.program_id(0)
         _out_program(
             pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr,
             trap_ptr, d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr,
-            rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_pt, N, P, R, C, CP, LP, BP, AW, W, LPK, QK_BIAS, QK_BIASED,
-            QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV, STATE_OPERAND,
+            rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, JB, LP, BP, AW, W, LPK, QK_BIAS,
+            QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV, STATE_OPERAND,
             CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM, SILU_TANH, HAS_Z,
             HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD)
 

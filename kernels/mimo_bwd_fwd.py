@@ -37,8 +37,9 @@ _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 #: tile), ``CB`` (chunks per decay load), ``CBR``/``BLKR`` (chunks/columns per step of the dmimo sum),
 #: ``max_programs`` (cap the chunk kernels' grids; they loop over virtual programs), ``RB`` and ``qk_gemm`` (prep
 #: kernel rows per program and its same-step product form; the Ascend choices are 16 and 0),
-#: ``warps_k1`` … ``warps_k4`` and ``stages_k2`` (CUDA), and ``native_lp`` (1: on CUDA use the hardware's lp instructions: cvt.rn for
-#: every rounding, fma.rn / mul.rn + add.rn for the diagonal's rank steps; bit-identical to the integer helpers,
+#: ``TB``, ``RBK``, ``JB`` (output kernel: tokens, ranks and k̂/ΨV rows per step), ``warps_k1`` … ``warps_k4``,
+#: ``stages_k2`` (CUDA), and ``native_lp`` (0: on CUDA round with the integer helpers as on the other backends;
+#: default 1: use the hardware's lp instructions: cvt.rn for every rounding, fma.rn / mul.rn + add.rn for the diagonal's rank steps; bit-identical to the integer helpers,
 #: far fewer instructions). Empty in normal use.
 TUNING: Dict[str, int] = {}
 
@@ -127,13 +128,21 @@ class Plan:
     CB: int  # state walk: chunks per decay load
     CBR: int  # dmimo sum: chunks per step
     BP3: int  # output kernel: P tile
+    TB: int  # output kernel: tokens per program (n_tb = CP / TB token blocks per chunk)
+    RBK: int  # output kernel: ranks per row block (TB·RBK rows per GEMM)
+    JB: int  # output kernel: fused rows per scores/intra step (LP, or 16 on Ascend)
     W: int  # record row width
     grid1: int  # programs launched for the prep kernel (≤ virt1)
     grid2: int
     grid3: int  # programs launched for the output kernel (≤ virt3)
     warps: Dict[str, int]
     virt1: int  # virtual programs of the prep kernel: B·H·nc·(LP/RB)
-    virt3: int  # virtual programs of the output kernel: B·H·nc·(P/BP3)
+    virt3: int  # virtual programs of the output kernel: B·H·nc·(CP/TB)·(P/BP3)
+
+    @property
+    def n_tb(self) -> int:
+        """Token blocks per chunk in the output kernel."""
+        return self.CP // self.TB
 
 
 def _check_sizes(dims: Dims) -> None:
@@ -147,11 +156,12 @@ def _check_sizes(dims: Dims) -> None:
                          f"C·R <= {MAX_FUSED_ROWS}")
 
 
-def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
+def plan(dims: Dims, backend: str, sm_count: Optional[int] = None, lp_dots: bool = True) -> Plan:
     """Tile sizes for ``dims`` on ``backend`` ("interpreter", "cuda", "npu").
 
     The interpreter gets the fewest programs (its cost is per executed op). CUDA gets enough state-walk programs
-    to fill the SMs. Ascend tiles keep an estimated ≤ ~96 KB of live FP32 tiles per program (half the 192 KB UB;
+    to fill the SMs (``lp_dots``: the output kernel's GEMMs take lp operands; FP32 "ieee" GEMMs run on FMA units and
+    get half the rows, measured to avoid register spills on sm_90). Ascend tiles keep an estimated ≤ ~96 KB of live FP32 tiles per program (half the 192 KB UB;
     an estimate, not verified on hardware).
     """
     N, P, R, C = dims.state_dim, dims.value_dim, dims.rank, dims.chunk_size
@@ -160,8 +170,12 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     CP = max(16, _pow2(C))
     W = max(N, P, R)
     RB, QK_GEMM = LP, True
+    RP2 = _pow2(R)
+    JB = LP
     if backend == "interpreter":
+        # fewest programs and ops: all ranks and tokens of a chunk in one program
         BN, BP2, BP3, CB = N, P, P, 16
+        TB, RBK = CP, RP2
         warps = {}
     elif backend == "cuda":
         BN, BP2 = min(N, 64), min(P, 64)
@@ -172,20 +186,26 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
             else:
                 BN //= 2
         BP3 = min(P, 64)
+        # output kernel: up to 64 rows (RBK ranks × TB tokens) per GEMM, 32 for FP32 "ieee" GEMMs
+        rows = 64 if lp_dots else 32
+        TB = min(CP, rows)
+        RBK = max(1, min(RP2, rows // TB))
         CB = 16
         # prep rows per program: whole chunks unless the [rows, N] and [rows, P] tiles would spill (N = P = 128)
         RB = LP if LP * (N + P) <= 12288 else max(16, 1 << ((12288 // (N + P)).bit_length() - 1))
         QK_GEMM = RB == LP
         big1 = LP * max(N, P) >= 4096
-        big3 = LP * max(N, BP3) >= 4096 or CP * LP > 4096
+        big3 = TB * RBK >= rows or TB * RBK * max(N, BP3, LP) >= 4096
         # state walk: a 16x16 tile is one warp's MMA; one warp avoids a cross-warp reduction (and its barrier) on
         # the sequential path every chunk (measured on an H200 with 4 warps: ~1 µs per chunk at shape (a))
         warps = {"k1": 8 if big1 else 4, "k2": 1 if BN * BP2 <= 256 else 4, "k3": 8 if big3 else 4, "k4": 4}
     else:  # npu (triton-ascend): keep the live tiles of a program within the unified buffer
         RB, QK_GEMM = 16, False  # no [LP, LP] tile, 16-row tiles (docs/ascend_findings.md)
         BN, BP2 = 16, 16
+        # output kernel: one rank of 16 tokens per step, k̂/ΨV 16 fused rows at a time
+        TB, RBK, JB = 16, 1, 16
         BP3 = min(P, 64)
-        while BP3 > 16 and 4 * (LP * N + LP * BP3 + N * BP3 + 12 * CP * max(BP3, LP, N)) > 96 * 1024:
+        while BP3 > 16 and 4 * (8 * TB * N + JB * N + 3 * TB * JB + JB * BP3 + N * BP3 + 12 * TB * BP3) > 96 * 1024:
             BP3 //= 2
         CB = 16
         warps = {}
@@ -195,6 +215,9 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         BN = min(N, TUNING.get("BN", BN))
         BP2 = min(P, TUNING.get("BP2", BP2))
         BP3 = min(P, TUNING.get("BP3", BP3))
+        TB = min(CP, TUNING.get("TB", TB))
+        RBK = min(RP2, TUNING.get("RBK", RBK))
+        JB = min(LP, TUNING.get("JB", JB))
         CB = TUNING.get("CB", CB)
         CBR = TUNING.get("CBR", CBR)
         RB = min(LP, TUNING.get("RB", RB))
@@ -203,7 +226,7 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         stages2 = TUNING.get("stages_k2", stages2)
     warps["stages_k2"] = stages2
     virt1 = B * H * nc * (LP // RB)
-    virt3 = B * H * nc * (P // BP3)  # launched only when an output branch or a record needs it
+    virt3 = B * H * nc * (CP // TB) * (P // BP3)  # launched only when an output branch or a record needs it
     if backend == "npu":
         # Ascend: at most 65535 programs per launch; the chunk kernels loop over virtual programs
         cap = min(65535, _npu_core_count(dims.device) * 8)
@@ -213,8 +236,8 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     if TUNING.get("max_programs"):
         grid1, grid3 = min(grid1, TUNING["max_programs"]), min(grid3, TUNING["max_programs"])
     grid2 = B * H * (N // BN) * (P // BP2)
-    return Plan(backend, LP, CP, RB, QK_GEMM, BN, BP2, CB, CBR, BP3, W, grid1, grid2, grid3, warps, virt1,
-                virt3)
+    return Plan(backend, LP, CP, RB, QK_GEMM, BN, BP2, CB, CBR, BP3, TB, RBK, JB, W, grid1, grid2, grid3, warps,
+                virt1, virt3)
 
 
 def _npu_core_count(device) -> int:
@@ -340,7 +363,7 @@ def build_launches(
                            dt, trap, d, segsum, chunk_size, rotary_dim_divisor, lp_dtype=policy.lp_torch_dtype)
     _check_sizes(dims)
     backend = backend or _backend.backend_of(dims.device)
-    pl = plan(dims, backend, sm_count=sm_count)
+    pl = plan(dims, backend, sm_count=sm_count, lp_dots=bool(cx["QK_BIASED"] and cx["ROTARY"]))
     if backend == "interpreter" and not allow_slow_interpreter:
         est = estimate_interpreter_seconds(dims, pl)
         if est > INTERPRETER_LIMIT_S:
@@ -360,7 +383,7 @@ def build_launches(
 
     # ---- constexprs: policy switches, sizes, branches, dot operand formats
     cx = dict(cx)
-    native = backend == "cuda" and bool(TUNING.get("native_lp"))
+    native = backend == "cuda" and bool(TUNING.get("native_lp", 1))
     if native:
         cx["LPK"] += 2  # same RNE through cvt.rn (see _rounding.py); never under the interpreter
     cx["NATIVE_DIAG"] = native and cx["DIAG_ACCUM"] and cx["QK_DOT_INTERNAL"] and cx["PSIV"]
@@ -402,8 +425,9 @@ def build_launches(
     cs = torch.empty((B, S, H, aw), dtype=f32, device=dev)
     sn = torch.empty((B, S, H, aw), dtype=f32, device=dev)
     hf32 = torch.empty((B, H, nc, N, P), dtype=f32, device=dev) if store_f32 else None
-    part_o = torch.empty((B * H * nc, R * P), dtype=f32, device=dev) if dims.reduce_o else None
-    part_z = torch.empty((B * H * nc, R * P), dtype=f32, device=dev) if dims.has_z else None
+    n_part = B * H * nc * pl.n_tb  # dmimo partials: one row per (chunk, token block)
+    part_o = torch.empty((n_part, R * P), dtype=f32, device=dev) if dims.reduce_o else None
+    part_z = torch.empty((n_part, R * P), dtype=f32, device=dev) if dims.has_z else None
     dmimo_o = torch.empty((B, H, R, P), dtype=f32, device=dev) if dims.reduce_o else None
     dmimo_z = torch.empty((B, H, R, P), dtype=f32, device=dev) if dims.has_z else None
     rec = rec_cs = None
@@ -453,8 +477,9 @@ def build_launches(
         add("out", mod._mimo_out_kernel, pl.grid3,
             (arg(dout), arg(q), q_bias, arg(mimo_o), arg(z), arg(mimo_z), cs, sn, da_cs, dt, arg(trap), arg(d),
              segsum, arg(khat), arg(psiv), arg(hop), arg(qkin), arg(dz), arg(part_o), arg(part_z), rec_arg,
-             rec_cs_arg, B, S, H, dims.heads_per_group, nc, P // pl.BP3, pl.virt3),
-            dict(cx, BP=pl.BP3, PERSISTENT=pl.grid3 < pl.virt3), pl.warps.get("k3", 4), 1)
+             rec_cs_arg, B, S, H, dims.heads_per_group, nc, pl.n_tb, P // pl.BP3, pl.virt3),
+            dict(cx, BP=pl.BP3, TB=pl.TB, RBK=pl.RBK, JB=pl.JB, PERSISTENT=pl.grid3 < pl.virt3),
+            pl.warps.get("k3", 4), 1)
     # ---- 4. deterministic sums of the per-chunk dmimo partials
     RPc = R * P
     # enough programs for the dmimo sums (measured: 16 programs of 256 columns took ~0.09 ms each at shape (a))
@@ -462,7 +487,8 @@ def build_launches(
     nblk = -(-RPc // blk)
     for name, part, out in (("reduce_o", part_o, dmimo_o), ("reduce_z", part_z, dmimo_z)):
         if part is not None:
-            add(name, mod._mimo_reduce_kernel, B * H * nblk, (part, out, nc, nblk, RPc), {"BLK": blk, "CB": pl.CBR},
+            add(name, mod._mimo_reduce_kernel, B * H * nblk, (part, out, nc * pl.n_tb, nblk, RPc),
+                {"BLK": blk, "CB": pl.CBR},
                 pl.warps.get("k4", 4), 1)
 
     def finish():

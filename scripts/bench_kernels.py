@@ -1,13 +1,15 @@
 """Benchmark the Triton ``mamba_mimo_bwd_fwd`` kernels on a CUDA GPU (one command, compact tables).
 
     python scripts/bench_kernels.py                 # shapes a-d, writes reports/bench/<date>_<sha>_kernels.{md,json}
-    python scripts/bench_kernels.py --shapes a --variants default,native_lp,k3w4,bp3_32,native_lp_bp3_32,k2w4s3,k2s8
+    python scripts/bench_kernels.py --shapes a --variants default,emulated,rbk2,k3w4,bp3_32,k2w4s3,k2s8
 
 For every shape it first checks correctness (kernel vs reference under the same policy, rel RMS <= 3e-4 on every
 output, no NaN after a poisoned launch) and refuses to time a configuration whose gate is red. Then it reports the
 median of ``triton.testing.do_bench`` for: the Triton kernels under ``upstream_sm90`` (each tuning variant) and
-``seed_bf16``, the PyTorch reference on CUDA under ``upstream_sm90``, and an "upstream TileLang" column that is not
-run here (its H200 figures from ``shared/docs/performance.md`` are quoted). Bandwidth is the bytes the shape must move
+``seed_bf16``, the PyTorch reference on CUDA under ``upstream_sm90``, and the upstream TileLang kernel
+(``mimo_numerics.upstream``, timed in the same run when TileLang and the mamba-ssm source are available, e.g. after
+``. scripts/use_upstream_wheels.sh``; otherwise "not run" with its H200 figures from ``shared/docs/performance.md``;
+its call includes allocating its outputs, which the performance notes measured at 0.1 %). Bandwidth is the bytes the shape must move
 (every input read once, every output written once) over the median time, against ~4.3 TB/s. A per-kernel breakdown
 (prep, state walk, out, reduce) is timed too.
 
@@ -31,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import mimo_numerics as mn  # noqa: E402
-from mimo_numerics import kernels  # noqa: E402
+from mimo_numerics import kernels, upstream  # noqa: E402
 from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs  # noqa: E402
 from mimo_numerics.kernels import mimo_bwd_fwd  # noqa: E402
 from mimo_numerics.outputs import OUTPUT_NAMES  # noqa: E402
@@ -49,12 +51,11 @@ UPSTREAM_MS = {"a": "6.63, 6.72", "b": "1.75, 1.78", "c": "9.91, 10.07", "d": "3
 #: tuning variants of the upstream_sm90 kernels (mimo_bwd_fwd.TUNING; none changes numerics)
 VARIANTS = {
     "default": {},
-    "native_lp": {"native_lp": 1},
-    "k3w8": {"warps_k1": 8, "warps_k3": 8},
-    "k3w4": {"warps_k1": 4, "warps_k3": 4},
-    "native_lp_k3w4": {"native_lp": 1, "warps_k1": 4, "warps_k3": 4},
+    "emulated": {"native_lp": 0},
+    "rbk2": {"RBK": 2},
+    "k3w4": {"warps_k3": 4},
+    "k1w4": {"warps_k1": 4},
     "bp3_32": {"BP3": 32},
-    "native_lp_bp3_32": {"native_lp": 1, "BP3": 32},
     "k2w4s3": {"warps_k2": 4, "stages_k2": 3},
     "k2s8": {"stages_k2": 8},
 }
@@ -123,9 +124,10 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="a,b,c,d")
-    ap.add_argument("--variants", default="default,native_lp",
+    ap.add_argument("--variants", default="default,emulated",
                     help=f"tuning variants of the upstream_sm90 kernels, from {list(VARIANTS)} (each compiles anew)")
     ap.add_argument("--no-reference-timing", action="store_true", help="skip timing the PyTorch reference")
+    ap.add_argument("--no-upstream", action="store_true", help="do not time the upstream TileLang kernel")
     ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms) for the kernels")
     ap.add_argument("--out", default=os.path.join(ROOT, "reports", "bench"))
     ap.add_argument("--smoke", action="store_true",
@@ -144,7 +146,7 @@ def main(argv=None) -> int:
         UPSTREAM_MS["s"] = "-"
         for key in list(VARIANTS):
             VARIANTS[key] = {k: v for k, v in VARIANTS[key].items() if k in ("BP3",)}
-        args.shapes, args.variants = "s", "default,native_lp"
+        args.shapes, args.variants = "s", "default,emulated"
         args.out = os.path.join(args.out, "smoke")
         dev = torch.device("cpu")
     elif not torch.cuda.is_available():
@@ -154,12 +156,27 @@ def main(argv=None) -> int:
         dev = torch.device("cuda")
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton interpreter, --smoke)"
     variants = [v for v in args.variants.split(",") if v]
+    up_ok, up_why = (False, "--no-upstream") if args.no_upstream or dev.type != "cuda" else upstream.availability()
+    print(f"upstream TileLang: {'timed in this run' if up_ok else 'not run: ' + up_why}")
     rows, breakdown, failures = [], [], []
     print(f"GPU {gpu} | torch {torch.__version__} | triton {triton.__version__} | commit {git_commit()}")
     for shape in args.shapes.split(","):
         spec = spec_of(shape)
         x = make_inputs(spec, device=dev)
         row = {"shape": shape, "case": spec.case_id, "upstream_tilelang_ms": f"not run (H200: {UPSTREAM_MS[shape]})"}
+        if up_ok:
+            try:
+                up_out = upstream.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), poison=False)
+                torch.cuda.synchronize()
+                ms = do_bench(lambda: upstream.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), poison=False),
+                              rep=args.rep, return_mode="median")
+                row["upstream_tilelang_ms"] = f"{ms:.3f}"
+                row["upstream_tilelang_ms_value"] = ms
+                print(f"[{shape}] upstream TileLang                  {ms:8.3f} ms")
+                del up_out
+            except Exception as exc:  # an upstream refusal or compile failure is reported, not fatal
+                row["upstream_tilelang_ms"] = f"failed: {type(exc).__name__}: {str(exc)[:120]}"
+                print(f"[{shape}] upstream TileLang failed: {exc}")
         refs = {p: mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=p)
                 for p in ("upstream_sm90", "seed_bf16")}
         row["bytes"] = bytes_moved(x, refs["upstream_sm90"])

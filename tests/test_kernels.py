@@ -184,8 +184,8 @@ def test_every_switch_and_knob_is_honoured(spec, change):
 
 
 _TILINGS = {
-    "device_tiles": dict(BN=16, BP2=16, BP3=16, CB=2, CBR=2, BLKR=16, max_programs=3),
-    "ascend_plan": dict(RB=16, qk_gemm=0, BN=16, BP2=16, BP3=16, max_programs=3),
+    "device_tiles": dict(BN=16, BP2=16, BP3=16, CB=2, CBR=2, BLKR=16, RBK=2, max_programs=3),
+    "ascend_plan": dict(RB=16, qk_gemm=0, BN=16, BP2=16, BP3=16, TB=16, RBK=1, JB=16, max_programs=3),
 }
 
 
@@ -194,8 +194,9 @@ _TILINGS = {
 def test_tiled_plan_matches_reference(preset, tiling):
     """The device plans under the interpreter: several N/P tiles in the state walk and output kernel, decays
     loaded two chunks at a time, dmimo sums over blocks of chunks and columns, the chunk kernels looping over more
-    virtual programs than launched (the Ascend grid cap), and the Ascend prep plan (16-row programs, same-step
-    products without the [LP, LP] GEMM)."""
+    virtual programs than launched (the Ascend grid cap), the output kernel's rank blocks (two blocks of two ranks;
+    one rank per block with k̂/ΨV in 16-row steps), and the Ascend prep plan (16-row programs, same-step products
+    without the [LP, LP] GEMM)."""
     from mimo_numerics.kernels import mimo_bwd_fwd
 
     spec = CaseSpec(seqlen=36, state_dim=32, value_dim=32, rank=4, chunk_size=8, has_z=True, has_d=True)
@@ -207,6 +208,30 @@ def test_tiled_plan_matches_reference(preset, tiling):
         assert pl.grid1 == pl.grid3 == 3 and pl.virt3 == 2 * spec.nchunks
         if tiling == "ascend_plan":
             assert pl.RB == 16 and not pl.QK_GEMM and pl.virt1 == 2 * spec.nchunks
+        out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, poison=True)
+    finally:
+        mimo_bwd_fwd.TUNING.clear()
+        mimo_bwd_fwd.TUNING.update(saved)
+    d = _distances(out, mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset))
+    assert max(d.values()) <= GATE_RTOL, d
+    for n in OUTPUT_NAMES:
+        if getattr(out, n) is not None:
+            assert not torch.isnan(getattr(out, n).float()).any(), n
+
+
+@pytest.mark.parametrize("preset", ["upstream_sm90", "fp32"])
+def test_token_blocks_match_reference(preset):
+    """Output kernel with two 16-token blocks per chunk (C = 24, a tail chunk) and ranks split over two blocks
+    (R = 3 padded to 4): the dmimo partials of both blocks are summed, dz rounds over ranks across blocks."""
+    from mimo_numerics.kernels import mimo_bwd_fwd
+
+    spec = CaseSpec(seqlen=40, state_dim=16, value_dim=16, rank=3, chunk_size=24, has_z=True, has_d=True)
+    x = _inputs(spec)
+    saved = dict(mimo_bwd_fwd.TUNING)
+    mimo_bwd_fwd.TUNING.update(TB=16, RBK=2, JB=32)
+    try:
+        pl = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=preset).plan
+        assert (pl.n_tb, pl.RBK, pl.LP // pl.JB) == (2, 2, 4)
         out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, poison=True)
     finally:
         mimo_bwd_fwd.TUNING.clear()
@@ -462,13 +487,13 @@ def _toolchain():
 @pytest.mark.skipif(not _toolchain(), reason="Triton's NVIDIA backend (ptxas) is not installed")
 @pytest.mark.parametrize("policy, spec, tuning", [
     ("upstream_sm90", CaseSpec(seqlen=32, heads=2, state_dim=64, value_dim=64, rank=4, chunk_size=16, has_z=True,
-                               has_d=True), {}),
+                               has_d=True), {"native_lp": 0}),
     ("upstream_sm90", CaseSpec(seqlen=32, heads=2, state_dim=64, value_dim=64, rank=4, chunk_size=16, has_z=True,
-                               has_d=True), {"native_lp": 1}),
+                               has_d=True), {}),
     ("fp32", CaseSpec(seqlen=24, state_dim=32, value_dim=16, rank=3, chunk_size=6, reduce_o=False, has_z=True), {}),
     ("upstream_sm90_fp16", CaseSpec(seqlen=24, state_dim=128, value_dim=128, rank=4, chunk_size=16, has_d=True,
-                                    dtype="float16"), {"native_lp": 1}),
-], ids=["sm90_N64_P64_R4_C16", "sm90_native_lp", "fp32_R3_C6", "fp16_N128_P128_native_lp"])
+                                    dtype="float16"), {}),
+], ids=["sm90_N64_P64_R4_C16_emulated", "sm90_native_lp", "fp32_R3_C6", "fp16_N128_P128_native_lp"])
 def test_compiles_for_sm90_without_spills(policy, spec, tuning):
     """The compiled (CUDA) path: every kernel compiles for sm_90 with the CUDA launch options and does not spill
     (Triton's own ptxas/cuobjdump, no GPU needed). The launches go through the JIT's argument binder, so they get
