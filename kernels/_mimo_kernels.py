@@ -50,27 +50,28 @@ from ._rounding import (bits_operand, dec, enc, fzeros, mma, mma_acc, operand, r
                         silu_parts, sincos, tsum)
 
 #: record slots of ``rec_ptr`` ([NSLOT, B, H, S, R, W] FP32); the launcher maps them to the reference's stage names
-SLOT_Q_ROT = 0
-SLOT_K_SCALED = 1
-SLOT_K_STATE = 2
-SLOT_PSIV = 3
-SLOT_INTER = 4
-SLOT_INTRA = 5
-SLOT_DIAG_ACCUM = 6
-SLOT_DIAG = 7
-SLOT_OUT = 8
-SLOT_GATE = 9
-SLOT_DPHIO = 10
-SLOT_DZZ = 11
-SLOT_DZ_ACCUM = 12
-SLOT_QK_DOT = 13
-SLOT_GAMMA = 14
-SLOT_TRAP_SCALE = 15
-SLOT_Q_BIASED = 16
-SLOT_K_BIASED = 17
-SLOT_K_ROT = 18
-SLOT_SHIFTED_GAMMA = 19
-NSLOT = 20
+#: (``tl.constexpr``: compiled kernels may read only constexpr globals; ``int(SLOT_X)`` on the host)
+SLOT_Q_ROT = tl.constexpr(0)
+SLOT_K_SCALED = tl.constexpr(1)
+SLOT_K_STATE = tl.constexpr(2)
+SLOT_PSIV = tl.constexpr(3)
+SLOT_INTER = tl.constexpr(4)
+SLOT_INTRA = tl.constexpr(5)
+SLOT_DIAG_ACCUM = tl.constexpr(6)
+SLOT_DIAG = tl.constexpr(7)
+SLOT_OUT = tl.constexpr(8)
+SLOT_GATE = tl.constexpr(9)
+SLOT_DPHIO = tl.constexpr(10)
+SLOT_DZZ = tl.constexpr(11)
+SLOT_DZ_ACCUM = tl.constexpr(12)
+SLOT_QK_DOT = tl.constexpr(13)
+SLOT_GAMMA = tl.constexpr(14)
+SLOT_TRAP_SCALE = tl.constexpr(15)
+SLOT_Q_BIASED = tl.constexpr(16)
+SLOT_K_BIASED = tl.constexpr(17)
+SLOT_K_ROT = tl.constexpr(18)
+SLOT_SHIFTED_GAMMA = tl.constexpr(19)
+NSLOT = tl.constexpr(20)
 
 
 @triton.jit

@@ -156,12 +156,11 @@ def _check_sizes(dims: Dims) -> None:
                          f"C·R <= {MAX_FUSED_ROWS}")
 
 
-def plan(dims: Dims, backend: str, sm_count: Optional[int] = None, lp_dots: bool = True) -> Plan:
+def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     """Tile sizes for ``dims`` on ``backend`` ("interpreter", "cuda", "npu").
 
     The interpreter gets the fewest programs (its cost is per executed op). CUDA gets enough state-walk programs
-    to fill the SMs (``lp_dots``: the output kernel's GEMMs take lp operands; FP32 "ieee" GEMMs run on FMA units and
-    get half the rows, measured to avoid register spills on sm_90). Ascend tiles keep an estimated ≤ ~96 KB of live FP32 tiles per program (half the 192 KB UB;
+    to fill the SMs and small chunk programs (measured fastest). Ascend tiles keep an estimated ≤ ~96 KB of live FP32 tiles per program (half the 192 KB UB;
     an estimate, not verified on hardware).
     """
     N, P, R, C = dims.state_dim, dims.value_dim, dims.rank, dims.chunk_size
@@ -186,19 +185,16 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None, lp_dots: bool
             else:
                 BN //= 2
         BP3 = min(P, 64)
-        # output kernel: up to 64 rows (RBK ranks × TB tokens) per GEMM, 32 for FP32 "ieee" GEMMs
-        rows = 64 if lp_dots else 32
-        TB = min(CP, rows)
-        RBK = max(1, min(RP2, rows // TB))
+        # The chunk kernels are latency-bound (dependent loads, small GEMMs): many small resident programs beat
+        # fewer large ones. Measured on an H200 at shapes (a) and (c) (reports/bench/, 20261129_190957): output
+        # kernel rows RBK·TB = 16 with 2 warps, prep programs of 16 fused rows with 2 warps: (a) 1.17 ms against
+        # 2.15 ms for 64 rows with 8 warps (which also faulted with Triton 3.6 at N = 128, P = 32).
+        TB, RBK = 16, 1
+        RB, QK_GEMM = 16, False
         CB = 16
-        # prep rows per program: whole chunks unless the [rows, N] and [rows, P] tiles would spill (N = P = 128)
-        RB = LP if LP * (N + P) <= 12288 else max(16, 1 << ((12288 // (N + P)).bit_length() - 1))
-        QK_GEMM = RB == LP
-        big1 = LP * max(N, P) >= 4096
-        big3 = TB * RBK >= rows or TB * RBK * max(N, BP3, LP) >= 4096
         # state walk: a 16x16 tile is one warp's MMA; one warp avoids a cross-warp reduction (and its barrier) on
         # the sequential path every chunk (measured on an H200 with 4 warps: ~1 µs per chunk at shape (a))
-        warps = {"k1": 8 if big1 else 4, "k2": 1 if BN * BP2 <= 256 else 4, "k3": 8 if big3 else 4, "k4": 4}
+        warps = {"k1": 2, "k2": 1 if BN * BP2 <= 256 else 4, "k3": 2, "k4": 4}
     else:  # npu (triton-ascend): keep the live tiles of a program within the unified buffer
         RB, QK_GEMM = 16, False  # no [LP, LP] tile, 16-row tiles (docs/ascend_findings.md)
         BN, BP2 = 16, 16
@@ -363,7 +359,7 @@ def build_launches(
                            dt, trap, d, segsum, chunk_size, rotary_dim_divisor, lp_dtype=policy.lp_torch_dtype)
     _check_sizes(dims)
     backend = backend or _backend.backend_of(dims.device)
-    pl = plan(dims, backend, sm_count=sm_count, lp_dots=bool(cx["QK_BIASED"] and cx["ROTARY"]))
+    pl = plan(dims, backend, sm_count=sm_count)
     if backend == "interpreter" and not allow_slow_interpreter:
         est = estimate_interpreter_seconds(dims, pl)
         if est > INTERPRETER_LIMIT_S:
@@ -432,7 +428,7 @@ def build_launches(
     dmimo_z = torch.empty((B, H, R, P), dtype=f32, device=dev) if dims.has_z else None
     rec = rec_cs = None
     if keep:
-        rec = torch.zeros((mod.NSLOT, B, H, S, R, pl.W), dtype=f32, device=dev)
+        rec = torch.zeros((_ix(mod.NSLOT), B, H, S, R, pl.W), dtype=f32, device=dev)
         rec_cs = torch.zeros((B * H * nc, C * R, C * R), dtype=f32, device=dev)
     if poison:
         for t in (states, qk_dot, dz, kst, khat, psiv, qkf, cs, sn, hf32, part_o, part_z, dmimo_o, dmimo_z, rec,
@@ -499,23 +495,28 @@ def build_launches(
     return Prepared(launches, outputs, pl, finish)
 
 
+def _ix(slot) -> int:
+    """A record slot (a ``tl.constexpr`` in the kernel module) as a Python int."""
+    return int(getattr(slot, "value", slot))
+
+
 def _fill_record(record, rec, rec_cs, states, hf32, cx, dims: Dims, mod) -> None:
     N, P, R = dims.state_dim, dims.value_dim, dims.rank
     B, H, nc, C = dims.batch, dims.heads, dims.nchunks, dims.chunk_size
 
     def slot(i, width):
-        return rec[i][..., :width].clone()
+        return rec[_ix(i)][..., :width].clone()
 
     record["q_biased"] = slot(mod.SLOT_Q_BIASED, N)
     record["k_biased"] = slot(mod.SLOT_K_BIASED, N)
     record["k_rot"] = slot(mod.SLOT_K_ROT, N)
-    record["shifted_gamma"] = rec[mod.SLOT_SHIFTED_GAMMA][..., 0, 0].clone()
+    record["shifted_gamma"] = rec[_ix(mod.SLOT_SHIFTED_GAMMA)][..., 0, 0].clone()
     record["q_rot"] = slot(mod.SLOT_Q_ROT, N)
     record["k_scaled"] = slot(mod.SLOT_K_SCALED, N)
     record["k_state"] = slot(mod.SLOT_K_STATE, N)
     record["qk_dot"] = slot(mod.SLOT_QK_DOT, R)
-    record["gamma"] = rec[mod.SLOT_GAMMA][..., 0, 0].clone()
-    record["trap_scale"] = rec[mod.SLOT_TRAP_SCALE][..., 0, 0].clone()
+    record["gamma"] = rec[_ix(mod.SLOT_GAMMA)][..., 0, 0].clone()
+    record["trap_scale"] = rec[_ix(mod.SLOT_TRAP_SCALE)][..., 0, 0].clone()
     record["psiv"] = slot(mod.SLOT_PSIV, P)
     record["state"] = hf32.clone()
     record["state_operand"] = states.to(torch.float32) if cx["STATE_OPERAND"] else hf32.clone()
@@ -529,4 +530,4 @@ def _fill_record(record, rec, rec_cs, states, hf32, cx, dims: Dims, mod) -> None
         record["gate"] = slot(mod.SLOT_GATE, P)
         record["dphio"] = slot(mod.SLOT_DPHIO, P)
         record["dzz"] = slot(mod.SLOT_DZZ, P)
-        record["dz_accum"] = rec[mod.SLOT_DZ_ACCUM][..., 0, :P].clone()
+        record["dz_accum"] = rec[_ix(mod.SLOT_DZ_ACCUM)][..., 0, :P].clone()

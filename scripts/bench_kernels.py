@@ -52,11 +52,16 @@ UPSTREAM_MS = {"a": "6.63, 6.72", "b": "1.75, 1.78", "c": "9.91, 10.07", "d": "3
 VARIANTS = {
     "default": {},
     "emulated": {"native_lp": 0},
-    "rbk2": {"RBK": 2},
-    "k3w4": {"warps_k3": 4},
-    "k1w4": {"warps_k1": 4},
-    "bp3_32": {"BP3": 32},
-    "k2w4s3": {"warps_k2": 4, "stages_k2": 3},
+    "rbk4_w4": {"RBK": 4, "warps_k3": 4},
+    "rbk2_w4": {"RBK": 2, "warps_k3": 4},
+    "rbk2_w2": {"RBK": 2, "warps_k3": 2},
+    "rbk1_w4": {"RBK": 1, "warps_k3": 4},
+    "rbk1_w2": {"RBK": 1, "warps_k3": 2},
+    "rbk1_w1": {"RBK": 1, "warps_k3": 1},
+    "rbk1_w2_k1w4": {"RBK": 1, "warps_k3": 2, "warps_k1": 4},
+    "rbk1_w2_k1w2": {"RBK": 1, "warps_k3": 2, "warps_k1": 2},
+    "rbk1_w2_rb16w2": {"RBK": 1, "warps_k3": 2, "RB": 16, "warps_k1": 2},
+    "rbk1_w2_rb32w4": {"RBK": 1, "warps_k3": 2, "RB": 32, "warps_k1": 4},
     "k2s8": {"stages_k2": 8},
 }
 
@@ -127,6 +132,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="default,emulated",
                     help=f"tuning variants of the upstream_sm90 kernels, from {list(VARIANTS)} (each compiles anew)")
     ap.add_argument("--no-reference-timing", action="store_true", help="skip timing the PyTorch reference")
+    ap.add_argument("--commit", default=None, help="commit to record (machines without .git)")
     ap.add_argument("--no-upstream", action="store_true", help="do not time the upstream TileLang kernel")
     ap.add_argument("--rep", type=int, default=200, help="do_bench rep (ms) for the kernels")
     ap.add_argument("--out", default=os.path.join(ROOT, "reports", "bench"))
@@ -159,7 +165,8 @@ def main(argv=None) -> int:
     up_ok, up_why = (False, "--no-upstream") if args.no_upstream or dev.type != "cuda" else upstream.availability()
     print(f"upstream TileLang: {'timed in this run' if up_ok else 'not run: ' + up_why}")
     rows, breakdown, failures = [], [], []
-    print(f"GPU {gpu} | torch {torch.__version__} | triton {triton.__version__} | commit {git_commit()}")
+    commit = args.commit or git_commit()
+    print(f"GPU {gpu} | torch {torch.__version__} | triton {triton.__version__} | commit {commit}")
     for shape in args.shapes.split(","):
         spec = spec_of(shape)
         x = make_inputs(spec, device=dev)
@@ -202,7 +209,7 @@ def main(argv=None) -> int:
 
                 ms = do_bench(run_all, rep=args.rep, return_mode="median")
                 row[key + "_ms"] = ms
-                print(f"[{shape}] {key:34s} {ms:8.3f} ms  {row['bytes'] / ms / 1e9:7.0f} GB/s  "
+                print(f"[{shape}] {key:34s} {ms:8.3f} ms  {row['bytes'] / ms / 1e6:7.0f} GB/s  "
                       f"max gate err {max(errs.values()):.1e}")
                 if vname == "default" or preset == "upstream_sm90":
                     for launch in prep.launches:
@@ -222,7 +229,7 @@ def main(argv=None) -> int:
     # ---- report
     stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
     os.makedirs(args.out, exist_ok=True)
-    meta = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "commit": git_commit(),
+    meta = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "commit": commit,
             "peak_bw_tb_s": PEAK_BW / 1e12, "gate_rtol": GATE_RTOL, "date": stamp, "variants": variants}
     ukeys = [k for k in rows[0] if k.startswith("triton_") and k.endswith("_ms")]
     lines = [f"# Triton mamba_mimo_bwd_fwd benchmark ({stamp})", "",
@@ -238,7 +245,8 @@ def main(argv=None) -> int:
         cells = [f"{t:.3f}" if t else "gate failed" for t in times]
         ref = row.get("reference_upstream_sm90_ms")
         ref_cell = f"{ref:.1f}" if ref else "not timed"
-        bw_cell = (f"{row['bytes'] / best / 1e9:.0f} GB/s ({row['bytes'] / best / 1e9 / (PEAK_BW / 1e9):.0%})"
+        # bytes / (ms · 1e-3 s) = bytes/s; GB/s = bytes / ms / 1e6
+        bw_cell = (f"{row['bytes'] / best / 1e6:.0f} GB/s ({row['bytes'] / best * 1e3 / PEAK_BW:.1%})"
                    if best else "-")
         lines.append(f"| {row['shape']} | {row['bytes'] / 1e6:.0f} | " + " | ".join(cells)
                      + f" | {ref_cell} | {row['upstream_tilelang_ms']} | {bw_cell} |")

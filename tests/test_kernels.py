@@ -495,10 +495,12 @@ def _toolchain():
                                     dtype="float16"), {}),
 ], ids=["sm90_N64_P64_R4_C16_emulated", "sm90_native_lp", "fp32_R3_C6", "fp16_N128_P128_native_lp"])
 def test_compiles_for_sm90_without_spills(policy, spec, tuning):
-    """The compiled (CUDA) path: every kernel compiles for sm_90 with the CUDA launch options and does not spill
-    (Triton's own ptxas/cuobjdump, no GPU needed). The launches go through the JIT's argument binder, so they get
-    the specialization of a real launch (B = 1 arrives as a constexpr: the H200 failure of an earlier snapshot).
-    The N = P = 128 case takes the row-block prep plan."""
+    """The compiled (CUDA) path: every kernel compiles for sm_90 with the CUDA launch options (Triton's own
+    ptxas/cuobjdump, no GPU needed) and none spills registers, except the output kernel, whose spill stays under
+    1 KiB: it runs 2 warps on 16 rows, which spills a little (56 B at shape (a), 760 B with FP16 N = P = 128) and
+    was measured faster on an H200 than 4 warps without spills (1.27 ms against 1.50 ms at (a); reports/bench/).
+    The launches go through the JIT's argument binder, so they get the specialization of a real launch (B = 1
+    arrives as a constexpr: the H200 failure of an earlier snapshot)."""
     from mimo_numerics.kernels import _devtools, mimo_bwd_fwd
 
     x = _inputs(spec)
@@ -511,7 +513,7 @@ def test_compiles_for_sm90_without_spills(policy, spec, tuning):
         mimo_bwd_fwd.TUNING.clear()
         mimo_bwd_fwd.TUNING.update(saved)
     for row in _devtools.compile_launches(prep, arch=90):
-        assert row["regs"] > 0 and row["stack"] == 0, row
+        assert row["regs"] > 0 and row["stack"] <= (1024 if row["name"] == "out" else 0), row
 
 
 # ---------------------------------------------------------------------------------------------------- golden
