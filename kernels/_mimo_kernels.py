@@ -328,7 +328,7 @@ def _mimo_state_kernel(
     N: tl.constexpr, P: tl.constexpr, C: tl.constexpr, LP: tl.constexpr,
     BN: tl.constexpr, BP: tl.constexpr, CB: tl.constexpr, LPK: tl.constexpr,
     K_STATE: tl.constexpr, PSIV: tl.constexpr, DOT_STATE_LP: tl.constexpr,
-    ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr,
+    ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr, KT_LOAD: tl.constexpr,
 ):
     """The sequential walk over the chunks: states[c] = rnd(h_c), h_{c+1} = h_c·decay_c (+) k_stateᵀ·ΨV.
 
@@ -344,6 +344,8 @@ def _mimo_state_kernel(
         K_STATE, PSIV: the workspaces hold lp bits. DOT_STATE_LP: feed the GEMM lp operands (devices only, both
         operands on the grid). ACCUMULATE: ``state_update="accumulate_into"`` (one K=16 slice of rows at a time
         into the live state) else ``"separate"`` (the chunk's sum first, then added). STORE_F32: store FP32 h_c.
+        KT_LOAD: load k_stateᵀ transposed from memory (strided) instead of transposing in registers (same values;
+        measured 0.44 → 0.19 ms for this kernel at shape (a) on an H200).
 
     Rounding sites: S41 (states = rnd(h_c)); S43–S45 are FP32.
     """
@@ -377,28 +379,35 @@ def _mimo_state_kernel(
                 state = state * decay
                 for s in tl.static_range(LP // 16):
                     i = s * 16 + tl.arange(0, 16)
-                    ks = tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :])
+                    if KT_LOAD:
+                        # k_stateᵀ loaded transposed ([BN, 16], strided), no layout transpose in registers
+                        kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
+                    else:
+                        kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
                     pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
                     if DOT_STATE_LP:
-                        state = tl.dot(tl.trans(bits_operand(ks, LPK)), bits_operand(pv, LPK), state)
+                        state = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK), state)
                     else:
                         if K_STATE:
-                            ks = dec(ks, LPK)
+                            kt = dec(kt, LPK)
                         if PSIV:
                             pv = dec(pv, LPK)
-                        state = mma_acc(tl.trans(ks), pv, state, False, LPK)
+                        state = mma_acc(kt, pv, state, False, LPK)
             else:
                 i = tl.arange(0, LP)
-                ks = tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :])
+                if KT_LOAD:
+                    kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
+                else:
+                    kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
                 pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
                 if DOT_STATE_LP:
-                    local = tl.dot(tl.trans(bits_operand(ks, LPK)), bits_operand(pv, LPK))
+                    local = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK))
                 else:
                     if K_STATE:
-                        ks = dec(ks, LPK)
+                        kt = dec(kt, LPK)
                     if PSIV:
                         pv = dec(pv, LPK)
-                    local = mma(tl.trans(ks), pv, False, LPK)
+                    local = mma(kt, pv, False, LPK)
                 state = state * decay + local
 
 

@@ -37,7 +37,7 @@ _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 #: tile), ``CB`` (chunks per decay load), ``CBR``/``BLKR`` (chunks/columns per step of the dmimo sum),
 #: ``max_programs`` (cap the chunk kernels' grids; they loop over virtual programs), ``RB`` and ``qk_gemm`` (prep
 #: kernel rows per program and its same-step product form; the Ascend choices are 16 and 0),
-#: ``TB``, ``RBK``, ``JB`` (output kernel: tokens, ranks and k̂/ΨV rows per step), ``warps_k1`` … ``warps_k4``,
+#: ``TB``, ``RBK``, ``JB`` (output kernel: tokens, ranks and k̂/ΨV rows per step), ``kt_load`` (state walk), ``warps_k1`` … ``warps_k4``,
 #: ``stages_k2`` (CUDA), and ``native_lp`` (0: on CUDA round with the integer helpers as on the other backends;
 #: default 1: use the hardware's lp instructions: cvt.rn for every rounding, fma.rn / mul.rn + add.rn for the diagonal's rank steps; bit-identical to the integer helpers,
 #: far fewer instructions). Empty in normal use.
@@ -465,7 +465,8 @@ def build_launches(
     # ---- 2. sequential walk over the chunks: states (lp), FP32 h when needed
     add("state", mod._mimo_state_kernel, pl.grid2,
         (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
-        dict(cx, BP=pl.BP2), pl.warps.get("k2", 4), pl.warps.get("stages_k2", 3))
+        dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1))), pl.warps.get("k2", 4),
+        pl.warps.get("stages_k2", 3))
     # ---- 3. chunk-parallel outputs from rnd(h_c)
     if need_out:
         hop = states if cx["STATE_OPERAND"] else hf32

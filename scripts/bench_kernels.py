@@ -63,6 +63,9 @@ VARIANTS = {
     "rbk1_w2_rb16w2": {"RBK": 1, "warps_k3": 2, "RB": 16, "warps_k1": 2},
     "rbk1_w2_rb32w4": {"RBK": 1, "warps_k3": 2, "RB": 32, "warps_k1": 4},
     "k2s8": {"stages_k2": 8},
+    "no_kt_load": {"kt_load": 0},
+    "bn32": {"BN": 32},
+    "s1": {"stages_k2": 1},
 }
 
 
