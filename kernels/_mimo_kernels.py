@@ -477,9 +477,23 @@ def _dz_step(dz_acc, term, DZ_ACCUM: tl.constexpr, LPK: tl.constexpr):
 
 
 @triton.jit
-def _store_rank_sums(part_ptr, x, rr, rb, pp, R: tl.constexpr, P: tl.constexpr, RBK: tl.constexpr):
-    """part[r, p] = Σ over the token rows of rank r of ``x`` [RBK·TB, BP], for the RBK ranks r = rb·RBK + k < R
-    (rows of other ranks, and invalid rows, must hold 0)."""
+def _rank_sums_into(acc, x, rr, rb, rk, RBK: tl.constexpr):
+    """acc[r, :] = Σ over the token rows of rank r of ``x`` [RBK·TB, BP], for the RBK ranks r = rb·RBK + k of this
+    block (acc [RPAD, BP] is carried over the rank blocks and stored once: a reduction stored at a loop-dependent
+    offset inside the rank loop crashes BiShengIR). Rows of other ranks, and invalid rows, must hold 0."""
+    if RBK == 1:
+        acc = tl.where((rk == rb)[:, None], tsum(x, axis=0)[None, :], acc)
+    else:
+        for k in tl.static_range(RBK):
+            s = tsum(tl.where((rr == k)[:, None], x, 0.0), axis=0)
+            acc = tl.where((rk == rb * RBK + k)[:, None], s[None, :], acc)
+    return acc
+
+
+@triton.jit
+def _store_block_rank_sums(part_ptr, x, rr, rb, pp, R: tl.constexpr, P: tl.constexpr, RBK: tl.constexpr):
+    """part[r, p] = Σ over the token rows of rank r of ``x`` [RBK·TB, BP], stored now, for the RBK ranks
+    r = rb·RBK + k < R of this block (rows of other ranks, and invalid rows, must hold 0)."""
     if RBK == 1:
         tl.store(part_ptr + rb * P + pp, tsum(x, axis=0))
     else:
@@ -491,19 +505,26 @@ def _store_rank_sums(part_ptr, x, rr, rb, pp, R: tl.constexpr, P: tl.constexpr, 
 
 
 @triton.jit
+def _store_rank_sums(part_ptr, acc, rk, pp, R: tl.constexpr, P: tl.constexpr):
+    """part[r, p] = acc[r, p] for the ranks r < R (acc [RPAD, BP] from ``_rank_sums_into``)."""
+    m = (rk < R)[:, None] & (pp < P)[None, :]
+    tl.store(part_ptr + tl.where(m, rk[:, None] * P + pp[None, :], 0), acc, mask=m)
+
+
+@triton.jit
 def _out_program(
     pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr, trap_ptr,
     d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr,
     B, S, H, HPG, nc, n_tb, n_pt, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
-    TB: tl.constexpr, RBK: tl.constexpr, JB: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr, AW: tl.constexpr,
-    W: tl.constexpr, LPK: tl.constexpr,
+    TB: tl.constexpr, RBK: tl.constexpr, RPAD: tl.constexpr, JB: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr,
+    AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
     QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, ROTARY: tl.constexpr,
     DT_INPUT: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, K_SCALED: tl.constexpr,
     PSIV: tl.constexpr, STATE_OPERAND: tl.constexpr, CAUSAL_SCORES: tl.constexpr, DIAG_ACCUM: tl.constexpr,
     DIAG_FMA: tl.constexpr, DIAG_GAMMA: tl.constexpr, OUT: tl.constexpr, PHI_WEIGHT: tl.constexpr,
     DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     REDUCE_O: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
-    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr,
+    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, PARTS_AFTER: tl.constexpr,
 ):
     """Body of ``_mimo_out_kernel`` for one (virtual) program ``pid``."""
     pt = pid % n_pt
@@ -574,6 +595,11 @@ def _out_program(
     part_base = (bhc.to(tl.int64) * n_tb + tb) * (R * P)
     # -0.0: the exact identity of every rank step, so the first step is rnd(term) (or term)
     dz_acc = tl.full([TB, BP], -0.0, tl.float32)
+    if PARTS_AFTER:
+        # per-rank dmimo partial sums of this program, stored after the rank loop (Ascend)
+        rk = tl.arange(0, RPAD)
+        po_acc = fzeros(RPAD, BP)
+        pz_acc = fzeros(RPAD, BP)
     for rb in tl.range(0, NRB):
         if RBK == 1:
             r_m = rr + rb
@@ -651,8 +677,11 @@ def _out_program(
                 gated = gate * out
             else:
                 gated = out
-            _store_rank_sums(part_o_ptr + part_base, tl.where(ok[:, None], gated * do_t, 0.0), rr, rb, pp, R, P,
-                             RBK)
+            if PARTS_AFTER:
+                po_acc = _rank_sums_into(po_acc, tl.where(ok[:, None], gated * do_t, 0.0), rr, rb, rk, RBK)
+            else:
+                _store_block_rank_sums(part_o_ptr + part_base, tl.where(ok[:, None], gated * do_t, 0.0), rr, rb,
+                                       pp, R, P, RBK)
             if HAS_Z:
                 phi = rnd_if(_rank_rows(mimo_o_ptr + h * (R * P), prow_p, pp, RBK == 1), PHI_WEIGHT, LPK)
                 dphio = rnd_if(rnd_if(do_t * phi, DPHIO, LPK) * out, DPHIO, LPK)
@@ -672,11 +701,20 @@ def _out_program(
                 k3 = tl.arange(0, RBK)[:, None, None]
                 for k in tl.static_range(RBK):
                     dz_acc = _dz_step(dz_acc, tsum(tl.where(k3 == k, term3, -0.0), axis=0), DZ_ACCUM, LPK)
-            _store_rank_sums(part_z_ptr + part_base, tl.where(ok[:, None], dzz * z_t, 0.0), rr, rb, pp, R, P, RBK)
+            if PARTS_AFTER:
+                pz_acc = _rank_sums_into(pz_acc, tl.where(ok[:, None], dzz * z_t, 0.0), rr, rb, rk, RBK)
+            else:
+                _store_block_rank_sums(part_z_ptr + part_base, tl.where(ok[:, None], dzz * z_t, 0.0), rr, rb, pp,
+                                       R, P, RBK)
             if RECORD:
                 _record_tile(rec_ptr, SLOT_GATE, slot_stride, rec_base, frow, ok, pp, P, gate, W)
                 _record_tile(rec_ptr, SLOT_DPHIO, slot_stride, rec_base, frow, ok, pp, P, dphio, W)
                 _record_tile(rec_ptr, SLOT_DZZ, slot_stride, rec_base, frow, ok, pp, P, dzz, W)
+    if PARTS_AFTER:
+        if REDUCE_O:
+            _store_rank_sums(part_o_ptr + part_base, po_acc, rk, pp, R, P)
+        if HAS_Z:
+            _store_rank_sums(part_z_ptr + part_base, pz_acc, rk, pp, R, P)
     if HAS_Z:
         ttb = tb * TB + tl.arange(0, TB)
         okb = (ttb < C) & (cC + ttb < S)
@@ -691,15 +729,15 @@ def _mimo_out_kernel(
     dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr, trap_ptr, d_ptr,
     segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr, B, S,
     H, HPG, nc, n_tb, n_pt, n_virtual, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
-    TB: tl.constexpr, RBK: tl.constexpr, JB: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr, AW: tl.constexpr,
-    W: tl.constexpr, LPK: tl.constexpr,
+    TB: tl.constexpr, RBK: tl.constexpr, RPAD: tl.constexpr, JB: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr,
+    AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
     QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, ROTARY: tl.constexpr,
     DT_INPUT: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, K_SCALED: tl.constexpr,
     PSIV: tl.constexpr, STATE_OPERAND: tl.constexpr, CAUSAL_SCORES: tl.constexpr, DIAG_ACCUM: tl.constexpr,
     DIAG_FMA: tl.constexpr, DIAG_GAMMA: tl.constexpr, OUT: tl.constexpr, PHI_WEIGHT: tl.constexpr,
     DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     REDUCE_O: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
-    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, PERSISTENT: tl.constexpr,
+    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, PARTS_AFTER: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
     """Everything that depends on rnd(h_c): o, out, the gradient branches and the dmimo partials of one chunk.
 
@@ -719,6 +757,7 @@ def _mimo_out_kernel(
 
     Compile-time constants:
         N, P, R, C: sizes. TB: tokens per program (pow2 ≥ 16). RBK: ranks per row block (pow2; TB·RBK rows).
+        RPAD: pow2 ≥ R (rows of the per-rank partial sums).
         JB: fused rows per scores/intra step (divides LP). LP: fused rows (pow2 ≥ max(16, C·R)). BP: P tile.
         AW: rotated columns per half. W: record row width. LPK: 0 bf16, 1 fp16 (2, 3: the same through the
         device's cvt.rn).
@@ -728,8 +767,10 @@ def _mimo_out_kernel(
         HAS_Z, HAS_D, REDUCE_O: branches. DOT_*_LP: feed that GEMM bf16/fp16 operands (devices only, both operands
         on the grid). NATIVE_DIAG: run the diagonal's rank steps with the device's lp instructions (fma.rn.bf16,
         or mul.rn + add.rn with FMA contraction off): bit-identical to the emulation, only with LPK >= 2, DIAG_ACCUM,
-        QK_DOT_INTERNAL and PSIV. RECORD: write the per-stage records. PERSISTENT: loop over the n_virtual
-        virtual programs (the launch has fewer programs).
+        QK_DOT_INTERNAL and PSIV. RECORD: write the per-stage records. PARTS_AFTER: carry the per-rank dmimo
+        partial sums over the rank loop and store them after it (Ascend: BiShengIR crashes on a reduction stored at
+        a loop-dependent offset inside the loop) instead of storing each block's sums at once. PERSISTENT: loop over
+        the n_virtual virtual programs (the launch has fewer programs).
 
     Rounding sites: S4, S12 (q̃), S16 (q rotation), S19 (operand), S22, S26 (diag_accum, diag_mode), S27, S30,
     S34, S35, S36, S38 (dz_accum; DZ store); FP32: S9, S20, S21, S23, S24, S25, S28, S29, S31–S33, S37, S39.
@@ -740,19 +781,23 @@ def _mimo_out_kernel(
             _out_program(
                 pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr,
                 trap_ptr, d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr,
-                rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, JB, LP, BP, AW, W, LPK,
+                rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, RPAD, JB, LP, BP, AW, W,
+                LPK,
                 QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
                 STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM,
-                SILU_TANH, HAS_Z, HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD)
+                SILU_TANH, HAS_Z, HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD,
+                PARTS_AFTER)
     else:
         pid = tl.program_id(0)
         _out_program(
             pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr,
             trap_ptr, d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr,
-            rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, JB, LP, BP, AW, W, LPK, QK_BIAS,
+            rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, RPAD, JB, LP, BP, AW, W,
+                LPK, QK_BIAS,
             QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV, STATE_OPERAND,
             CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM, SILU_TANH, HAS_Z,
-            HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD)
+            HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD,
+                PARTS_AFTER)
 
 
 @triton.jit

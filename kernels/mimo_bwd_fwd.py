@@ -37,10 +37,11 @@ _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 #: tile), ``CB`` (chunks per decay load), ``CBR``/``BLKR`` (chunks/columns per step of the dmimo sum),
 #: ``max_programs`` (cap the chunk kernels' grids; they loop over virtual programs), ``RB`` and ``qk_gemm`` (prep
 #: kernel rows per program and its same-step product form; the Ascend choices are 16 and 0),
-#: ``TB``, ``RBK``, ``JB`` (output kernel: tokens, ranks and k̂/ΨV rows per step), ``kt_load`` (state walk), ``warps_k1`` … ``warps_k4``,
+#: ``TB``, ``RBK``, ``JB``, ``parts_after`` (output kernel: tokens, ranks and k̂/ΨV rows per step; the Ascend
+#: dmimo partial stores), ``kt_load`` (state walk), ``warps_k1`` … ``warps_k4``,
 #: ``stages_k2`` (CUDA), and ``native_lp`` (0: on CUDA round with the integer helpers as on the other backends;
-#: default 1: use the hardware's lp instructions: cvt.rn for every rounding, fma.rn / mul.rn + add.rn for the diagonal's rank steps; bit-identical to the integer helpers,
-#: far fewer instructions). Empty in normal use.
+#: default 1: use the hardware's lp instructions: cvt.rn for every rounding, fma.rn / mul.rn + add.rn for the
+#: diagonal's rank steps; bit-identical to the integer helpers, far fewer instructions). Empty in normal use.
 TUNING: Dict[str, int] = {}
 
 
@@ -475,7 +476,8 @@ def build_launches(
             (arg(dout), arg(q), q_bias, arg(mimo_o), arg(z), arg(mimo_z), cs, sn, da_cs, dt, arg(trap), arg(d),
              segsum, arg(khat), arg(psiv), arg(hop), arg(qkin), arg(dz), arg(part_o), arg(part_z), rec_arg,
              rec_cs_arg, B, S, H, dims.heads_per_group, nc, pl.n_tb, P // pl.BP3, pl.virt3),
-            dict(cx, BP=pl.BP3, TB=pl.TB, RBK=pl.RBK, JB=pl.JB, PERSISTENT=pl.grid3 < pl.virt3),
+            dict(cx, BP=pl.BP3, TB=pl.TB, RBK=pl.RBK, RPAD=_pow2(R), JB=pl.JB,
+                 PARTS_AFTER=backend == "npu" or bool(TUNING.get("parts_after")), PERSISTENT=pl.grid3 < pl.virt3),
             pl.warps.get("k3", 4), 1)
     # ---- 4. deterministic sums of the per-chunk dmimo partials
     RPc = R * P
