@@ -7,12 +7,14 @@ A bundle is a directory::
         <case>.inputs.safetensors          the 17 input tensors of one case (absent optional ones are left out)
         <case>.outputs.safetensors         its five outputs (absent when the run was skipped)
 
-``manifest.json`` (``schema_version`` 1) holds, per case: its name, its spec (a ``CaseSpec`` dict, or a free-form
-dict for cases that do not come from ``mimo_numerics.cases``), the rounding policy as JSON (``null`` for the upstream
-kernel and other runs that have no policy), the backend, the torch device and its name, package versions
-(torch/triton/tilelang/CANN... when present), the creation time, ``chunk_size`` and ``rotary_dim_divisor``, the
-dtype and shape of every tensor, a content digest of the inputs (independent of the file layout, used by
-``compare`` to refuse bundles whose inputs differ) and the sha256 and size of every tensor file.
+``manifest.json`` (``schema_version`` 2) holds its own digest ``manifest_sha256`` and, per case: its name, its spec
+(a ``CaseSpec`` dict, or a free-form dict for cases that do not come from ``mimo_numerics.cases``), the rounding
+policy as JSON (``null`` for the upstream kernel and other runs that have no policy), the backend, the torch device
+and its name, package versions (torch/triton/tilelang/CANN... when present), the creation time, ``chunk_size`` and
+``rotary_dim_divisor``, the dtype and shape of every tensor, content digests of the inputs and of the outputs
+(independent of the file layout; ``compare`` uses the inputs digest to refuse bundles whose inputs differ) and the
+sha256 and size of every tensor file. Its keys, its digest and the older schema version 1 are described in
+:mod:`mimo_numerics.bundle_manifest`; :func:`upgrade_bundle` rewrites a version 1 bundle as version 2.
 
 Tensor files use the safetensors format (https://huggingface.co/docs/safetensors): an 8-byte little-endian header
 length, a JSON header ``{name: {"dtype", "shape", "data_offsets"}}`` and the raw little-endian bytes. This module
@@ -24,10 +26,12 @@ into place last, so an interrupted write never leaves a bundle that verifies (th
 manifest until the end, and is never at the target path).
 
 Loading (``load_bundle(path, verify=True)``) refuses, with a :class:`BundleError` that names the offending file:
-a missing manifest, an unknown or newer schema version, a missing or extra file, a file whose sha256 or size does not
-match, a malformed (e.g. truncated) tensor file, a tensor whose name, dtype or shape disagrees with the manifest or
-with its case (the inputs are checked by ``validation.validate_inputs``, the outputs against the shapes the inputs
-imply), and inputs whose digest disagrees with the manifest.
+a missing manifest, an unknown or newer schema version (and version 1, which cannot be fully verified: upgrade it),
+a manifest whose content does not match its ``manifest_sha256``, a missing or unknown key in the manifest or a case
+entry, a missing or extra file, a file whose sha256 or size does not match, a malformed (e.g. truncated) tensor
+file, a tensor whose name, dtype or shape disagrees with the manifest or with its case (the inputs are checked by
+``validation.validate_inputs``, the outputs against the shapes the inputs imply), and inputs or outputs whose digest
+disagrees with the manifest. ``verify=False`` skips the digests and hashes, not the structure and key checks.
 """
 
 from __future__ import annotations
@@ -48,18 +52,15 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 
 import torch
 
+# BundleError, OldSchemaError, manifest_digest and the schema constants are part of this module's API too
+from .bundle_manifest import (MANIFEST, SCALAR_INPUTS, SCHEMA, SCHEMA_VERSION,  # noqa: F401
+                              BundleError, OldSchemaError, manifest_digest, read_manifest, seal)
 from .outputs import INPUT_NAMES, OUTPUT_NAMES, MimoBwdFwdOutputs
 from .policy import RoundingPolicy
 from .validation import Dims, validate_inputs
 
-#: Value of the manifest's ``"schema"`` key.
-SCHEMA = "mimo_numerics.bundle"
-#: The manifest schema version this module writes and reads.
-SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
 INPUTS_SUFFIX = ".inputs.safetensors"
 OUTPUTS_SUFFIX = ".outputs.safetensors"
-SCALAR_INPUTS = ("chunk_size", "rotary_dim_divisor")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]{0,199}$")
 _MAX_HEADER = 100 * 1024 * 1024
@@ -76,14 +77,6 @@ _DTYPE_NAMES = {dtype: str(dtype).replace("torch.", "") for dtype in _ST_DTYPES}
 _DTYPE_FROM_NAME = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 
 PathLike = Union[str, os.PathLike]
-
-
-class BundleError(ValueError):
-    """A bundle that cannot be written or does not verify. ``path`` is the offending file (or the bundle)."""
-
-    def __init__(self, path: PathLike, message: str):
-        self.path = str(path)
-        super().__init__(f"{self.path}: {message}")
 
 
 # ---------------------------------------------------------------------------------------------------------- cases
@@ -151,6 +144,11 @@ class BundleCase:
         return inputs_digest(self.inputs)
 
     @property
+    def outputs_digest(self) -> Optional[str]:
+        """sha256 over the names, dtypes, shapes and bytes of the outputs (layout-independent); None without them."""
+        return None if self.outputs is None else outputs_digest(self.outputs)
+
+    @property
     def has_outputs(self) -> bool:
         return self.outputs is not None
 
@@ -203,18 +201,31 @@ def _check_little_endian() -> None:
         raise RuntimeError("bundles store little-endian bytes; this big-endian host is not supported")
 
 
-def inputs_digest(inputs: Mapping[str, Any]) -> str:
-    """A sha256 of the input tensors (name, dtype, shape, bytes; ``None`` for absent ones) and the two ints."""
-    h = hashlib.sha256()
-    for name in INPUT_NAMES:
-        value = inputs.get(name)
+def _hash_tensors(h, names: Sequence[str], tensors: Mapping[str, Any]) -> None:
+    """Feed each tensor's name, dtype, shape and bytes into ``h`` (``name:none;`` for an absent one)."""
+    for name in names:
+        value = tensors.get(name)
         if value is None:
             h.update(f"{name}:none;".encode())
             continue
         h.update(f"{name}:{_DTYPE_NAMES.get(value.dtype, str(value.dtype))}:{list(value.shape)};".encode())
         h.update(_tensor_bytes(value))
+
+
+def inputs_digest(inputs: Mapping[str, Any]) -> str:
+    """A sha256 of the input tensors (name, dtype, shape, bytes; ``None`` for absent ones) and the two ints."""
+    h = hashlib.sha256()
+    _hash_tensors(h, INPUT_NAMES, inputs)
     for name in SCALAR_INPUTS:
         h.update(f"{name}={int(inputs[name])};".encode())
+    return h.hexdigest()
+
+
+def outputs_digest(outputs: Union[MimoBwdFwdOutputs, Mapping[str, Optional[torch.Tensor]]]) -> str:
+    """A sha256 of the five outputs (name, dtype, shape, bytes; ``None`` for absent ones), like :func:`inputs_digest`:
+    it pins which tensor is which output, so same-shape outputs swapped in a consistently rewritten file are caught."""
+    h = hashlib.sha256()
+    _hash_tensors(h, OUTPUT_NAMES, outputs._asdict() if hasattr(outputs, "_asdict") else dict(outputs))
     return h.hexdigest()
 
 
@@ -445,6 +456,7 @@ def _case_entry(case: BundleCase, directory: Path) -> dict:
         "meta": json.loads(json.dumps(dict(case.meta))),
         "scalars": {n: int(case.inputs[n]) for n in SCALAR_INPUTS},
         "inputs_digest": case.inputs_digest,
+        "outputs_digest": case.outputs_digest,
         "tensors": {"inputs": _tensor_table(case.inputs, INPUT_NAMES),
                     "outputs": None if case.outputs is None else _tensor_table(case.outputs._asdict(), OUTPUT_NAMES)},
         "files": {},
@@ -497,13 +509,13 @@ def save_bundle(path: PathLike, cases: Iterable[BundleCase], *, meta: Optional[M
     try:
         os.chmod(tmp, 0o755)
         entries = [_case_entry(case, tmp) for case in cases]
-        manifest = {
+        manifest = seal({
             "schema": SCHEMA,
             "schema_version": SCHEMA_VERSION,
             "created": utc_now(),
             "meta": json.loads(json.dumps(dict(meta or {}))),
             "cases": entries,
-        }
+        })
         _write_synced(tmp / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
         _fsync_dir(tmp)
         if path.exists():
@@ -527,31 +539,6 @@ def save_bundle(path: PathLike, cases: Iterable[BundleCase], *, meta: Optional[M
 
 
 # ---------------------------------------------------------------------------------------------------------- reading
-def _read_manifest(path: Path) -> dict:
-    if not path.is_dir():
-        raise BundleError(path, "not a bundle: no such directory" if not path.exists() else
-                          "not a bundle: not a directory")
-    manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
-        raise BundleError(manifest_path, "missing: this directory is not a bundle (or its write was interrupted)")
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(manifest_path, f"not valid JSON ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
-        raise BundleError(manifest_path, f"not a bundle manifest (expected \"schema\": \"{SCHEMA}\")")
-    version = manifest.get("schema_version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise BundleError(manifest_path, f"unknown schema_version {version!r} (this mimo_numerics reads "
-                                         f"schema_version {SCHEMA_VERSION})")
-    if version > SCHEMA_VERSION:
-        raise BundleError(manifest_path, f"schema_version {version} is newer than this mimo_numerics reads "
-                                         f"({SCHEMA_VERSION}); upgrade mimo_numerics to read this bundle")
-    if not isinstance(manifest.get("cases"), list):
-        raise BundleError(manifest_path, "manifest has no \"cases\" list")
-    return manifest
-
-
 def _expected_files(manifest: dict, manifest_path: Path) -> Dict[str, Tuple[int, str]]:
     files: Dict[str, Tuple[int, str]] = {}
     names = set()
@@ -630,8 +617,10 @@ def load_bundle(path: PathLike, verify: bool = True) -> Bundle:
 
     Args:
         path: the bundle directory.
-        verify (bool): check the sha256 and size of every file and the inputs digest (default). Structure, file
-            set, tensor names, dtypes and shapes are always checked.
+        verify (bool): check the manifest's own digest, the sha256 and size of every file and the inputs and outputs
+            digests (default). Structure, keys, file set, tensor names, dtypes and shapes are always checked.
+            A schema_version 1 bundle (no manifest digest) is refused with ``verify=True``: upgrade it with
+            :func:`upgrade_bundle`.
 
     Returns:
         Bundle: cases in stored order, tensors on the CPU.
@@ -639,58 +628,75 @@ def load_bundle(path: PathLike, verify: bool = True) -> Bundle:
     Raises:
         BundleError: naming the offending file (see the module docstring for what is checked).
     """
-    path = Path(path)
-    manifest = _read_manifest(path)
+    return _load(Path(path), verify, allow_legacy=False)
+
+
+def _load(path: Path, verify: bool, allow_legacy: bool) -> Bundle:
+    manifest = read_manifest(path, verify, allow_legacy)
     manifest_path = path / MANIFEST
     expected = _expected_files(manifest, manifest_path)
     _check_file_set(path, expected)
-    cases: List[BundleCase] = []
-    for entry in manifest["cases"]:
-        name = entry["name"]
-        try:
-            policy = None if entry.get("policy") is None else RoundingPolicy.from_dict(entry["policy"])
-        except (TypeError, ValueError, NotImplementedError) as exc:
-            raise BundleError(manifest_path, f"policy of case {name!r} does not load: {exc}") from None
-        spec = _spec_from_json(entry.get("spec_type"), entry.get("spec"), manifest_path)
-        tables = entry.get("tensors") or {}
-        files = entry["files"]
-        if "inputs" not in files:
-            raise BundleError(manifest_path, f"case {name!r} lists no inputs file")
-        in_path = path / files["inputs"]["path"]
-        tensors = _load_file(in_path, files["inputs"], verify)
-        _check_table(tables.get("inputs"), tensors, INPUT_NAMES, in_path, name)
-        scalars = entry.get("scalars") or {}
-        try:
-            inputs: Dict[str, Any] = {n: tensors.get(n) for n in INPUT_NAMES}
-            inputs.update({n: int(scalars[n]) for n in SCALAR_INPUTS})
-        except (KeyError, TypeError, ValueError):
-            raise BundleError(manifest_path, f"case {name!r} lacks chunk_size/rotary_dim_divisor") from None
-        outputs = None
-        out_path = None
-        if "outputs" in files:
-            out_path = path / files["outputs"]["path"]
-            out_tensors = _load_file(out_path, files["outputs"], verify)
-            if tables.get("outputs") is None:
-                raise BundleError(manifest_path, f"case {name!r} has an outputs file but no outputs table")
-            _check_table(tables["outputs"], out_tensors, OUTPUT_NAMES, out_path, name)
-            outputs = MimoBwdFwdOutputs(**{n: out_tensors.get(n) for n in OUTPUT_NAMES})
-        elif tables.get("outputs") is not None:
-            raise BundleError(manifest_path, f"case {name!r} has an outputs table but no outputs file")
-        case = BundleCase(name=name, inputs=inputs, outputs=outputs, spec=spec, policy=policy,
-                          backend=entry.get("backend", "unknown"), device=entry.get("device", "cpu"),
-                          device_name=entry.get("device_name"), versions=entry.get("versions") or {},
-                          created=entry.get("created"), skipped=entry.get("skipped"), meta=entry.get("meta") or {})
-        _validate_case(case, in_path, out_path)
-        if verify and case.inputs_digest != entry.get("inputs_digest"):
-            raise BundleError(in_path, f"inputs digest of case {name!r} does not match manifest.json")
-        cases.append(case)
-    return Bundle(path=path, cases=tuple(cases), created=manifest.get("created"), meta=manifest.get("meta") or {},
+    cases = [_load_case(path, entry, verify, "outputs_digest" in entry) for entry in manifest["cases"]]
+    return Bundle(path=path, cases=tuple(cases), created=manifest["created"], meta=manifest["meta"],
                   schema_version=manifest["schema_version"])
+
+
+def _load_case(path: Path, entry: dict, verify: bool, has_outputs_digest: bool) -> BundleCase:
+    """One case of a manifest whose keys :func:`bundle_manifest.read_manifest` has checked."""
+    manifest_path = path / MANIFEST
+    name, files, tables = entry["name"], entry["files"], entry["tensors"]
+    try:
+        policy = None if entry["policy"] is None else RoundingPolicy.from_dict(entry["policy"])
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        raise BundleError(manifest_path, f"policy of case {name!r} does not load: {exc}") from None
+    spec = _spec_from_json(entry["spec_type"], entry["spec"], manifest_path)
+    in_path = path / files["inputs"]["path"]
+    tensors = _load_file(in_path, files["inputs"], verify)
+    _check_table(tables["inputs"], tensors, INPUT_NAMES, in_path, name)
+    inputs: Dict[str, Any] = {n: tensors.get(n) for n in INPUT_NAMES}
+    inputs.update({n: entry["scalars"][n] for n in SCALAR_INPUTS})
+    outputs = out_path = None
+    if "outputs" in files:
+        out_path = path / files["outputs"]["path"]
+        out_tensors = _load_file(out_path, files["outputs"], verify)
+        if tables["outputs"] is None:
+            raise BundleError(manifest_path, f"case {name!r} has an outputs file but no outputs table")
+        _check_table(tables["outputs"], out_tensors, OUTPUT_NAMES, out_path, name)
+        outputs = MimoBwdFwdOutputs(**{n: out_tensors.get(n) for n in OUTPUT_NAMES})
+    elif tables["outputs"] is not None:
+        raise BundleError(manifest_path, f"case {name!r} has an outputs table but no outputs file")
+    case = BundleCase(name=name, inputs=inputs, outputs=outputs, spec=spec, policy=policy, backend=entry["backend"],
+                      device=entry["device"], device_name=entry["device_name"], versions=entry["versions"],
+                      created=entry["created"], skipped=entry["skipped"], meta=entry["meta"])
+    _validate_case(case, in_path, out_path)
+    if verify and case.inputs_digest != entry["inputs_digest"]:
+        raise BundleError(in_path, f"inputs digest of case {name!r} does not match manifest.json")
+    if verify and has_outputs_digest and case.outputs_digest != entry["outputs_digest"]:
+        raise BundleError(out_path or manifest_path, f"outputs digest of case {name!r} does not match manifest.json "
+                                                     "(outputs swapped, edited or missing)")
+    return case
 
 
 def verify_bundle(path: PathLike) -> Bundle:
     """``load_bundle(path, verify=True)``: raises ``BundleError`` unless every check passes."""
     return load_bundle(path, verify=True)
+
+
+def upgrade_bundle(path: PathLike, out: PathLike, *, overwrite: bool = False) -> Path:
+    """Rewrite a bundle of an older schema version (1) as the current one, after verifying what it can.
+
+    The old bundle is read with every check of its version (file sha256 and sizes, inputs digests, structure and
+    keys); its cases are then written unchanged to ``out`` by :func:`save_bundle`, which adds the manifest digest and
+    the outputs digests. The bundle-level ``meta`` is kept, with ``upgraded_from`` recording the old schema version
+    and creation time. ``out`` may be ``path`` itself with ``overwrite=True`` (the replacement is atomic).
+
+    Returns:
+        Path: ``out``.
+    """
+    old = _load(Path(path), verify=True, allow_legacy=True)
+    meta = dict(old.meta)
+    meta["upgraded_from"] = {"schema_version": old.schema_version, "created": old.created}
+    return save_bundle(out, old.cases, meta=meta, overwrite=overwrite)
 
 
 # ---------------------------------------------------------------------------------------------------------- golden data

@@ -7,6 +7,7 @@ Commands (``mimo-numerics <command> --help`` for every option)::
     compare   A B [--threshold X] [--metric rel_rms|max_abs|max_rel] [--allow-different-inputs] [--allow-missing]
               [--json FILE]
     verify    BUNDLE
+    upgrade   OLD_BUNDLE --out DIR [--overwrite]
     import-golden [GOLDEN.pt] --out DIR
     presets
     policy    show NAME|FILE.json  |  policy diff A B
@@ -431,6 +432,14 @@ def cmd_verify(args) -> int:
     return 0
 
 
+def cmd_upgrade(args) -> int:
+    from .bundles import SCHEMA_VERSION, upgrade_bundle
+
+    out = upgrade_bundle(args.bundle, args.out, overwrite=args.overwrite)
+    print(f"OK {out}: {args.bundle} verified and written as schema_version {SCHEMA_VERSION}")
+    return 0
+
+
 def cmd_import_golden(args) -> int:
     from .bundles import golden_to_bundle, load_bundle
 
@@ -549,6 +558,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle")
     p.set_defaults(func=cmd_verify)
 
+    p = sub.add_parser("upgrade", parents=[common], help="rewrite an older bundle (schema_version 1) as the current "
+                                                         "schema, after verifying its files",
+                       description="Verify an older bundle (file sha256 and sizes, inputs digests) and write it again "
+                                   "with the current schema (manifest digest, outputs digests). --out may be the "
+                                   "bundle itself with --overwrite.")
+    p.add_argument("bundle")
+    p.add_argument("--out", required=True, help="bundle directory to create")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --out")
+    p.set_defaults(func=cmd_upgrade)
+
     p = sub.add_parser("import-golden", parents=[common], help="convert the golden upstream .pt file into a bundle")
     p.add_argument("golden", nargs="?", help="path of upstream_h200_seed_cases.pt (default: the repository's)")
     p.add_argument("--out", required=True)
@@ -591,10 +610,12 @@ def _run_report(argv: Sequence[str]) -> int:
 
 
 def _hint_for(exc: BaseException) -> str:
-    from .bundles import BundleError
+    from .bundles import BundleError, OldSchemaError
 
     if isinstance(exc, BundleError) and str(exc).endswith("no such directory"):
         return "check the path"
+    if isinstance(exc, OldSchemaError):
+        return f"run: {PROG} upgrade {Path(exc.path).parent} --out NEW_DIR"
     if isinstance(exc, BundleError):
         return "the bundle is incomplete, corrupt or from a newer version; copy it again or re-create it"
     if isinstance(exc, FileExistsError):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mimo_numerics import bundles, cases, reference
+from mimo_numerics import bundle_manifest, bundles, cases, cli, reference
 from mimo_numerics.bundles import (BundleCase, BundleError, bit_identical, cases_from_golden, decode_safetensors,
                                    encode_safetensors, load_bundle, save_bundle)
 from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES
@@ -46,13 +46,27 @@ def _manifest(path):
     return json.loads((path / "manifest.json").read_text())
 
 
-def _write_manifest(path, manifest):
+def _write_manifest(path, manifest, reseal=True):
+    """Write an edited manifest; ``reseal``: with a fresh ``manifest_sha256``, as a tool that knows the format would,
+    so that the checks after the manifest digest are what must refuse the edit."""
+    if reseal:
+        manifest = bundle_manifest.seal(manifest)
     (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _as_version_1(path):
+    """Turn a bundle into what schema_version 1 wrote: no manifest_sha256, no outputs_digest."""
+    manifest = _manifest(path)
+    del manifest["manifest_sha256"]
+    manifest["schema_version"] = 1
+    for entry in manifest["cases"]:
+        del entry["outputs_digest"]
+    _write_manifest(path, manifest, reseal=False)
 
 
 def _rewrite_consistently(bundle_dir, file_name, edit_tensors, edit_table=True):
     """Rewrite one tensor file with ``edit_tensors(dict) -> dict`` and update its hash/size (and tensor table) in the
-    manifest, as a careless tool would: only the semantic checks can catch what it did."""
+    manifest, resealed, as a careless tool would: only the semantic checks can catch what it did."""
     path = bundle_dir / file_name
     tensors, meta = decode_safetensors(path.read_bytes(), path)
     tensors = edit_tensors(dict(tensors))
@@ -205,7 +219,8 @@ def test_manifest_from_the_future_is_refused(pair_copy):
     manifest = _manifest(pair_copy)
     manifest["schema_version"] = bundles.SCHEMA_VERSION + 1
     _write_manifest(pair_copy, manifest)
-    with pytest.raises(BundleError, match=r"manifest.json: schema_version 2 is newer .* upgrade mimo_numerics"):
+    with pytest.raises(BundleError, match=rf"manifest.json: schema_version {bundles.SCHEMA_VERSION + 1} is newer .* "
+                                          "upgrade mimo_numerics"):
         load_bundle(pair_copy)
 
 
@@ -225,6 +240,76 @@ def test_not_a_manifest_is_refused(pair_copy):
     _write_manifest(pair_copy, {"schema": "something.else", "schema_version": 1, "cases": []})
     with pytest.raises(BundleError, match=r"manifest.json: not a bundle manifest"):
         load_bundle(pair_copy)
+
+
+def test_manifest_digest_refuses_any_edit_and_ignores_formatting(pair_copy):
+    manifest = _manifest(pair_copy)
+    assert manifest["manifest_sha256"] == bundles.manifest_digest(manifest)
+    # reformatting (indentation, key order) keeps the same JSON: still verifies
+    (pair_copy / "manifest.json").write_text(json.dumps(dict(reversed(list(manifest.items()))), indent=4))
+    load_bundle(pair_copy)
+    # any change of content without a fresh digest is refused, naming the manifest
+    manifest["cases"][0]["device_name"] = "NVIDIA H100"
+    _write_manifest(pair_copy, manifest, reseal=False)
+    with pytest.raises(BundleError, match=r"manifest.json: manifest_sha256 mismatch: .* corrupt or was edited"):
+        load_bundle(pair_copy)
+    assert load_bundle(pair_copy, verify=False).cases[0].device_name == "NVIDIA H100"  # verify=False: no digests
+    del manifest["manifest_sha256"]
+    _write_manifest(pair_copy, manifest, reseal=False)
+    with pytest.raises(BundleError, match=r"manifest.json: no manifest_sha256 in a schema_version 2 manifest"):
+        load_bundle(pair_copy)
+    with pytest.raises(BundleError, match=r"top level has missing key\(s\) \['manifest_sha256'\]"):
+        load_bundle(pair_copy, verify=False)
+
+
+def test_duplicate_json_keys_are_refused(pair_copy):
+    text = (pair_copy / "manifest.json").read_text()
+    (pair_copy / "manifest.json").write_text(text.replace('"meta":', '"meta": {}, "meta":', 1))
+    with pytest.raises(BundleError, match=r"manifest.json: not valid JSON \(duplicate key 'meta'\)"):
+        load_bundle(pair_copy, verify=False)
+
+
+def test_outputs_digest_is_stored_and_checked(pair_copy):
+    manifest = _manifest(pair_copy)
+    case = load_bundle(pair_copy).case(PAIR[1])
+    assert manifest["cases"][1]["outputs_digest"] == case.outputs_digest == bundles.outputs_digest(case.outputs)
+    manifest["cases"][1]["outputs_digest"] = bundles.inputs_digest(case.inputs)
+    _write_manifest(pair_copy, manifest)
+    with pytest.raises(BundleError, match=rf"{PAIR[1]}.outputs.safetensors: outputs digest of case '{PAIR[1]}'"):
+        load_bundle(pair_copy)
+
+
+def test_version_1_bundles_are_refused_by_verify_and_upgraded(pair_copy, tmp_path, capsys):
+    original = load_bundle(pair_copy)
+    _as_version_1(pair_copy)
+    with pytest.raises(bundles.OldSchemaError, match=r"manifest.json: schema_version 1: .*`mimo-numerics upgrade "):
+        load_bundle(pair_copy)
+    assert load_bundle(pair_copy, verify=False).schema_version == 1
+    assert cli.main(["verify", str(pair_copy)]) == 2
+    assert f"hint: run: mimo-numerics upgrade {pair_copy} --out NEW_DIR" in capsys.readouterr().err
+    assert cli.main(["upgrade", str(pair_copy), "--out", str(tmp_path / "new")]) == 0
+    upgraded = load_bundle(tmp_path / "new")
+    assert upgraded.schema_version == bundles.SCHEMA_VERSION
+    assert upgraded.meta["upgraded_from"] == {"schema_version": 1, "created": original.created}
+    for a, b in zip(original, upgraded):
+        assert (a.name, a.spec, a.policy, a.backend, a.device_name, a.versions, a.created, a.meta) == (
+            b.name, b.spec, b.policy, b.backend, b.device_name, b.versions, b.created, b.meta)
+        assert all(bit_identical(a.inputs[n], b.inputs[n]) for n in INPUT_NAMES)
+        assert all(bit_identical(getattr(a.outputs, n), getattr(b.outputs, n)) for n in OUTPUT_NAMES)
+    for name in os.listdir(pair_copy):  # the tensor files are rewritten byte for byte
+        if name != "manifest.json":
+            assert (pair_copy / name).read_bytes() == (tmp_path / "new" / name).read_bytes(), name
+    # in place, and the upgrade verifies what version 1 can: a flipped tensor byte stops it
+    bundles.upgrade_bundle(pair_copy, pair_copy, overwrite=True)
+    assert load_bundle(pair_copy).schema_version == bundles.SCHEMA_VERSION
+    _as_version_1(pair_copy)
+    target = pair_copy / f"{PAIR[0]}.inputs.safetensors"
+    data = bytearray(target.read_bytes())
+    data[-1] ^= 0x01
+    target.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=rf"{target.name}: sha256 mismatch"):
+        bundles.upgrade_bundle(pair_copy, tmp_path / "never")
+    assert not (tmp_path / "never").exists()
 
 
 def test_files_swapped_between_cases_are_refused(pair_copy):

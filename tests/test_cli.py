@@ -286,5 +286,5 @@ def test_python_dash_m_entry_point():
     result = subprocess.run([sys.executable, "-m", "mimo_numerics", "--help"], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0
-    for command in ("run", "compare", "verify", "presets", "policy", "report", "import-golden"):
+    for command in ("run", "compare", "verify", "upgrade", "presets", "policy", "report", "import-golden"):
         assert command in result.stdout
