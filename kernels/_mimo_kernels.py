@@ -10,17 +10,18 @@ Work is split so that chunks run in parallel (upstream walks all chunks of a (ba
 rows of a chunk are i = t_local·R + r (C·R of them, padded to LP, a power of two ≥ 16):
 
 0. ``_mimo_angles_kernel`` grid cdiv(B·S·H·N/d, BLOCK): cos and sin of every angle, once (FP32 workspace).
-1. ``_mimo_prep_kernel``   grid B·H·nc·(LP/RB), chunk-parallel, everything that does not need the state: per fused
-   row k̃, the rotation, k̂, k_state, q̃, the same-step q̃·k̃ᵀ (the ``qk_dot`` output) and ΨV. Writes k_state, k̂
-   and ΨV (lp bits when the policy rounds them, else FP32) for the next two kernels.
+1. ``_mimo_prep_kernel``   grid B·H·nc·(LP/RB), chunk-parallel, everything that does not need the state: per
+   fused row k̃, the rotation, k̂, k_state, q̃, the same-step q̃·k̃ᵀ (the ``qk_dot`` output) and ΨV. Writes
+   k_state, k̂ and ΨV (lp bits when the policy rounds them, else FP32) for the next two kernels.
    Sites: S3, S4, S5, S6, S8 (dt), S9, S10, S11, S12, S13, S14 (+ S15 store), S17, S18, S42.
 2. ``_mimo_state_kernel``  grid B·H·(N tiles)·(P tiles), one sequential walk over the chunks per program:
    h ← h·decay (S43, S44), the state GEMM k_stateᵀ·ΨV (S45, ``state_update``), ``states`` = rnd(h_c) (S41), FP32
    h_c when needed (``state_operand`` off, or a record). Per chunk it only loads two lp tiles and runs K=16 MMAs.
-3. ``_mimo_out_kernel``    grid B·H·nc·(P tiles), chunk-parallel, from rnd(h_c): q rotation (S12, S16), inter
+3. ``_mimo_out_kernel``    grid B·H·nc·(CP/TB)·(P tiles), chunk-parallel, from rnd(h_c): q rotation (S12, S16), inter
    (S19, S23), scores (S20–S22), intra (S24), o (S25), diagonal (S26–S28), D (S29), out (S30), gate (S31), dmimo_o
-   partials (S32, S33), dΦO (S34–S36), dZζ (S37), dz (S38), dmimo_z partials (S39). Outputs are built per output
-   rank r on token rows, so the rank sums of the diagonal and of dz run in ascending order inside one program.
+   partials (S32, S33), dΦO (S34–S36), dZζ (S37), dz (S38), dmimo_z partials (S39). A program takes TB tokens and
+   loops over blocks of RBK ranks (rows = RBK·TB, one GEMM for all of them) in ascending rank order, so the rank
+   sums of the diagonal (per row) and of dz (across the blocks) run in ascending order inside one program.
 4. ``_mimo_reduce_kernel`` grid B·H·(column blocks): the per-chunk dmimo partials summed over the chunks in a fixed
    order (no atomics: the result is deterministic).
 
@@ -31,8 +32,9 @@ FP32-level orders that differ from upstream (none of them is a rounding site; al
   interpreter every dot is an FP32 numpy matmul. Upstream: wgmma k16 steps with its truncating alignment.
 * The state GEMM: ``accumulate_into`` adds one K=16 slice of rows at a time into the live state (as upstream's k16
   steps and the reference); ``separate`` forms the chunk's K=C·R sum first, then adds it (the seed's order).
-* dmimo_o / dmimo_z: per chunk a tree sum over its tokens, then the chunk partials summed in blocks of chunks
+* dmimo_o / dmimo_z: per (chunk, token block) a tree sum over its rows, then the partials summed in blocks
   (upstream: one running FP32 sum over time; reference: torch's sum over t).
+* Intra GEMM: one GEMM over the chunk's LP fused rows, or (JB < LP, Ascend) accumulated over blocks of JB rows.
 * The diagonal rank sum with ``diag_accum`` off is a sequential FP32 sum over r_in (reference: a matmul).
 * Special functions: sin/cos are ``_rounding.sincos`` (Cody–Waite + minimax polynomials, ~1 ulp, same formula on
   every backend, evaluated once per angle by kernel 0); ``tl.exp`` (ex2.approx on NVIDIA, numpy under the
