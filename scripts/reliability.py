@@ -78,8 +78,8 @@ FINDINGS = [
      "test_unknown_keys_are_refused_even_in_a_resealed_manifest[*], test_manifest_byte_flip_is_refused (a flip is "
      "refused unless the JSON is unchanged), and in tests/test_bundles.py "
      "test_manifest_digest_refuses_any_edit_and_ignores_formatting, test_outputs_digest_is_stored_and_checked, "
-     "test_duplicate_json_keys_are_refused, test_version_1_bundles_are_refused_by_verify_and_upgraded. The slow "
-     "run below predates the fix."),
+     "test_duplicate_json_keys_are_refused, test_version_1_bundles_are_refused_by_verify_and_upgraded. Both "
+     "profiles below include the fix."),
     ("F4", "fixed", "mimo_numerics/inference.py",
      "`infer_policy` was not exact on every tiny case: on realistic B1 S9 N8 P4 R3 C6 (full DOUT, Z, D, seed 2) with "
      "the third `random_policy` of generator seed 5, the descent from `seed_bf16` (also from upstream_sm90 and "
@@ -100,7 +100,7 @@ FINDINGS = [
      "instead of 6.4 s. Tests: test_inference_stall_counterexample (exact, found by a restart, unidentifiable "
      "fields at their start values), test_inference_stall_counterexample_is_a_search_limit_not_a_model_gap "
      "(`restarts=()` still stalls), tests/test_inference.py (synthetic and golden recovery). The remaining stalls "
-     "are F9. The slow run below predates the fix."),
+     "are F9. Both profiles below include the fix."),
     ("F9", "open", "mimo_numerics/inference.py",
      "Restarts halve the stall rate of `infer_policy` but do not make it exact: 3 of the 120 drawn tiny cases "
      "above still stop above distance 0 (0.079 to 0.31) from the start and every restart, and so does the third "
