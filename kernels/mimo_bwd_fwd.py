@@ -161,8 +161,8 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     """Tile sizes for ``dims`` on ``backend`` ("interpreter", "cuda", "npu").
 
     The interpreter gets the fewest programs (its cost is per executed op). CUDA gets enough state-walk programs
-    to fill the SMs and small chunk programs (measured fastest). Ascend tiles keep an estimated ≤ ~96 KB of live FP32 tiles per program (half the 192 KB UB;
-    an estimate, not verified on hardware).
+    to fill the SMs and small chunk programs (measured fastest). Ascend tiles keep an estimated ≤ ~96 KB of live
+    FP32 tiles per program (half the 192 KB UB; an estimate; the Ascend compile gate checks the planned UB).
     """
     N, P, R, C = dims.state_dim, dims.value_dim, dims.rank, dims.chunk_size
     B, H, nc = dims.batch, dims.heads, dims.nchunks

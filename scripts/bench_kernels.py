@@ -9,9 +9,9 @@ median of ``triton.testing.do_bench`` for: the Triton kernels under ``upstream_s
 ``seed_bf16``, the PyTorch reference on CUDA under ``upstream_sm90``, and the upstream TileLang kernel
 (``mimo_numerics.upstream``, timed in the same run when TileLang and the mamba-ssm source are available, e.g. after
 ``. scripts/use_upstream_wheels.sh``; otherwise "not run" with its H200 figures from ``shared/docs/performance.md``;
-its call includes allocating its outputs, which the performance notes measured at 0.1 %). Bandwidth is the bytes the shape must move
-(every input read once, every output written once) over the median time, against ~4.3 TB/s. A per-kernel breakdown
-(prep, state walk, out, reduce) is timed too.
+its call includes allocating its outputs, which the performance notes measured at 0.1 %). Bandwidth is the bytes
+the shape must move (every input read once, every output written once) over the median time, against ~4.3 TB/s.
+A per-kernel breakdown (prep, state walk, out, reduce) is timed too.
 
 Shapes (D, Z and reduced DOUT on; G=1, P=64, R=4, C=16): (a) B=1, S=8192, H=16, N=64 (target <= 0.33 ms under
 upstream_sm90; upstream TileLang 6.63 ms); (b) B=4, S=2048, H=16, N=64; (c) B=1, S=8192, H=16, N=128; (d) B=8, S=4096,
