@@ -8,9 +8,10 @@ tensors compiled, NPU tensors through triton-ascend (``_backend.py``). Kernel de
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional
 
 import torch
 
@@ -43,6 +44,35 @@ _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 #: default 1: use the hardware's lp instructions: cvt.rn for every rounding, fma.rn / mul.rn + add.rn for the
 #: diagonal's rank steps; bit-identical to the integer helpers, far fewer instructions). Empty in normal use.
 TUNING: Dict[str, int] = {}
+#: The keys ``TUNING`` understands (``tuning`` refuses others, so a misspelt key cannot silently do nothing).
+TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
+                         "parts_after", "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
+                         "native_lp"})
+
+
+@contextlib.contextmanager
+def tuning(overrides: Dict[str, int]) -> Iterator[None]:
+    """Run a block with ``TUNING`` replaced by ``overrides`` (benchmarks and tests), restored afterwards.
+
+    Raises:
+        TypeError: ``overrides`` is not a dict of int values. ValueError: a key is not in ``TUNING_KEYS``.
+    """
+    if not isinstance(overrides, dict):
+        raise TypeError(f"overrides must be a dict of TUNING keys to ints, got {type(overrides).__name__}")
+    unknown = sorted(set(overrides) - TUNING_KEYS)
+    if unknown:
+        raise ValueError(f"overrides has unknown TUNING keys {unknown}; known: {sorted(TUNING_KEYS)}")
+    bad = sorted(k for k, v in overrides.items() if isinstance(v, bool) or not isinstance(v, int))
+    if bad:
+        raise TypeError(f"overrides values must be ints, not for {bad}")
+    saved = dict(TUNING)
+    TUNING.clear()
+    TUNING.update(overrides)
+    try:
+        yield
+    finally:
+        TUNING.clear()
+        TUNING.update(saved)
 
 
 class UnsupportedPolicyError(ValueError):

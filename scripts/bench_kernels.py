@@ -104,20 +104,6 @@ def ok(errs: dict) -> bool:
     return all(v == v and v <= GATE_RTOL for v in errs.values())
 
 
-def with_tuning(tuning: dict):
-    class _Ctx:
-        def __enter__(self):
-            self.saved = dict(mimo_bwd_fwd.TUNING)
-            mimo_bwd_fwd.TUNING.clear()
-            mimo_bwd_fwd.TUNING.update(tuning)
-
-        def __exit__(self, *exc):
-            mimo_bwd_fwd.TUNING.clear()
-            mimo_bwd_fwd.TUNING.update(self.saved)
-
-    return _Ctx()
-
-
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -176,14 +162,13 @@ def main(argv=None) -> int:
         row = {"shape": shape, "case": spec.case_id, "upstream_tilelang_ms": f"not run (H200: {UPSTREAM_MS[shape]})"}
         if up_ok:
             try:
-                up_out = upstream.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), poison=False)
+                upstream.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), poison=False)  # compile and warm up
                 torch.cuda.synchronize()
                 ms = do_bench(lambda: upstream.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), poison=False),
                               rep=args.rep, return_mode="median")
                 row["upstream_tilelang_ms"] = f"{ms:.3f}"
                 row["upstream_tilelang_ms_value"] = ms
                 print(f"[{shape}] upstream TileLang                  {ms:8.3f} ms")
-                del up_out
             except Exception as exc:  # an upstream refusal or compile failure is reported, not fatal
                 row["upstream_tilelang_ms"] = f"failed: {type(exc).__name__}: {str(exc)[:120]}"
                 print(f"[{shape}] upstream TileLang failed: {exc}")
@@ -193,7 +178,7 @@ def main(argv=None) -> int:
         runs = [("upstream_sm90", v, VARIANTS[v]) for v in variants] + [("seed_bf16", "default", {})]
         for preset, vname, tuning in runs:
             key = f"triton_{preset}" + ("" if vname == "default" else f"[{vname}]")
-            with with_tuning(tuning):
+            with mimo_bwd_fwd.tuning(tuning):
                 out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, poison=True)
                 if dev.type == "cuda":
                     torch.cuda.synchronize()

@@ -190,6 +190,22 @@ _TILINGS = {
 }
 
 
+def _check_tiled(spec, preset, overrides, check_plan):
+    """Kernel under the tile plan ``overrides`` (``check_plan`` asserts on the plan) vs the reference: the gate
+    tolerance on every output, and every output element written (poisoned launch)."""
+    from mimo_numerics.kernels import mimo_bwd_fwd
+
+    x = _inputs(spec)
+    with mimo_bwd_fwd.tuning(overrides):
+        check_plan(mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=preset).plan)
+        out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, poison=True)
+    d = _distances(out, mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset))
+    assert max(d.values()) <= GATE_RTOL, d
+    for n in OUTPUT_NAMES:
+        if getattr(out, n) is not None:
+            assert not torch.isnan(getattr(out, n).float()).any(), n
+
+
 @pytest.mark.parametrize("tiling", list(_TILINGS))
 @pytest.mark.parametrize("preset", ["upstream_sm90", "seed_bf16"])
 def test_tiled_plan_matches_reference(preset, tiling):
@@ -198,50 +214,46 @@ def test_tiled_plan_matches_reference(preset, tiling):
     virtual programs than launched (the Ascend grid cap), the output kernel's rank blocks (two blocks of two ranks;
     one rank per block with k̂/ΨV in 16-row steps), and the Ascend prep plan (16-row programs, same-step products
     without the [LP, LP] GEMM)."""
-    from mimo_numerics.kernels import mimo_bwd_fwd
-
     spec = CaseSpec(seqlen=36, state_dim=32, value_dim=32, rank=4, chunk_size=8, has_z=True, has_d=True)
-    x = _inputs(spec)
-    saved = dict(mimo_bwd_fwd.TUNING)
-    mimo_bwd_fwd.TUNING.update(_TILINGS[tiling])
-    try:
-        pl = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=preset).plan
+
+    def check_plan(pl):
         assert pl.grid1 == pl.grid3 == 3 and pl.virt3 == 2 * spec.nchunks
         if tiling == "ascend_plan":
             assert pl.RB == 16 and not pl.QK_GEMM and pl.virt1 == 2 * spec.nchunks
-        out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, poison=True)
-    finally:
-        mimo_bwd_fwd.TUNING.clear()
-        mimo_bwd_fwd.TUNING.update(saved)
-    d = _distances(out, mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset))
-    assert max(d.values()) <= GATE_RTOL, d
-    for n in OUTPUT_NAMES:
-        if getattr(out, n) is not None:
-            assert not torch.isnan(getattr(out, n).float()).any(), n
+
+    _check_tiled(spec, preset, _TILINGS[tiling], check_plan)
 
 
 @pytest.mark.parametrize("preset", ["upstream_sm90", "fp32"])
 def test_token_blocks_match_reference(preset):
     """Output kernel with two 16-token blocks per chunk (C = 24, a tail chunk) and ranks split over two blocks
     (R = 3 padded to 4): the dmimo partials of both blocks are summed, dz rounds over ranks across blocks."""
+    spec = CaseSpec(seqlen=40, state_dim=16, value_dim=16, rank=3, chunk_size=24, has_z=True, has_d=True)
+
+    def check_plan(pl):
+        assert (pl.n_tb, pl.RBK, pl.LP // pl.JB) == (2, 2, 4)
+
+    _check_tiled(spec, preset, dict(TB=16, RBK=2, JB=32), check_plan)
+
+
+def test_tuning_overrides_are_checked_and_restored():
     from mimo_numerics.kernels import mimo_bwd_fwd
 
-    spec = CaseSpec(seqlen=40, state_dim=16, value_dim=16, rank=3, chunk_size=24, has_z=True, has_d=True)
-    x = _inputs(spec)
-    saved = dict(mimo_bwd_fwd.TUNING)
-    mimo_bwd_fwd.TUNING.update(TB=16, RBK=2, JB=32)
-    try:
-        pl = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=preset).plan
-        assert (pl.n_tb, pl.RBK, pl.LP // pl.JB) == (2, 2, 4)
-        out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, poison=True)
-    finally:
-        mimo_bwd_fwd.TUNING.clear()
-        mimo_bwd_fwd.TUNING.update(saved)
-    d = _distances(out, mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset))
-    assert max(d.values()) <= GATE_RTOL, d
-    for n in OUTPUT_NAMES:
-        if getattr(out, n) is not None:
-            assert not torch.isnan(getattr(out, n).float()).any(), n
+    with pytest.raises(ValueError, match="unknown TUNING keys.*'RBKK'"):
+        with mimo_bwd_fwd.tuning({"RBKK": 2}):
+            pass
+    with pytest.raises(TypeError, match="overrides must be a dict"):
+        with mimo_bwd_fwd.tuning([("RBK", 2)]):
+            pass
+    with pytest.raises(TypeError, match="values must be ints.*'TB'"):
+        with mimo_bwd_fwd.tuning({"TB": 16.0}):
+            pass
+    before = dict(mimo_bwd_fwd.TUNING)
+    with pytest.raises(RuntimeError):
+        with mimo_bwd_fwd.tuning({"RBK": 2}):
+            assert mimo_bwd_fwd.TUNING == {"RBK": 2}
+            raise RuntimeError("inside")
+    assert mimo_bwd_fwd.TUNING == before
 
 
 def test_npu_plan_builds_from_cpu_tensors():
@@ -505,14 +517,9 @@ def test_compiles_for_sm90_without_spills(policy, spec, tuning):
     from mimo_numerics.kernels import _devtools, mimo_bwd_fwd
 
     x = _inputs(spec)
-    saved = dict(mimo_bwd_fwd.TUNING)
-    mimo_bwd_fwd.TUNING.update(tuning)
-    try:
+    with mimo_bwd_fwd.tuning(tuning):
         prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=policy, backend="cuda",
                                            sm_count=132)
-    finally:
-        mimo_bwd_fwd.TUNING.clear()
-        mimo_bwd_fwd.TUNING.update(saved)
     for row in _devtools.compile_launches(prep, arch=90):
         assert row["regs"] > 0 and row["stack"] <= (1024 if row["name"] == "out" else 0), row
 

@@ -156,16 +156,10 @@ def test_gpu_native_lp_switch_is_bit_identical(preset):
 
     spec = _DET_CASE.replace(dtype="float16") if preset.endswith("fp16") else _DET_CASE
     x = make_inputs(spec, device="cuda")
-    mimo_bwd_fwd.TUNING["native_lp"] = 0  # the integer helpers, as under the interpreter and on Ascend
-    try:
+    with mimo_bwd_fwd.tuning({"native_lp": 0}):  # the integer helpers, as under the interpreter and on Ascend
         a = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset)
-    finally:
-        mimo_bwd_fwd.TUNING.pop("native_lp", None)
-    mimo_bwd_fwd.TUNING["native_lp"] = 1
-    try:
+    with mimo_bwd_fwd.tuning({"native_lp": 1}):
         b = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset)
-    finally:
-        mimo_bwd_fwd.TUNING.pop("native_lp", None)
     for n in OUTPUT_NAMES:
         if getattr(a, n) is not None:
             assert torch.equal(_bits(getattr(a, n)), _bits(getattr(b, n))), n
