@@ -1,4 +1,5 @@
-"""Shared set-up of the tests/test_reliability_*.py files: hypothesis profiles, case counters, kernel probe.
+"""Shared set-up of the tests/test_reliability_*.py files: hypothesis profiles, case counters, kernel probe,
+the random-policy strategy and the call helper.
 
 Profiles ``mimo-reliability-fast`` and ``-slow`` are derandomized (reproducible in CI) unless
 ``MIMO_RELIABILITY_EXPLORE`` is set (fresh random examples; changes which examples run, never a result). Each test
@@ -13,6 +14,10 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from mimo_numerics.cases import as_args, as_kwargs
+from mimo_numerics.policy import KNOBS, SWITCHES, RoundingPolicy
 
 _EXPLORE = bool(os.environ.get("MIMO_RELIABILITY_EXPLORE"))
 _QUIET = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
@@ -49,3 +54,21 @@ def kernels_or_none():
     except ImportError:
         return None
     return kernels if kernels.triton_available() else None
+
+
+def policies(lp_dtype=None, kernel=False):
+    """Random policies: every switch and honoured knob; the kernels' subset has FP32 math and rounded outputs."""
+    fields = {name: st.booleans() for name in SWITCHES}
+    for knob, values in KNOBS.items():
+        fields[knob] = st.sampled_from(values)
+    if lp_dtype is not None:
+        fields["lp_dtype"] = st.just(lp_dtype)
+    if kernel:
+        fields["math_dtype"] = st.just("float32")
+        fields["round_outputs"] = st.just(True)
+    return st.builds(RoundingPolicy, **fields)
+
+
+def run_case(fn, inputs, **kw):
+    """``fn`` (reference, oracle or kernels) called on an inputs dict of ``make_inputs``."""
+    return fn(*as_args(inputs), **as_kwargs(inputs), **kw)

@@ -30,10 +30,10 @@ import mimo_numerics as mn  # noqa: E402
 from mimo_numerics.bundles import BundleCase, manifest_digest, save_bundle  # noqa: E402
 from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs  # noqa: E402
 from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES  # noqa: E402
-from mimo_numerics.policy import KNOBS, SWITCHES, RoundingPolicy  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------- profiles
-from reliability_support import counts_writer, kernels_or_none, profile  # noqa: E402
+from reliability_support import counts_writer, kernels_or_none, policies, profile  # noqa: E402
+from reliability_support import run_case as _run  # noqa: E402
 
 COUNTS = collections.Counter()
 _write_counts = counts_writer(COUNTS, __file__)
@@ -86,19 +86,6 @@ def specs(draw):
                     rotary_dim_divisor=divisor)
 
 
-def policies(lp_dtype, kernel=False):
-    fields = {name: st.booleans() for name in SWITCHES}
-    for knob, values in KNOBS.items():
-        fields[knob] = st.sampled_from(values)
-    fields["lp_dtype"] = st.just(lp_dtype)
-    if kernel:
-        fields["math_dtype"] = st.just("float32")
-        fields["round_outputs"] = st.just(True)
-    return st.builds(RoundingPolicy, **fields)
-
-
-def _run(fn, inputs, **kw):
-    return fn(*as_args(inputs), **as_kwargs(inputs), **kw)
 
 
 # ---------------------------------------------------------------------------------------------------- reference

@@ -27,12 +27,13 @@ from hypothesis import strategies as st  # noqa: E402
 
 import mimo_numerics as mn  # noqa: E402
 from mimo_numerics import nonfinite as nf  # noqa: E402
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs  # noqa: E402
+from mimo_numerics.cases import CaseSpec, make_inputs  # noqa: E402
 from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES  # noqa: E402
-from mimo_numerics.policy import KNOBS, SWITCHES, RoundingPolicy  # noqa: E402
+from mimo_numerics.policy import SWITCHES  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------- profiles
-from reliability_support import counts_writer, kernels_or_none, profile  # noqa: E402
+from reliability_support import counts_writer, kernels_or_none, policies, profile  # noqa: E402
+from reliability_support import run_case as _run  # noqa: E402
 
 COUNTS = collections.Counter()
 _write_counts = counts_writer(COUNTS, __file__)
@@ -68,16 +69,6 @@ def specs(draw, kernel=False):
                     rotary_dim_divisor=divisor)
 
 
-def policies(lp_dtype, kernel=False):
-    fields = {name: st.booleans() for name in SWITCHES}
-    for knob, values in KNOBS.items():
-        fields[knob] = st.sampled_from(values)
-    fields["lp_dtype"] = st.just(lp_dtype)
-    if kernel:
-        fields["math_dtype"] = st.just("float32")
-        fields["round_outputs"] = st.just(True)
-    return st.builds(RoundingPolicy, **fields)
-
 
 #: the branch an optional input needs
 _BRANCH_OF = {"mimo_o": {"reduce_o": True}, "z": {"has_z": True}, "mimo_z": {"has_z": True}, "d": {"has_d": True}}
@@ -94,9 +85,6 @@ def injections(draw, inputs, name):
     index = tuple(draw(st.integers(0, s - 1)) for s in inputs[name].shape)
     return name, index, draw(st.sampled_from(NONFINITE))
 
-
-def _run(fn, inputs, **kw):
-    return fn(*as_args(inputs), **as_kwargs(inputs), **kw)
 
 
 def _assert_pattern(out, expected, label):

@@ -41,11 +41,12 @@ from mimo_numerics.bundles import _output_layout  # noqa: E402
 from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs  # noqa: E402
 from mimo_numerics.metrics import rel_rms  # noqa: E402
 from mimo_numerics.outputs import OUTPUT_NAMES  # noqa: E402
-from mimo_numerics.policy import KNOBS, SWITCHES, RoundingPolicy, field_names  # noqa: E402
+from mimo_numerics.policy import RoundingPolicy, field_names  # noqa: E402
 from mimo_numerics.validation import validate_inputs  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------- profiles
-from reliability_support import counts_writer, kernels_or_none, profile  # noqa: E402
+from reliability_support import counts_writer, kernels_or_none, policies, profile  # noqa: E402
+from reliability_support import run_case as _run  # noqa: E402
 
 #: generated cases run, per "property[profile]" (written to $MIMO_RELIABILITY_STATS/<module>.json for the report)
 COUNTS = collections.Counter()
@@ -89,21 +90,6 @@ def kernel_specs(draw):
         rotary_dim_divisor=draw(st.sampled_from([2, 4])))
 
 
-def policies(lp_dtype=None, kernel=False):
-    """Random policies: every switch and honoured knob; the kernels' subset has FP32 math and rounded outputs."""
-    fields = {name: st.booleans() for name in SWITCHES}
-    for knob, values in KNOBS.items():
-        fields[knob] = st.sampled_from(values)
-    if lp_dtype is not None:
-        fields["lp_dtype"] = st.just(lp_dtype)
-    if kernel:
-        fields["math_dtype"] = st.just("float32")
-        fields["round_outputs"] = st.just(True)
-    return st.builds(RoundingPolicy, **fields)
-
-
-def _run(fn, inputs, **kw):
-    return fn(*as_args(inputs), **as_kwargs(inputs), **kw)
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
