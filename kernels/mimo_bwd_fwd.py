@@ -38,16 +38,17 @@ _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 #: tile), ``CB`` (chunks per decay load), ``CBR``/``BLKR`` (chunks/columns per step of the dmimo sum),
 #: ``max_programs`` (cap the chunk kernels' grids; they loop over virtual programs), ``RB`` and ``qk_gemm`` (prep
 #: kernel rows per program and its same-step product form; the Ascend choices are 16 and 0),
-#: ``TB``, ``RBK``, ``JB``, ``parts_after`` (output kernel: tokens, ranks and k̂/ΨV rows per step; the Ascend
-#: dmimo partial stores), ``kt_load`` (state walk), ``warps_k1`` … ``warps_k4``,
-#: ``stages_k2`` (CUDA), and ``native_lp`` (0: on CUDA round with the integer helpers as on the other backends;
+#: ``TB``, ``RBK``, ``JB``, ``parts_after`` (output kernel: tokens, ranks and k̂/ΨV rows per step; dmimo partials
+#: stored after the rank loop, default on devices), ``kt_load`` (state walk), ``warps_k1`` … ``warps_k4``,
+#: ``stages_k2``, ``maxnreg_k1``/``maxnreg_k3`` (CUDA register cap of the prep/output kernels; measured slower),
+#: and ``native_lp`` (0: on CUDA round with the integer helpers as on the other backends;
 #: default 1: use the hardware's lp instructions: cvt.rn for every rounding, fma.rn / mul.rn + add.rn for the
 #: diagonal's rank steps; bit-identical to the integer helpers, far fewer instructions). Empty in normal use.
 TUNING: Dict[str, int] = {}
 #: The keys ``TUNING`` understands (``tuning`` refuses others, so a misspelt key cannot silently do nothing).
 TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
                          "parts_after", "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
-                         "native_lp"})
+                         "native_lp", "maxnreg_k1", "maxnreg_k3"})
 
 
 @contextlib.contextmanager
@@ -224,8 +225,11 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         RB, QK_GEMM = 16, False
         CB = 16
         # state walk: a 16x16 tile is one warp's MMA; one warp avoids a cross-warp reduction (and its barrier) on
-        # the sequential path every chunk (measured on an H200 with 4 warps: ~1 µs per chunk at shape (a))
-        warps = {"k1": 2, "k2": 1 if BN * BP2 <= 256 else 4, "k3": 2, "k4": 4}
+        # the sequential path every chunk (measured on an H200 with 4 warps: ~1 µs per chunk at shape (a)).
+        # Prep and output programs: 2 warps at N = 64, 4 at N = 128 (H200, 20261129_212623: (a) 0.877 ms with 2
+        # warps against 0.915 with 4; (c) 1.289 ms with 4 against 1.438 with 2)
+        chunk_warps = 4 if N >= 128 else 2
+        warps = {"k1": chunk_warps, "k2": 1 if BN * BP2 <= 256 else 4, "k3": chunk_warps, "k4": 4}
     else:  # npu (triton-ascend): keep the live tiles of a program within the unified buffer
         RB, QK_GEMM = 16, False  # no [LP, LP] tile, 16-row tiles (docs/ascend_findings.md)
         BN, BP2 = 16, 16
@@ -324,10 +328,13 @@ class Prepared:
     finish: object  # callable run after the launches (fills ``record``)
 
 
-def _options(backend: str, warps: int, stages: int) -> dict:
+def _options(backend: str, warps: int, stages: int, maxnreg: int = 0) -> dict:
     if backend == "cuda":
         # fp32_fma=False: no FP32 FMA contraction (the TwoSum of the fma diagonal relies on it)
-        return {"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False}
+        opts = {"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False}
+        if maxnreg:
+            opts["maxnreg"] = maxnreg  # register cap per thread (more resident programs, some spills)
+        return opts
     return {}
 
 
@@ -480,9 +487,9 @@ def build_launches(
     rec_cs_arg = rec_cs if keep else dummy_f
     launches = []
 
-    def add(name, kernel, grid, args, extra, warps, stages):
+    def add(name, kernel, grid, args, extra, warps, stages, maxnreg=0):
         launches.append(Launch(name, kernel, grid, args, _kwargs_for(kernel, extra),
-                               _options(backend, warps, stages)))
+                               _options(backend, warps, stages, maxnreg)))
 
     # ---- 0. cos/sin of every angle, once
     n_ang = cs.numel()
@@ -492,7 +499,8 @@ def build_launches(
         (arg(q), arg(k), arg(v), q_bias, k_bias, mimo_v, cs, sn, dt, arg(trap), da_cs_rev,
          arg(kst), arg(khat), arg(psiv), arg(qk_dot), arg(qkf), rec_arg, B, S, H, dims.heads_per_group, nc,
          pl.LP // pl.RB, pl.virt1),
-        dict(cx, RB=pl.RB, QK_GEMM=pl.QK_GEMM, PERSISTENT=pl.grid1 < pl.virt1), pl.warps.get("k1", 4), 1)
+        dict(cx, RB=pl.RB, QK_GEMM=pl.QK_GEMM, PERSISTENT=pl.grid1 < pl.virt1), pl.warps.get("k1", 4), 1,
+        TUNING.get("maxnreg_k1", 0))
     # ---- 2. sequential walk over the chunks: states (lp), FP32 h when needed
     add("state", mod._mimo_state_kernel, pl.grid2,
         (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
@@ -507,8 +515,9 @@ def build_launches(
              segsum, arg(khat), arg(psiv), arg(hop), arg(qkin), arg(dz), arg(part_o), arg(part_z), rec_arg,
              rec_cs_arg, B, S, H, dims.heads_per_group, nc, pl.n_tb, P // pl.BP3, pl.virt3),
             dict(cx, BP=pl.BP3, TB=pl.TB, RBK=pl.RBK, RPAD=_pow2(R), JB=pl.JB,
-                 PARTS_AFTER=backend == "npu" or bool(TUNING.get("parts_after")), PERSISTENT=pl.grid3 < pl.virt3),
-            pl.warps.get("k3", 4), 1)
+                 PARTS_AFTER=bool(TUNING.get("parts_after", backend != "interpreter")),
+                 PERSISTENT=pl.grid3 < pl.virt3),
+            pl.warps.get("k3", 4), 1, TUNING.get("maxnreg_k3", 0))
     # ---- 4. deterministic sums of the per-chunk dmimo partials
     RPc = R * P
     # enough programs for the dmimo sums (measured: 16 programs of 256 columns took ~0.09 ms each at shape (a))

@@ -751,24 +751,6 @@ def write_report(results: Sequence[CompileResult], path: Path, info: Dict[str, s
 
 # ---------------------------------------------------------------------------------------------- CLI
 
-#: ``_mimo_out_kernel`` specializations of the ci scope that ``--quick`` keeps: those measured to compile in under
-#: 15 s per part on the 2-core machine (reports/ascend_compile.md). The other five take 1-13 minutes each in BiShengIR
-#: (four-rank bodies, the fp16 helpers; not fully understood: docs/ascend_findings.md), which puts the whole ci
-#: scope (~40 min) outside CI's budget; ``--quick`` gates every other kernel's specializations in full.
-QUICK_OUT_SPECS = (
-    "N128_P128_R1_C16_roZD",
-    "N128_P128_R3_C8_roZD",
-    "N128_P128_R4_C32_roZD",
-    "N32_P32_R2_C16_ro-D",
-    "N16_P16_R2_C8_foZD",
-)
-
-
-def quick_plans(plans: Sequence[LaunchPlan]) -> List[LaunchPlan]:
-    """``plans`` without the slow-compiling ``_mimo_out_kernel`` specializations (see ``QUICK_OUT_SPECS``)."""
-    return [p for p in plans if p.kernel_name != "_mimo_out_kernel" or spec_label(p) in QUICK_OUT_SPECS]
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--plans", default=None,
@@ -780,9 +762,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "wide: 200 calls crossing all tile classes with the heavy branches and all switches with "
                          "one tile (hours); full: every preset x N x P x (C, R) x branch (days)")
     ap.add_argument("--filter", default=None, help="only plans whose kernel or specialization contains this")
-    ap.add_argument("--quick", action="store_true",
-                    help="CI: every kernel's specializations except the slow-compiling _mimo_out_kernel ones "
-                         "(QUICK_OUT_SPECS lists the out-kernel ones kept)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel bishengir runs")
     ap.add_argument("--max-failures", type=int, default=0,
                     help="stop compiling new specializations after this many failures (0: never)")
@@ -805,11 +784,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.filter:
         plans = [p for p in plans if a.filter in p.kernel_name or a.filter in spec_label(p)
                  or a.filter in p.group]
-    if a.quick:
-        kept = quick_plans(plans)
-        print(f"ascend_compile_gate: --quick defers {len(plans) - len(kept)} slow-compiling _mimo_out_kernel "
-              "launches to the full gate (scripts/run_ascend_gate.sh)", flush=True)
-        plans = kept
     parts = [p.strip() for p in a.parts.split(",") if p.strip()]
     n_launches = len(plans)
     plans = dedupe_plans(plans, parts[0])

@@ -66,6 +66,15 @@ VARIANTS = {
     "no_kt_load": {"kt_load": 0},
     "bn32": {"BN": 32},
     "s1": {"stages_k2": 1},
+    "parts_after": {"parts_after": 1},
+    "pa_k3w4": {"parts_after": 1, "warps_k3": 4},
+    "cb64": {"CB": 64},
+    "cb512": {"CB": 512},
+    "pa_cb512": {"parts_after": 1, "CB": 512},
+    "pa_r168": {"parts_after": 1, "maxnreg_k3": 168},
+    "pa_r128": {"parts_after": 1, "maxnreg_k3": 128},
+    "pa_k1w4": {"parts_after": 1, "warps_k1": 4},
+    "pa_k3w4_k1w4": {"parts_after": 1, "warps_k3": 4, "warps_k1": 4},
 }
 
 
