@@ -295,11 +295,12 @@ def _mimo_prep_kernel(
     [B, H, S, R, R] (lp bits, the output); qkf (same shape, FP32 q̃·k̃ᵀ) when QK_DOT_INTERNAL is off.
 
     Compile-time constants:
-        N, P, R, C: sizes. LP: padded fused rows. RB: rows per program (LP on GPUs and the interpreter, 16 on
-        Ascend). AW: rotated columns per half (N / rotary_dim_divisor). W: record row width. LPK: 0 bf16, 1 fp16.
+        N, P, R, C: sizes. LP: padded fused rows. RB: rows per program (LP on the interpreter, 16 on devices).
+        AW: rotated columns per half (N / rotary_dim_divisor). W: record row width. LPK: 0 bf16, 1 fp16.
         PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY, K_SCALED, K_STATE,
         QK_DOT_INTERNAL: policy switches. QK_GEMM: same-step q̃·k̃ᵀ as one [LP, LP] GEMM (RB == LP) else as row
-        products with the k̃ rows reloaded (no [LP, LP] tile: Ascend UB). DOT_QK_LP: lp operands for that GEMM.
+        products with the k̃ rows reloaded (no [LP, LP] tile; on the H200 also faster than an [RB, RB] GEMM over
+        16-row programs: 0.17 against 0.20 ms at shape (a)). DOT_QK_LP: lp operands for that GEMM.
         RECORD: write the record slots (k_biased, k_rot, k_scaled, k_state, psiv, qk_dot).
         PERSISTENT: loop over the n_virtual virtual programs (the launch has fewer programs than chunks).
 
@@ -324,25 +325,33 @@ def _mimo_prep_kernel(
 
 
 @triton.jit
+def _chunk_decay(da_cs_ptr, hs_base, c, S, C: tl.constexpr):
+    """exp(da_cs[last valid token of chunk c]) (FP32 scalar)."""
+    return tl.exp(tl.load(da_cs_ptr + hs_base + tl.minimum((c + 1) * C, S) - 1))
+
+
+@triton.jit
 def _mimo_state_kernel(
     kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr,
     S, H, nc, n_nt, n_pt,
     N: tl.constexpr, P: tl.constexpr, C: tl.constexpr, LP: tl.constexpr,
-    BN: tl.constexpr, BP: tl.constexpr, CB: tl.constexpr, LPK: tl.constexpr,
+    BN: tl.constexpr, BP: tl.constexpr, LPK: tl.constexpr,
     K_STATE: tl.constexpr, PSIV: tl.constexpr, DOT_STATE_LP: tl.constexpr,
     ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr, KT_LOAD: tl.constexpr,
 ):
     """The sequential walk over the chunks: states[c] = rnd(h_c), h_{c+1} = h_c·decay_c (+) k_stateᵀ·ΨV.
 
     Grid: 1-D, B·H·n_nt·n_pt programs; program → (b, h, N tile of BN rows, P tile of BP columns), each walking all
-    nc chunks in order. The decays exp(da_cs[last valid t of the chunk]) are loaded CB chunks at a time.
+    nc chunks in order in one software-pipelined loop (the tiles and the chunk's decay exp(da_cs[last valid t])
+    are prefetched by Triton's pipeliner, ``num_stages``; measured on an H200 with the decays loaded 16 chunks at
+    a time and picked by a reduction instead: ~0.19 ms at shape (a), the reduction on the sequential path).
 
     Inputs: kst [B·H·nc, LP, N] and psiv [B·H·nc, LP, P] from ``_mimo_prep_kernel`` (lp bits when K_STATE / PSIV,
     else FP32; padded rows are 0), da_cs [B, H, S]. Outputs: states [B, H, nc, N, P] (lp bits); hf32 (same shape,
     FP32 h_c) when STORE_F32.
 
     Compile-time constants:
-        N, P, C, LP: sizes (LP = padded fused rows). BN, BP: tile. CB: chunks per decay load. LPK: lp format.
+        N, P, C, LP: sizes (LP = padded fused rows). BN, BP: tile. LPK: lp format.
         K_STATE, PSIV: the workspaces hold lp bits. DOT_STATE_LP: feed the GEMM lp operands (devices only, both
         operands on the grid). ACCUMULATE: ``state_update="accumulate_into"`` (one K=16 slice of rows at a time
         into the live state) else ``"separate"`` (the chunk's sum first, then added). STORE_F32: store FP32 h_c.
@@ -361,56 +370,59 @@ def _mimo_state_kernel(
     hs_base = bh.to(tl.int64) * S
     st_base = bh.to(tl.int64) * nc * (N * P)
     st_offs = nn[:, None] * P + pp[None, :]
-    cbv = tl.arange(0, CB)
 
     state = fzeros(BN, BP)
-    for c0 in range(0, nc, CB):
-        cc = c0 + cbv
-        cm = cc < nc
-        last = tl.minimum((cc + 1) * C, S) - 1
-        decays = tl.exp(tl.load(da_cs_ptr + hs_base + tl.where(cm, last, 0), mask=cm, other=0.0))
-        for jj in tl.range(0, tl.minimum(CB, nc - c0)):
-            c = c0 + jj
-            decay = tsum(tl.where(cbv == jj, decays, 0.0), axis=0)
-            so = st_base + c.to(tl.int64) * (N * P) + st_offs
-            tl.store(states_ptr + so, enc(state, LPK))
-            if STORE_F32:
-                tl.store(hf32_ptr + so, state)
-            chunk = bh.to(tl.int64) * nc + c
-            if ACCUMULATE:
-                state = state * decay
-                for s in tl.static_range(LP // 16):
-                    i = s * 16 + tl.arange(0, 16)
-                    if KT_LOAD:
-                        # k_stateᵀ loaded transposed ([BN, 16], strided), no layout transpose in registers
-                        kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
-                    else:
-                        kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
-                    pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
-                    if DOT_STATE_LP:
-                        state = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK), state)
-                    else:
-                        if K_STATE:
-                            kt = dec(kt, LPK)
-                        if PSIV:
-                            pv = dec(pv, LPK)
-                        state = mma_acc(kt, pv, state, False, LPK)
-            else:
-                i = tl.arange(0, LP)
+    for c in tl.range(0, nc):
+        decay = _chunk_decay(da_cs_ptr, hs_base, c, S, C)
+        so = st_base + tl.cast(c, tl.int64) * (N * P) + st_offs
+        tl.store(states_ptr + so, enc(state, LPK))
+        if STORE_F32:
+            tl.store(hf32_ptr + so, state)
+        chunk = bh.to(tl.int64) * nc + c
+        if ACCUMULATE:
+            state = state * decay
+            for s in tl.static_range(LP // 16):
+                i = s * 16 + tl.arange(0, 16)
                 if KT_LOAD:
+                    # k_stateᵀ loaded transposed ([BN, 16], strided), no layout transpose in registers
                     kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
                 else:
                     kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
                 pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
                 if DOT_STATE_LP:
-                    local = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK))
+                    state = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK), state)
                 else:
                     if K_STATE:
                         kt = dec(kt, LPK)
                     if PSIV:
                         pv = dec(pv, LPK)
-                    local = mma(kt, pv, False, LPK)
-                state = state * decay + local
+                    state = mma_acc(kt, pv, state, False, LPK)
+        else:
+            i = tl.arange(0, LP)
+            if KT_LOAD:
+                kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
+            else:
+                kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
+            pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
+            if DOT_STATE_LP:
+                local = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK))
+            else:
+                if K_STATE:
+                    kt = dec(kt, LPK)
+                if PSIV:
+                    pv = dec(pv, LPK)
+                local = mma(kt, pv, False, LPK)
+            state = state * decay + local
+
+
+@triton.jit
+def _load_operand(ptr, offs, AS_LP: tl.constexpr, LP_OPS: tl.constexpr, LPK: tl.constexpr):
+    """Load a tile written by ``_store_tile`` as a ``tl.dot`` operand: lp bits feeding an lp GEMM are reinterpreted
+    as bf16/fp16 directly (no FP32 round trip), everything else goes through ``_load_tile`` and ``operand``."""
+    if AS_LP:
+        if LP_OPS:
+            return bits_operand(tl.load(ptr + offs), LPK)
+    return operand(_load_tile(ptr, offs, AS_LP, LPK), LP_OPS, LPK)
 
 
 @triton.jit
@@ -433,40 +445,39 @@ def _rank_rows(ptr, row, cols, ONE_ROW: tl.constexpr):
 
 
 @triton.jit
-def _diag_step(acc, psiv_r, r_in, qkin_ptr, qk_row, psiv_ptr, psiv_tok, r_s, ok, LPK: tl.constexpr,
+def _diag_step(acc, r_in, qkin_ptr, qk_row, psiv_ptr, psiv_tok, ok, LPK: tl.constexpr,
                P: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, PSIV: tl.constexpr, DIAG_ACCUM: tl.constexpr,
                DIAG_FMA: tl.constexpr, NATIVE_DIAG: tl.constexpr):
     """One rank step of the diagonal (S26): acc ← acc (+) qk[t, r, r_in]·ΨV[t·R + r_in] on rows (t, r).
 
-    ``acc`` starts at −0.0, the exact identity of every step form, so the first step is rnd(a·b) (or a·b). Also
-    picks ΨV[t·R + r] (``psiv_r``, for the D term) where ``r_s == r_in``.
+    ``acc`` starts at −0.0, the exact identity of every step form, so the first step is rnd(a·b) (or a·b). With
+    NATIVE_DIAG ``acc`` is a bf16/fp16 tile (the caller widens it after the last step).
     """
-    if QK_DOT_INTERNAL:
-        a = dec(tl.load(qkin_ptr + qk_row + r_in, mask=ok, other=0), LPK)
-    else:
-        a = tl.load(qkin_ptr + qk_row + r_in, mask=ok, other=0.0)
-    bv = _load_tile(psiv_ptr, psiv_tok + r_in * P, PSIV, LPK)
     if NATIVE_DIAG:
-        # devices, operands on the lp grid: fma.rn (one rounding of acc + a·b) or mul.rn then add.rn (FMA
-        # contraction off) round exactly as the integer emulation below
-        a_lp = operand(a, True, LPK)[:, None]
-        b_lp = operand(bv, True, LPK)
-        acc_lp = operand(acc, True, LPK)
+        # devices, operands on the lp grid (qk_dot and ΨV are lp bits): fma.rn (one rounding of acc + a·b) or mul.rn
+        # then add.rn (FMA contraction off) round exactly as the integer emulation below
+        a_lp = bits_operand(tl.load(qkin_ptr + qk_row + r_in, mask=ok, other=0), LPK)[:, None]
+        bv = tl.load(psiv_ptr + psiv_tok + r_in * P)
+        b_lp = bits_operand(bv, LPK)
         if DIAG_FMA:
-            acc_lp = tl.fma(a_lp, b_lp, acc_lp)
+            acc = tl.fma(a_lp, b_lp, acc)
         else:
-            acc_lp = acc_lp + a_lp * b_lp
-        acc = acc_lp.to(tl.float32)
-    elif DIAG_ACCUM:
-        prod = a[:, None] * bv
-        if DIAG_FMA:
-            acc = rnd_sum(acc, prod, LPK)
-        else:
-            acc = rnd(acc + rnd(prod, LPK), LPK)
+            acc = acc + a_lp * b_lp
     else:
-        acc = acc + a[:, None] * bv
-    psiv_r = tl.where((r_s == r_in)[:, None], bv, psiv_r)
-    return acc, psiv_r
+        if QK_DOT_INTERNAL:
+            a = dec(tl.load(qkin_ptr + qk_row + r_in, mask=ok, other=0), LPK)
+        else:
+            a = tl.load(qkin_ptr + qk_row + r_in, mask=ok, other=0.0)
+        bv = _load_tile(psiv_ptr, psiv_tok + r_in * P, PSIV, LPK)
+        if DIAG_ACCUM:
+            prod = a[:, None] * bv
+            if DIAG_FMA:
+                acc = rnd_sum(acc, prod, LPK)
+            else:
+                acc = rnd(acc + rnd(prod, LPK), LPK)
+        else:
+            acc = acc + a[:, None] * bv
+    return acc
 
 
 @triton.jit
@@ -524,7 +535,7 @@ def _intra_block(intra, j0, FIRST: tl.constexpr, qrot, khat_ptr, psiv_ptr, segsu
     L: tl.constexpr = C * R
     jj = j0 + tl.arange(0, JB)
     t_j = jj // R
-    kh = _load_tile(khat_ptr, chunk_rows * N + jj[:, None] * N + n[None, :], K_SCALED, LPK)
+    kh = _load_operand(khat_ptr, chunk_rows * N + jj[:, None] * N + n[None, :], K_SCALED, DOT_SCORES_LP, LPK)
     scores = mma(qrot, tl.trans(kh), DOT_SCORES_LP, LPK)
     # causal mask t_i > t_j (strict) and exp(segsum) on the causal entries (S21)
     # rows of tokens past S in the last chunk keep their scores (q̃ = bias there), as the reference
@@ -534,7 +545,7 @@ def _intra_block(intra, j0, FIRST: tl.constexpr, qrot, khat_ptr, psiv_ptr, segsu
     seg_offs = tl.minimum(tt, C - 1)[:, None] * C + tl.minimum(t_j, C - 1)[None, :]
     seg = tl.load(segsum_ptr + bhc.to(tl.int64) * (C * C) + seg_offs)
     masked = rnd_if(tl.where(causal, scores * tl.exp(seg), 0.0), CAUSAL_SCORES, LPK)
-    pv = _load_tile(psiv_ptr, chunk_rows * P + jj[:, None] * P + pp[None, :], PSIV, LPK)
+    pv = _load_operand(psiv_ptr, chunk_rows * P + jj[:, None] * P + pp[None, :], PSIV, DOT_INTRA_LP, LPK)
     if FIRST:
         intra = mma(masked, pv, DOT_INTRA_LP, LPK)
     else:
@@ -607,7 +618,7 @@ def _out_program(
     tok_offs = tt_s[:, None] * (H * P) + pp[None, :]
     e_da = tl.exp(tl.load(da_cs_ptr + hs_base + tl.where(ok_t, t, 0), mask=ok_t, other=0.0))
     h_offs = bhc.to(tl.int64) * (N * P) + n[:, None] * P + pp[None, :]
-    hop_op = operand(_load_tile(hop_ptr, h_offs, STATE_OPERAND, LPK), DOT_INTER_LP, LPK)
+    hop_op = _load_operand(hop_ptr, h_offs, STATE_OPERAND, DOT_INTER_LP, LPK)
     if HAS_D:
         d_h = tl.load(d_ptr + h)
     if HAS_Z:
@@ -670,20 +681,24 @@ def _out_program(
         o = intra + inter
         # diagonal (S26): acc over r_in ascending, qk from the prep kernel, ΨV rows of the same token
         acc = tl.full([M, BP], -0.0, tl.float32)
-        psiv_r = fzeros(M, BP)
+        if NATIVE_DIAG:
+            acc = operand(acc, True, LPK)
         qk_row = qk_tok + r_s * R
         if R <= 8:
             for r_in in tl.static_range(R):
-                acc, psiv_r = _diag_step(acc, psiv_r, r_in, qkin_ptr, qk_row, psiv_ptr, psiv_tok, r_s, ok, LPK, P,
-                                         QK_DOT_INTERNAL, PSIV, DIAG_ACCUM, DIAG_FMA, NATIVE_DIAG)
+                acc = _diag_step(acc, r_in, qkin_ptr, qk_row, psiv_ptr, psiv_tok, ok, LPK, P,
+                                 QK_DOT_INTERNAL, PSIV, DIAG_ACCUM, DIAG_FMA, NATIVE_DIAG)
         else:
             for r_in in tl.range(0, R):
-                acc, psiv_r = _diag_step(acc, psiv_r, r_in, qkin_ptr, qk_row, psiv_ptr, psiv_tok, r_s, ok, LPK, P,
-                                         QK_DOT_INTERNAL, PSIV, DIAG_ACCUM, DIAG_FMA, NATIVE_DIAG)
+                acc = _diag_step(acc, r_in, qkin_ptr, qk_row, psiv_ptr, psiv_tok, ok, LPK, P,
+                                 QK_DOT_INTERNAL, PSIV, DIAG_ACCUM, DIAG_FMA, NATIVE_DIAG)
+        if NATIVE_DIAG:
+            acc = acc.to(tl.float32)
         diag = rnd_if(acc * gamma_t[:, None], DIAG_GAMMA, LPK)
         o = o + diag
         if HAS_D:
-            o = o + d_h * psiv_r
+            # D·ΨV of the row's own (t, r)
+            o = o + d_h * _load_tile(psiv_ptr, psiv_tok + (r_s * P)[:, None], PSIV, LPK)
         out = rnd_if(o, OUT, LPK)
         if RECORD:
             okr = ok & (tt < lim0)
@@ -784,7 +799,8 @@ def _mimo_out_kernel(
     Compile-time constants:
         N, P, R, C: sizes. TB: tokens per program (pow2 ≥ 16). RBK: ranks per row block (pow2; TB·RBK rows).
         RPAD: pow2 ≥ R (rows of the per-rank partial sums).
-        JB: fused rows per scores/intra step (divides LP; JB < LP runs them as a runtime loop). LP: fused rows (pow2 ≥ max(16, C·R)). BP: P tile.
+        JB: fused rows per scores/intra step (divides LP; JB < LP runs them as a runtime loop). LP: fused rows
+        (pow2 ≥ max(16, C·R)). BP: P tile.
         AW: rotated columns per half. W: record row width. LPK: 0 bf16, 1 fp16 (2, 3: the same through the
         device's cvt.rn).
         QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,

@@ -122,19 +122,28 @@ def enc(x, LPK: tl.constexpr):
 
 @triton.jit
 def dec(bits, LPK: tl.constexpr):
-    """int16 bit pattern of a bfloat16 (LPK=0) or float16 (LPK=1) value -> FP32 (exact)."""
-    h = bits.to(tl.int32)
-    if LPK % 2 == 0:
-        u = h << 16
+    """int16 bit pattern of a bfloat16 (LPK=0) or float16 (LPK=1) value -> FP32 (exact).
+
+    LPK 2, 3 (devices): the bits reinterpreted as bf16/fp16 and widened by the hardware (the same exact values in one
+    instruction instead of a sign extension and a shift)."""
+    if LPK == 2:
+        x = bits.to(tl.bfloat16, bitcast=True).to(tl.float32)
+    elif LPK == 3:
+        x = bits.to(tl.float16, bitcast=True).to(tl.float32)
     else:
-        mag = h & 0x7FFF
-        e = mag >> 10
-        normal = (mag << 13) + 0x38000000
-        special = (mag << 13) | 0x7F800000
-        sub = ((mag & 0x3FF).to(tl.float32) * 5.9604644775390625e-08).to(tl.int32, bitcast=True)
-        u = tl.where(e == 31, special, tl.where(e == 0, sub, normal))
-        u = u | ((h >> 31) << 31)
-    return u.to(tl.float32, bitcast=True)
+        h = bits.to(tl.int32)
+        if LPK == 0:
+            u = h << 16
+        else:
+            mag = h & 0x7FFF
+            e = mag >> 10
+            normal = (mag << 13) + 0x38000000
+            special = (mag << 13) | 0x7F800000
+            sub = ((mag & 0x3FF).to(tl.float32) * 5.9604644775390625e-08).to(tl.int32, bitcast=True)
+            u = tl.where(e == 31, special, tl.where(e == 0, sub, normal))
+            u = u | ((h >> 31) << 31)
+        x = u.to(tl.float32, bitcast=True)
+    return x
 
 
 @triton.jit
@@ -252,7 +261,8 @@ def silu_parts(x, SILU_TANH: tl.constexpr):
     the tanh term is negligible next to x/2.
     """
     e = tl.exp(-tl.abs(x))
-    w = 1.0 / (1.0 + e)
+    # the backend's fast FP32 division (div.full.f32 on NVIDIA, <= 2 ulp; exact under the interpreter)
+    w = tl.fdiv(tl.full(e.shape, 1.0, tl.float32), 1.0 + e)
     ew = e * w
     pos = x >= 0.0
     sig = tl.where(pos, w, ew)
