@@ -325,33 +325,27 @@ def _mimo_prep_kernel(
 
 
 @triton.jit
-def _chunk_decay(da_cs_ptr, hs_base, c, S, C: tl.constexpr):
-    """exp(da_cs[last valid token of chunk c]) (FP32 scalar)."""
-    return tl.exp(tl.load(da_cs_ptr + hs_base + tl.minimum((c + 1) * C, S) - 1))
-
-
-@triton.jit
 def _mimo_state_kernel(
     kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr,
     S, H, nc, n_nt, n_pt,
     N: tl.constexpr, P: tl.constexpr, C: tl.constexpr, LP: tl.constexpr,
-    BN: tl.constexpr, BP: tl.constexpr, LPK: tl.constexpr,
+    BN: tl.constexpr, BP: tl.constexpr, CB: tl.constexpr, LPK: tl.constexpr,
     K_STATE: tl.constexpr, PSIV: tl.constexpr, DOT_STATE_LP: tl.constexpr,
     ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr, KT_LOAD: tl.constexpr,
 ):
     """The sequential walk over the chunks: states[c] = rnd(h_c), h_{c+1} = h_c·decay_c (+) k_stateᵀ·ΨV.
 
     Grid: 1-D, B·H·n_nt·n_pt programs; program → (b, h, N tile of BN rows, P tile of BP columns), each walking all
-    nc chunks in order in one software-pipelined loop (the tiles and the chunk's decay exp(da_cs[last valid t])
-    are prefetched by Triton's pipeliner, ``num_stages``; measured on an H200 with the decays loaded 16 chunks at
-    a time and picked by a reduction instead: ~0.19 ms at shape (a), the reduction on the sequential path).
+    nc chunks in order. The decays exp(da_cs[last valid t of the chunk]) are loaded CB chunks at a time (one
+    pipelined loop over all chunks with a per-chunk decay load measured slower on an H200: 0.41 against 0.19 ms at
+    shape (a), reports/bench/20261129_214758_43fe441_kernels.md).
 
     Inputs: kst [B·H·nc, LP, N] and psiv [B·H·nc, LP, P] from ``_mimo_prep_kernel`` (lp bits when K_STATE / PSIV,
     else FP32; padded rows are 0), da_cs [B, H, S]. Outputs: states [B, H, nc, N, P] (lp bits); hf32 (same shape,
     FP32 h_c) when STORE_F32.
 
     Compile-time constants:
-        N, P, C, LP: sizes (LP = padded fused rows). BN, BP: tile. LPK: lp format.
+        N, P, C, LP: sizes (LP = padded fused rows). BN, BP: tile. CB: chunks per decay load. LPK: lp format.
         K_STATE, PSIV: the workspaces hold lp bits. DOT_STATE_LP: feed the GEMM lp operands (devices only, both
         operands on the grid). ACCUMULATE: ``state_update="accumulate_into"`` (one K=16 slice of rows at a time
         into the live state) else ``"separate"`` (the chunk's sum first, then added). STORE_F32: store FP32 h_c.
@@ -370,49 +364,56 @@ def _mimo_state_kernel(
     hs_base = bh.to(tl.int64) * S
     st_base = bh.to(tl.int64) * nc * (N * P)
     st_offs = nn[:, None] * P + pp[None, :]
+    cbv = tl.arange(0, CB)
 
     state = fzeros(BN, BP)
-    for c in tl.range(0, nc):
-        decay = _chunk_decay(da_cs_ptr, hs_base, c, S, C)
-        so = st_base + tl.cast(c, tl.int64) * (N * P) + st_offs
-        tl.store(states_ptr + so, enc(state, LPK))
-        if STORE_F32:
-            tl.store(hf32_ptr + so, state)
-        chunk = bh.to(tl.int64) * nc + c
-        if ACCUMULATE:
-            state = state * decay
-            for s in tl.static_range(LP // 16):
-                i = s * 16 + tl.arange(0, 16)
+    for c0 in range(0, nc, CB):
+        cc = c0 + cbv
+        cm = cc < nc
+        last = tl.minimum((cc + 1) * C, S) - 1
+        decays = tl.exp(tl.load(da_cs_ptr + hs_base + tl.where(cm, last, 0), mask=cm, other=0.0))
+        for jj in tl.range(0, tl.minimum(CB, nc - c0)):
+            c = c0 + jj
+            decay = tsum(tl.where(cbv == jj, decays, 0.0), axis=0)
+            so = st_base + c.to(tl.int64) * (N * P) + st_offs
+            tl.store(states_ptr + so, enc(state, LPK))
+            if STORE_F32:
+                tl.store(hf32_ptr + so, state)
+            chunk = bh.to(tl.int64) * nc + c
+            if ACCUMULATE:
+                state = state * decay
+                for s in tl.static_range(LP // 16):
+                    i = s * 16 + tl.arange(0, 16)
+                    if KT_LOAD:
+                        # k_stateᵀ loaded transposed ([BN, 16], strided), no layout transpose in registers
+                        kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
+                    else:
+                        kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
+                    pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
+                    if DOT_STATE_LP:
+                        state = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK), state)
+                    else:
+                        if K_STATE:
+                            kt = dec(kt, LPK)
+                        if PSIV:
+                            pv = dec(pv, LPK)
+                        state = mma_acc(kt, pv, state, False, LPK)
+            else:
+                i = tl.arange(0, LP)
                 if KT_LOAD:
-                    # k_stateᵀ loaded transposed ([BN, 16], strided), no layout transpose in registers
                     kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
                 else:
                     kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
                 pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
                 if DOT_STATE_LP:
-                    state = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK), state)
+                    local = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK))
                 else:
                     if K_STATE:
                         kt = dec(kt, LPK)
                     if PSIV:
                         pv = dec(pv, LPK)
-                    state = mma_acc(kt, pv, state, False, LPK)
-        else:
-            i = tl.arange(0, LP)
-            if KT_LOAD:
-                kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
-            else:
-                kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
-            pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
-            if DOT_STATE_LP:
-                local = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK))
-            else:
-                if K_STATE:
-                    kt = dec(kt, LPK)
-                if PSIV:
-                    pv = dec(pv, LPK)
-                local = mma(kt, pv, False, LPK)
-            state = state * decay + local
+                    local = mma(kt, pv, False, LPK)
+                state = state * decay + local
 
 
 @triton.jit

@@ -35,7 +35,7 @@ _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 
 #: Overrides of the tile plan, for benchmarks and tests only (never numerics: tiles change FP32 summation orders
 #: inside GEMMs and of the dmimo sums at most). Keys: ``BN``, ``BP2`` (state walk tile), ``BP3`` (output kernel P
-#: tile), ``CBR``/``BLKR`` (chunks/columns per step of the dmimo sum),
+#: tile), ``CB`` (chunks per decay load), ``CBR``/``BLKR`` (chunks/columns per step of the dmimo sum),
 #: ``max_programs`` (cap the chunk kernels' grids; they loop over virtual programs), ``RB`` and ``qk_gemm`` (prep
 #: kernel rows per program and its same-step product form; the Ascend choices are 16 and 0),
 #: ``TB``, ``RBK``, ``JB``, ``parts_after`` (output kernel: tokens, ranks and k̂/ΨV rows per step; dmimo partials
@@ -46,7 +46,7 @@ _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 #: diagonal's rank steps; bit-identical to the integer helpers, far fewer instructions). Empty in normal use.
 TUNING: Dict[str, int] = {}
 #: The keys ``TUNING`` understands (``tuning`` refuses others, so a misspelt key cannot silently do nothing).
-TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
+TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
                          "parts_after", "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
                          "native_lp", "maxnreg_k1", "maxnreg_k3"})
 
@@ -157,6 +157,7 @@ class Plan:
     QK_GEMM: bool  # prep kernel: same-step q̃·k̃ᵀ as one [LP, LP] GEMM (needs RB == LP) or as row products
     BN: int  # state walk: N tile
     BP2: int  # state walk: P tile
+    CB: int  # state walk: chunks per decay load
     CBR: int  # dmimo sum: chunks per step
     BP3: int  # output kernel: P tile
     TB: int  # output kernel: tokens per program (n_tb = CP / TB token blocks per chunk)
@@ -204,7 +205,7 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     JB = LP
     if backend == "interpreter":
         # fewest programs and ops: all ranks and tokens of a chunk in one program
-        BN, BP2, BP3 = N, P, P
+        BN, BP2, BP3, CB = N, P, P, 16
         TB, RBK = CP, RP2
         warps = {}
     elif backend == "cuda":
@@ -222,6 +223,7 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         # 2.15 ms for 64 rows with 8 warps (which also faulted with Triton 3.6 at N = 128, P = 32).
         TB, RBK = 16, 1
         RB, QK_GEMM = 16, False
+        CB = 16
         # state walk: a 16x16 tile is one warp's MMA; one warp avoids a cross-warp reduction (and its barrier) on
         # the sequential path every chunk (measured on an H200 with 4 warps: ~1 µs per chunk at shape (a)).
         # Prep and output programs: 2 warps at N = 64, 4 at N = 128 (H200, 20261129_212623: (a) 0.877 ms with 2
@@ -236,6 +238,7 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         BP3 = min(P, 64)
         while BP3 > 16 and 4 * (8 * TB * N + JB * N + 3 * TB * JB + JB * BP3 + N * BP3 + 12 * TB * BP3) > 96 * 1024:
             BP3 //= 2
+        CB = 16
         warps = {}
     CBR = 64
     stages2 = 4
@@ -246,6 +249,7 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         TB = min(CP, TUNING.get("TB", TB))
         RBK = min(RP2, TUNING.get("RBK", RBK))
         JB = min(LP, TUNING.get("JB", JB))
+        CB = TUNING.get("CB", CB)
         CBR = TUNING.get("CBR", CBR)
         RB = min(LP, TUNING.get("RB", RB))
         QK_GEMM = bool(TUNING.get("qk_gemm", QK_GEMM)) and RB == LP
@@ -263,7 +267,7 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     if TUNING.get("max_programs"):
         grid1, grid3 = min(grid1, TUNING["max_programs"]), min(grid3, TUNING["max_programs"])
     grid2 = B * H * (N // BN) * (P // BP2)
-    return Plan(backend, LP, CP, RB, QK_GEMM, BN, BP2, CBR, BP3, TB, RBK, JB, W, grid1, grid2, grid3, warps,
+    return Plan(backend, LP, CP, RB, QK_GEMM, BN, BP2, CB, CBR, BP3, TB, RBK, JB, W, grid1, grid2, grid3, warps,
                 virt1, virt3)
 
 
@@ -284,7 +288,7 @@ def estimate_interpreter_seconds(dims: Dims, pl: Optional[Plan] = None) -> float
     R, nc = dims.rank, dims.nchunks
     nsl = pl.LP // 16
     k1 = pl.virt1 * (150 + 12 * R) + dims.batch * dims.seqlen * dims.heads / 8192 * 10
-    k2 = dims.batch * dims.heads * nc * (16 + 8 * nsl)
+    k2 = dims.batch * dims.heads * (nc / pl.CB * 8 + nc * (12 + 8 * nsl))
     per3 = 120 + R * (80 + R * 35) + (R * 60 if dims.has_z else 0)
     k3 = pl.virt3 * per3
     k4 = dims.batch * dims.heads * (math.ceil(nc / 32) * 6 + 4) * 2
@@ -417,7 +421,7 @@ def build_launches(
     if native:
         cx["LPK"] += 2  # same RNE through cvt.rn (see _rounding.py); never under the interpreter
     cx["NATIVE_DIAG"] = native and cx["DIAG_ACCUM"] and cx["QK_DOT_INTERNAL"] and cx["PSIV"]
-    cx.update(N=N, P=P, R=R, C=C, LP=pl.LP, CP=pl.CP, BN=pl.BN, W=pl.W, AW=N // rotary_dim_divisor,
+    cx.update(N=N, P=P, R=R, C=C, LP=pl.LP, CP=pl.CP, BN=pl.BN, CB=pl.CB, W=pl.W, AW=N // rotary_dim_divisor,
               HAS_Z=dims.has_z, HAS_D=dims.has_d, REDUCE_O=dims.reduce_o, RECORD=keep)
     cx["DOT_QK_LP"] = on_device and cx["QK_BIASED"]
     q_rot_lp = cx["QK_BIASED"] and cx["ROTARY"]
