@@ -66,7 +66,8 @@ VARIANTS = {
     "no_kt_load": {"kt_load": 0},
     "bn32": {"BN": 32},
     "s1": {"stages_k2": 1},
-    "parts_after": {"parts_after": 1},
+    "parts_after": {"parts_after": 1},  # the CUDA default since commit b8d6aa1
+    "no_parts_after": {"parts_after": 0},
     "pa_k3w4": {"parts_after": 1, "warps_k3": 4},
     "cb64": {"CB": 64},
     "cb512": {"CB": 512},

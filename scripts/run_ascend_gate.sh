@@ -8,7 +8,7 @@
 # 1. scripts/ascend_compile_gate.py compiles the kernel specializations the launcher produces for the CI scope
 #    (--scope ci: 15 launcher calls covering every preset, branch, dim and tile class) for Ascend910B3 and
 #    Ascend910_9382 and rewrites reports/ascend_compile.md (pass --no-report in CI). A failing gate stops after
-#    10 failures and a single BiShengIR run after 900 s (the slowest specialization takes ~80 s);
+#    10 failures and a single BiShengIR run after 900 s (the slowest specialization takes ~90 s);
 # 2. pytest runs tests/ascend (the gate catches a unified-buffer overflow and rejected constructs).
 # Exits non-zero if either fails.
 set -uo pipefail
