@@ -68,6 +68,9 @@ VARIANTS = {
     "s1": {"stages_k2": 1},
     "parts_after": {"parts_after": 1},  # the CUDA default since commit b8d6aa1
     "no_parts_after": {"parts_after": 0},
+    "cbr128": {"CBR": 128},
+    "cbr256": {"CBR": 256},
+    "cbr256_blkr16": {"CBR": 256, "BLKR": 16},
     "pa_k3w4": {"parts_after": 1, "warps_k3": 4},
     "cb64": {"CB": 64},
     "cb512": {"CB": 512},
