@@ -572,7 +572,7 @@ def _out_program(
     DIAG_FMA: tl.constexpr, DIAG_GAMMA: tl.constexpr, OUT: tl.constexpr, PHI_WEIGHT: tl.constexpr,
     DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     REDUCE_O: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
-    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, PARTS_AFTER: tl.constexpr,
+    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, PARTS_AFTER: tl.constexpr, DIAG_LOOP: tl.constexpr,
 ):
     """Body of ``_mimo_out_kernel`` for one (virtual) program ``pid``."""
     pt = pid % n_pt
@@ -685,7 +685,7 @@ def _out_program(
         if NATIVE_DIAG:
             acc = operand(acc, True, LPK)
         qk_row = qk_tok + r_s * R
-        if R <= 8:
+        if not DIAG_LOOP:
             for r_in in tl.static_range(R):
                 acc = _diag_step(acc, r_in, qkin_ptr, qk_row, psiv_ptr, psiv_tok, ok, LPK, P,
                                  QK_DOT_INTERNAL, PSIV, DIAG_ACCUM, DIAG_FMA, NATIVE_DIAG)
@@ -779,7 +779,8 @@ def _mimo_out_kernel(
     DIAG_FMA: tl.constexpr, DIAG_GAMMA: tl.constexpr, OUT: tl.constexpr, PHI_WEIGHT: tl.constexpr,
     DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     REDUCE_O: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
-    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, PARTS_AFTER: tl.constexpr, PERSISTENT: tl.constexpr,
+    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, PARTS_AFTER: tl.constexpr, DIAG_LOOP: tl.constexpr,
+    PERSISTENT: tl.constexpr,
 ):
     """Everything that depends on rnd(h_c): o, out, the gradient branches and the dmimo partials of one chunk.
 
@@ -814,7 +815,9 @@ def _mimo_out_kernel(
         partial sums over the rank loop and store them after it instead of storing each block's sums at once (on
         devices: Ascend's BiShengIR crashes on a reduction stored at a loop-dependent offset inside the loop; on CUDA
         a loop without stores lets Triton hoist the rank-invariant k̂/ΨV loads, ~5 % faster). PERSISTENT: loop over
-        the n_virtual virtual programs (the launch has fewer programs).
+        the n_virtual virtual programs (the launch has fewer programs). DIAG_LOOP: the diagonal's rank steps as a
+        runtime loop (R > 8, and Ascend: unrolled, the fp16 steps without D crash triton-ascend's
+        triton-to-unstructure pass at N = P = 64, R = 4) instead of unrolled.
 
     Rounding sites: S4, S12 (q̃), S16 (q rotation), S19 (operand), S22, S26 (diag_accum, diag_mode), S27, S30,
     S34, S35, S36, S38 (dz_accum; DZ store); FP32: S9, S20, S21, S23, S24, S25, S28, S29, S31–S33, S37, S39.
@@ -830,18 +833,17 @@ def _mimo_out_kernel(
                 QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
                 STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM,
                 SILU_TANH, HAS_Z, HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD,
-                PARTS_AFTER)
+                PARTS_AFTER, DIAG_LOOP)
     else:
         pid = tl.program_id(0)
         _out_program(
             pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr,
             trap_ptr, d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr,
-            rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, RPAD, JB, LP, BP, AW, W,
-                LPK, QK_BIAS,
-            QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV, STATE_OPERAND,
-            CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM, SILU_TANH, HAS_Z,
-            HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD,
-                PARTS_AFTER)
+            rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, RPAD, JB, LP, BP, AW, W, LPK,
+            QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
+            STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM,
+            SILU_TANH, HAS_Z, HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD,
+            PARTS_AFTER, DIAG_LOOP)
 
 
 @triton.jit

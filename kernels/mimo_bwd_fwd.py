@@ -518,6 +518,7 @@ def build_launches(
              rec_cs_arg, B, S, H, dims.heads_per_group, nc, pl.n_tb, P // pl.BP3, pl.virt3),
             dict(cx, BP=pl.BP3, TB=pl.TB, RBK=pl.RBK, RPAD=_pow2(R), JB=pl.JB,
                  PARTS_AFTER=bool(TUNING.get("parts_after", backend != "interpreter")),
+                 DIAG_LOOP=backend == "npu" or R > 8,
                  PERSISTENT=pl.grid3 < pl.virt3),
             pl.warps.get("k3", 4), 1, TUNING.get("maxnreg_k3", 0))
     # ---- 4. deterministic sums of the per-chunk dmimo partials
