@@ -493,8 +493,9 @@ def _dz_step(dz_acc, term, DZ_ACCUM: tl.constexpr, LPK: tl.constexpr):
 @triton.jit
 def _rank_sums_into(acc, x, rr, rb, rk, RBK: tl.constexpr):
     """acc[r, :] = Σ over the token rows of rank r of ``x`` [RBK·TB, BP], for the RBK ranks r = rb·RBK + k of this
-    block (acc [RPAD, BP] is carried over the rank blocks and stored once: a reduction stored at a loop-dependent
-    offset inside the rank loop crashes BiShengIR). Rows of other ranks, and invalid rows, must hold 0."""
+    block (acc [RPAD, BP] is carried over the rank blocks and stored once after them: a reduction stored at a
+    loop-dependent offset inside the rank loop crashes BiShengIR, and on CUDA a loop without stores lets Triton
+    hoist the rank-invariant k̂/ΨV loads, ~5 % faster). Rows of other ranks, and invalid rows, must hold 0."""
     if RBK == 1:
         acc = tl.where((rk == rb)[:, None], tsum(x, axis=0)[None, :], acc)
     else:
@@ -502,20 +503,6 @@ def _rank_sums_into(acc, x, rr, rb, rk, RBK: tl.constexpr):
             s = tsum(tl.where((rr == k)[:, None], x, 0.0), axis=0)
             acc = tl.where((rk == rb * RBK + k)[:, None], s[None, :], acc)
     return acc
-
-
-@triton.jit
-def _store_block_rank_sums(part_ptr, x, rr, rb, pp, R: tl.constexpr, P: tl.constexpr, RBK: tl.constexpr):
-    """part[r, p] = Σ over the token rows of rank r of ``x`` [RBK·TB, BP], stored now, for the RBK ranks
-    r = rb·RBK + k < R of this block (rows of other ranks, and invalid rows, must hold 0)."""
-    if RBK == 1:
-        tl.store(part_ptr + rb * P + pp, tsum(x, axis=0))
-    else:
-        for k in tl.static_range(RBK):
-            r = rb * RBK + k
-            m = r * P + pp < R * P
-            tl.store(part_ptr + tl.where(m, r * P + pp, 0), tsum(tl.where((rr == k)[:, None], x, 0.0), axis=0),
-                     mask=m)
 
 
 @triton.jit
@@ -572,7 +559,7 @@ def _out_program(
     DIAG_FMA: tl.constexpr, DIAG_GAMMA: tl.constexpr, OUT: tl.constexpr, PHI_WEIGHT: tl.constexpr,
     DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     REDUCE_O: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
-    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, PARTS_AFTER: tl.constexpr, DIAG_LOOP: tl.constexpr,
+    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, DIAG_LOOP: tl.constexpr,
 ):
     """Body of ``_mimo_out_kernel`` for one (virtual) program ``pid``."""
     pt = pid % n_pt
@@ -643,11 +630,10 @@ def _out_program(
     part_base = (bhc.to(tl.int64) * n_tb + tb) * (R * P)
     # -0.0: the exact identity of every rank step, so the first step is rnd(term) (or term)
     dz_acc = tl.full([TB, BP], -0.0, tl.float32)
-    if PARTS_AFTER:
-        # per-rank dmimo partial sums of this program, stored after the rank loop (Ascend)
-        rk = tl.arange(0, RPAD)
-        po_acc = fzeros(RPAD, BP)
-        pz_acc = fzeros(RPAD, BP)
+    # per-rank dmimo partial sums of this program, stored after the rank loop
+    rk = tl.arange(0, RPAD)
+    po_acc = fzeros(RPAD, BP)
+    pz_acc = fzeros(RPAD, BP)
     for rb in tl.range(0, NRB):
         if RBK == 1:
             r_m = rr + rb
@@ -719,11 +705,7 @@ def _out_program(
                 gated = gate * out
             else:
                 gated = out
-            if PARTS_AFTER:
-                po_acc = _rank_sums_into(po_acc, tl.where(ok[:, None], gated * do_t, 0.0), rr, rb, rk, RBK)
-            else:
-                _store_block_rank_sums(part_o_ptr + part_base, tl.where(ok[:, None], gated * do_t, 0.0), rr, rb,
-                                       pp, R, P, RBK)
+            po_acc = _rank_sums_into(po_acc, tl.where(ok[:, None], gated * do_t, 0.0), rr, rb, rk, RBK)
             if HAS_Z:
                 phi = rnd_if(_rank_rows(mimo_o_ptr + h * (R * P), prow_p, pp, RBK == 1), PHI_WEIGHT, LPK)
                 dphio = rnd_if(rnd_if(do_t * phi, DPHIO, LPK) * out, DPHIO, LPK)
@@ -743,20 +725,15 @@ def _out_program(
                 k3 = tl.arange(0, RBK)[:, None, None]
                 for k in tl.static_range(RBK):
                     dz_acc = _dz_step(dz_acc, tsum(tl.where(k3 == k, term3, -0.0), axis=0), DZ_ACCUM, LPK)
-            if PARTS_AFTER:
-                pz_acc = _rank_sums_into(pz_acc, tl.where(ok[:, None], dzz * z_t, 0.0), rr, rb, rk, RBK)
-            else:
-                _store_block_rank_sums(part_z_ptr + part_base, tl.where(ok[:, None], dzz * z_t, 0.0), rr, rb, pp,
-                                       R, P, RBK)
+            pz_acc = _rank_sums_into(pz_acc, tl.where(ok[:, None], dzz * z_t, 0.0), rr, rb, rk, RBK)
             if RECORD:
                 _record_tile(rec_ptr, SLOT_GATE, slot_stride, rec_base, frow, ok, pp, P, gate, W)
                 _record_tile(rec_ptr, SLOT_DPHIO, slot_stride, rec_base, frow, ok, pp, P, dphio, W)
                 _record_tile(rec_ptr, SLOT_DZZ, slot_stride, rec_base, frow, ok, pp, P, dzz, W)
-    if PARTS_AFTER:
-        if REDUCE_O:
-            _store_rank_sums(part_o_ptr + part_base, po_acc, rk, pp, R, P)
-        if HAS_Z:
-            _store_rank_sums(part_z_ptr + part_base, pz_acc, rk, pp, R, P)
+    if REDUCE_O:
+        _store_rank_sums(part_o_ptr + part_base, po_acc, rk, pp, R, P)
+    if HAS_Z:
+        _store_rank_sums(part_z_ptr + part_base, pz_acc, rk, pp, R, P)
     if HAS_Z:
         ttb = tb * TB + tl.arange(0, TB)
         okb = (ttb < C) & (cC + ttb < S)
@@ -779,8 +756,7 @@ def _mimo_out_kernel(
     DIAG_FMA: tl.constexpr, DIAG_GAMMA: tl.constexpr, OUT: tl.constexpr, PHI_WEIGHT: tl.constexpr,
     DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     REDUCE_O: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
-    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, PARTS_AFTER: tl.constexpr, DIAG_LOOP: tl.constexpr,
-    PERSISTENT: tl.constexpr,
+    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, DIAG_LOOP: tl.constexpr, PERSISTENT: tl.constexpr,
 ):
     """Everything that depends on rnd(h_c): o, out, the gradient branches and the dmimo partials of one chunk.
 
@@ -811,11 +787,8 @@ def _mimo_out_kernel(
         HAS_Z, HAS_D, REDUCE_O: branches. DOT_*_LP: feed that GEMM bf16/fp16 operands (devices only, both operands
         on the grid). NATIVE_DIAG: run the diagonal's rank steps with the device's lp instructions (fma.rn.bf16,
         or mul.rn + add.rn with FMA contraction off): bit-identical to the emulation, only with LPK >= 2, DIAG_ACCUM,
-        QK_DOT_INTERNAL and PSIV. RECORD: write the per-stage records. PARTS_AFTER: carry the per-rank dmimo
-        partial sums over the rank loop and store them after it instead of storing each block's sums at once (on
-        devices: Ascend's BiShengIR crashes on a reduction stored at a loop-dependent offset inside the loop; on CUDA
-        a loop without stores lets Triton hoist the rank-invariant k̂/ΨV loads, ~5 % faster). PERSISTENT: loop over
-        the n_virtual virtual programs (the launch has fewer programs). DIAG_LOOP: the diagonal's rank steps as a
+        QK_DOT_INTERNAL and PSIV. RECORD: write the per-stage records. PERSISTENT: loop over the n_virtual virtual
+        programs (the launch has fewer programs). DIAG_LOOP: the diagonal's rank steps as a
         runtime loop (R > 8, and Ascend: unrolled, the fp16 steps without D crash triton-ascend's
         triton-to-unstructure pass at N = P = 64, R = 4) instead of unrolled.
 
@@ -833,7 +806,7 @@ def _mimo_out_kernel(
                 QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
                 STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM,
                 SILU_TANH, HAS_Z, HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD,
-                PARTS_AFTER, DIAG_LOOP)
+                DIAG_LOOP)
     else:
         pid = tl.program_id(0)
         _out_program(
@@ -843,7 +816,7 @@ def _mimo_out_kernel(
             QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
             STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM,
             SILU_TANH, HAS_Z, HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD,
-            PARTS_AFTER, DIAG_LOOP)
+            DIAG_LOOP)
 
 
 @triton.jit

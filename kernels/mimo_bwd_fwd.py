@@ -38,16 +38,16 @@ _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 #: tile), ``CB`` (chunks per decay load), ``CBR``/``BLKR`` (chunks/columns per step of the dmimo sum),
 #: ``max_programs`` (cap the chunk kernels' grids; they loop over virtual programs), ``RB`` and ``qk_gemm`` (prep
 #: kernel rows per program and its same-step product form; the Ascend choices are 16 and 0),
-#: ``TB``, ``RBK``, ``JB``, ``parts_after`` (output kernel: tokens, ranks and k̂/ΨV rows per step; dmimo partials
-#: stored after the rank loop, default on devices), ``kt_load`` (state walk), ``warps_k1`` … ``warps_k4``,
-#: ``stages_k2``, ``maxnreg_k1``/``maxnreg_k3`` (CUDA register cap of the prep/output kernels; measured slower),
+#: ``TB``, ``RBK``, ``JB`` (output kernel: tokens, ranks and k̂/ΨV rows per step), ``kt_load`` (state walk),
+#: ``warps_k1`` … ``warps_k4``, ``stages_k2``, ``maxnreg_k1``/``maxnreg_k3`` (CUDA register cap of the prep/output
+#: kernels; measured slower),
 #: and ``native_lp`` (0: on CUDA round with the integer helpers as on the other backends;
 #: default 1: use the hardware's lp instructions: cvt.rn for every rounding, fma.rn / mul.rn + add.rn for the
 #: diagonal's rank steps; bit-identical to the integer helpers, far fewer instructions). Empty in normal use.
 TUNING: Dict[str, int] = {}
 #: The keys ``TUNING`` understands (``tuning`` refuses others, so a misspelt key cannot silently do nothing).
 TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
-                         "parts_after", "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
+                         "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
                          "native_lp", "maxnreg_k1", "maxnreg_k3"})
 
 
@@ -517,7 +517,6 @@ def build_launches(
              segsum, arg(khat), arg(psiv), arg(hop), arg(qkin), arg(dz), arg(part_o), arg(part_z), rec_arg,
              rec_cs_arg, B, S, H, dims.heads_per_group, nc, pl.n_tb, P // pl.BP3, pl.virt3),
             dict(cx, BP=pl.BP3, TB=pl.TB, RBK=pl.RBK, RPAD=_pow2(R), JB=pl.JB,
-                 PARTS_AFTER=bool(TUNING.get("parts_after", backend != "interpreter")),
                  DIAG_LOOP=backend == "npu" or R > 8,
                  PERSISTENT=pl.grid3 < pl.virt3),
             pl.warps.get("k3", 4), 1, TUNING.get("maxnreg_k3", 0))

@@ -66,19 +66,17 @@ VARIANTS = {
     "no_kt_load": {"kt_load": 0},
     "bn32": {"BN": 32},
     "s1": {"stages_k2": 1},
-    "parts_after": {"parts_after": 1},  # the CUDA default since commit b8d6aa1
-    "no_parts_after": {"parts_after": 0},
     "cbr128": {"CBR": 128},
     "cbr256": {"CBR": 256},
     "cbr256_blkr16": {"CBR": 256, "BLKR": 16},
-    "pa_k3w4": {"parts_after": 1, "warps_k3": 4},
+    # pa_*: measured when storing the dmimo partials after the rank loop was a switch (it is the only form now)
+    "pa_k3w4": {"warps_k3": 4},
     "cb64": {"CB": 64},
     "cb512": {"CB": 512},
-    "pa_cb512": {"parts_after": 1, "CB": 512},
-    "pa_r168": {"parts_after": 1, "maxnreg_k3": 168},
-    "pa_r128": {"parts_after": 1, "maxnreg_k3": 128},
-    "pa_k1w4": {"parts_after": 1, "warps_k1": 4},
-    "pa_k3w4_k1w4": {"parts_after": 1, "warps_k3": 4, "warps_k1": 4},
+    "pa_r168": {"maxnreg_k3": 168},
+    "pa_r128": {"maxnreg_k3": 128},
+    "pa_k1w4": {"warps_k1": 4},
+    "pa_k3w4_k1w4": {"warps_k3": 4, "warps_k1": 4},
 }
 
 

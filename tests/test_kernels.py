@@ -185,8 +185,7 @@ def test_every_switch_and_knob_is_honoured(spec, change):
 
 _TILINGS = {
     "device_tiles": dict(BN=16, BP2=16, BP3=16, CB=2, CBR=2, BLKR=16, RBK=2, max_programs=3),
-    "ascend_plan": dict(RB=16, qk_gemm=0, BN=16, BP2=16, BP3=16, TB=16, RBK=1, JB=16, parts_after=1,
-                        max_programs=3),
+    "ascend_plan": dict(RB=16, qk_gemm=0, BN=16, BP2=16, BP3=16, TB=16, RBK=1, JB=16, max_programs=3),
 }
 
 
