@@ -325,13 +325,56 @@ def _mimo_prep_kernel(
 
 
 @triton.jit
+def _state_chunk_step(state, decay, kst_ptr, psiv_ptr, chunk, nn, pp, N: tl.constexpr, P: tl.constexpr,
+                      LP: tl.constexpr, LPK: tl.constexpr, K_STATE: tl.constexpr, PSIV: tl.constexpr,
+                      DOT_STATE_LP: tl.constexpr, ACCUMULATE: tl.constexpr, KT_LOAD: tl.constexpr):
+    """h ← h·decay (+) k_stateᵀ·ΨV of chunk ``chunk`` on the tile (rows ``nn``, columns ``pp``): ``accumulate_into``
+    adds one K=16 slice of fused rows at a time into the live state, ``separate`` forms the chunk's sum first."""
+    if ACCUMULATE:
+        state = state * decay
+        for s in tl.static_range(LP // 16):
+            i = s * 16 + tl.arange(0, 16)
+            if KT_LOAD:
+                # k_stateᵀ loaded transposed ([BN, 16], strided), no layout transpose in registers
+                kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
+            else:
+                kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
+            pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
+            if DOT_STATE_LP:
+                state = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK), state)
+            else:
+                if K_STATE:
+                    kt = dec(kt, LPK)
+                if PSIV:
+                    pv = dec(pv, LPK)
+                state = mma_acc(kt, pv, state, False, LPK)
+    else:
+        i = tl.arange(0, LP)
+        if KT_LOAD:
+            kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
+        else:
+            kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
+        pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
+        if DOT_STATE_LP:
+            local = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK))
+        else:
+            if K_STATE:
+                kt = dec(kt, LPK)
+            if PSIV:
+                pv = dec(pv, LPK)
+            local = mma(kt, pv, False, LPK)
+        state = state * decay + local
+    return state
+
+
+@triton.jit
 def _mimo_state_kernel(
     kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr,
     S, H, nc, n_nt, n_pt,
     N: tl.constexpr, P: tl.constexpr, C: tl.constexpr, LP: tl.constexpr,
     BN: tl.constexpr, BP: tl.constexpr, CB: tl.constexpr, LPK: tl.constexpr,
     K_STATE: tl.constexpr, PSIV: tl.constexpr, DOT_STATE_LP: tl.constexpr,
-    ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr, KT_LOAD: tl.constexpr,
+    ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr, KT_LOAD: tl.constexpr, DECAY_AHEAD: tl.constexpr,
 ):
     """The sequential walk over the chunks: states[c] = rnd(h_c), h_{c+1} = h_c·decay_c (+) k_stateᵀ·ΨV.
 
@@ -364,56 +407,45 @@ def _mimo_state_kernel(
     hs_base = bh.to(tl.int64) * S
     st_base = bh.to(tl.int64) * nc * (N * P)
     st_offs = nn[:, None] * P + pp[None, :]
-    cbv = tl.arange(0, CB)
 
     state = fzeros(BN, BP)
+    cbv = tl.arange(0, CB)
+    blk = _decay_block(da_cs_ptr, hs_base, 0, cbv, nc, S, C)
     for c0 in range(0, nc, CB):
-        cc = c0 + cbv
-        cm = cc < nc
-        last = tl.minimum((cc + 1) * C, S) - 1
-        decays = tl.exp(tl.load(da_cs_ptr + hs_base + tl.where(cm, last, 0), mask=cm, other=0.0))
+        decays = tl.exp(blk)
+        if DECAY_AHEAD:
+            # the next block's decays, loaded now (the outer loop is not pipelined; a loaded value carried over the
+            # pipelined inner loop would stop Triton pipelining its operand loads)
+            blk = _decay_block(da_cs_ptr, hs_base, c0 + CB, cbv, nc, S, C)
+            decay = tsum(tl.where(cbv == 0, decays, 0.0), axis=0)
         for jj in tl.range(0, tl.minimum(CB, nc - c0)):
             c = c0 + jj
-            decay = tsum(tl.where(cbv == jj, decays, 0.0), axis=0)
+            if DECAY_AHEAD:
+                # the pick for chunk c + 1 (a cross-lane sum) does not depend on the state: issued one chunk early,
+                # it overlaps this chunk's GEMM chain instead of preceding it
+                cur = decay
+                decay = tsum(tl.where(cbv == jj + 1, decays, 0.0), axis=0)
+            else:
+                cur = tsum(tl.where(cbv == jj, decays, 0.0), axis=0)
             so = st_base + c.to(tl.int64) * (N * P) + st_offs
             tl.store(states_ptr + so, enc(state, LPK))
             if STORE_F32:
                 tl.store(hf32_ptr + so, state)
             chunk = bh.to(tl.int64) * nc + c
-            if ACCUMULATE:
-                state = state * decay
-                for s in tl.static_range(LP // 16):
-                    i = s * 16 + tl.arange(0, 16)
-                    if KT_LOAD:
-                        # k_stateᵀ loaded transposed ([BN, 16], strided), no layout transpose in registers
-                        kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
-                    else:
-                        kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
-                    pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
-                    if DOT_STATE_LP:
-                        state = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK), state)
-                    else:
-                        if K_STATE:
-                            kt = dec(kt, LPK)
-                        if PSIV:
-                            pv = dec(pv, LPK)
-                        state = mma_acc(kt, pv, state, False, LPK)
-            else:
-                i = tl.arange(0, LP)
-                if KT_LOAD:
-                    kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
-                else:
-                    kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
-                pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
-                if DOT_STATE_LP:
-                    local = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK))
-                else:
-                    if K_STATE:
-                        kt = dec(kt, LPK)
-                    if PSIV:
-                        pv = dec(pv, LPK)
-                    local = mma(kt, pv, False, LPK)
-                state = state * decay + local
+            state = _state_chunk_step(state, cur, kst_ptr, psiv_ptr, chunk, nn, pp, N, P, LP, LPK, K_STATE, PSIV,
+                                      DOT_STATE_LP, ACCUMULATE, KT_LOAD)
+        if not DECAY_AHEAD:
+            blk = _decay_block(da_cs_ptr, hs_base, c0 + CB, cbv, nc, S, C)
+
+
+@triton.jit
+def _decay_block(da_cs_ptr, hs_base, c0, cbv, nc, S, C: tl.constexpr):
+    """da_cs[last valid token of chunk c] for the chunks c = c0 + cbv (0 past the last chunk); the caller takes exp
+    where it uses them, so a block loaded ahead is not waited for."""
+    cc = c0 + cbv
+    cm = cc < nc
+    last = tl.minimum((cc + 1) * C, S) - 1
+    return tl.load(da_cs_ptr + hs_base + tl.where(cm, last, 0), mask=cm, other=0.0)
 
 
 @triton.jit

@@ -48,7 +48,7 @@ TUNING: Dict[str, int] = {}
 #: The keys ``TUNING`` understands (``tuning`` refuses others, so a misspelt key cannot silently do nothing).
 TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
                          "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
-                         "native_lp", "maxnreg_k1", "maxnreg_k3"})
+                         "native_lp", "maxnreg_k1", "maxnreg_k3", "decay_ahead", "stages_k3"})
 
 
 @contextlib.contextmanager
@@ -506,8 +506,8 @@ def build_launches(
     # ---- 2. sequential walk over the chunks: states (lp), FP32 h when needed
     add("state", mod._mimo_state_kernel, pl.grid2,
         (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
-        dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1))), pl.warps.get("k2", 4),
-        pl.warps.get("stages_k2", 3))
+        dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1)), DECAY_AHEAD=bool(TUNING.get("decay_ahead", 1))),
+        pl.warps.get("k2", 4), pl.warps.get("stages_k2", 3))
     # ---- 3. chunk-parallel outputs from rnd(h_c)
     if need_out:
         hop = states if cx["STATE_OPERAND"] else hf32
@@ -519,7 +519,7 @@ def build_launches(
             dict(cx, BP=pl.BP3, TB=pl.TB, RBK=pl.RBK, RPAD=_pow2(R), JB=pl.JB,
                  DIAG_LOOP=backend == "npu" or R > 8,
                  PERSISTENT=pl.grid3 < pl.virt3),
-            pl.warps.get("k3", 4), 1, TUNING.get("maxnreg_k3", 0))
+            pl.warps.get("k3", 4), TUNING.get("stages_k3", 1), TUNING.get("maxnreg_k3", 0))
     # ---- 4. deterministic sums of the per-chunk dmimo partials
     RPc = R * P
     # enough programs for the dmimo sums (measured: 16 programs of 256 columns took ~0.09 ms each at shape (a))

@@ -1,0 +1,56 @@
+"""One warm call of the Triton kernels on a benchmark shape, bracketed for a profiler (Nsight Compute).
+
+    ncu --clock-control none --profile-from-start off --set full -o prof python scripts/profile_kernels.py --shape a
+    ncu --import prof.ncu-rep --page details          # per-kernel summary; --page source --print-source sass per line
+
+The call is made once to compile and warm up, then once more between ``cudaProfilerStart`` / ``cudaProfilerStop``
+(``torch.cuda.profiler``), so ``--profile-from-start off`` captures exactly one call's launches. ``--tuning`` takes a
+JSON dict of ``mimo_bwd_fwd.TUNING`` overrides (no numerics change). Times under a profiler are not benchmark
+figures: use ``scripts/bench_kernels.py`` for those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+from bench_kernels import spec_of  # noqa: E402
+from mimo_numerics import kernels  # noqa: E402
+from mimo_numerics.cases import as_args, as_kwargs, make_inputs  # noqa: E402
+from mimo_numerics.kernels import mimo_bwd_fwd  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="a", help="a benchmark shape of scripts/bench_kernels.py (a, b, c, d)")
+    ap.add_argument("--policy", default="upstream_sm90")
+    ap.add_argument("--tuning", default="{}", help="JSON dict of mimo_bwd_fwd.TUNING overrides")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    x = make_inputs(spec_of(args.shape), device=torch.device("cuda"))
+    with mimo_bwd_fwd.tuning(json.loads(args.tuning)):
+        prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=args.policy)
+        for launch in prep.launches:  # compile and warm up
+            launch.run()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        for launch in prep.launches:
+            launch.run()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+    print("profiled:", ", ".join(f"{launch.name} grid {launch.grid}" for launch in prep.launches))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
