@@ -88,6 +88,16 @@ def _rotation(cs_ptr, sn_ptr, a_row, ok, N: tl.constexpr, AW: tl.constexpr):
 
 
 @triton.jit
+def _rotation_half(cs_ptr, sn_ptr, a_row, ok, HALF: tl.constexpr, AW: tl.constexpr):
+    """``_rotation`` for one half of the columns: cos θ and sin θ on [rows, HALF] (column j uses angle j when
+    j < AW, else cos 1, sin 0); both halves of a row use the same values."""
+    j = tl.arange(0, HALF)
+    m = ok[:, None] & (j < AW)[None, :]
+    offs = a_row[:, None] + tl.where(m, j[None, :], 0)
+    return tl.load(cs_ptr + offs, mask=m, other=1.0), tl.load(sn_ptr + offs, mask=m, other=0.0)
+
+
+@triton.jit
 def _mimo_angles_kernel(angles_ptr, cs_ptr, sn_ptr, n, BLOCK: tl.constexpr):
     """cos and sin of every angle, once: cs, sn [B, S, H, AW] FP32 (``_rounding.sincos``, the same formula on every
     backend), for the prep and output kernels.
@@ -132,6 +142,28 @@ def _biased_rotated(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
 
 
 @triton.jit
+def _biased_rotated_halves(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
+                           N: tl.constexpr, AW: tl.constexpr, LPK: tl.constexpr, QK_BIAS: tl.constexpr,
+                           QK_BIASED: tl.constexpr, ROTARY: tl.constexpr, BIAS_ROW: tl.constexpr):
+    """``_biased_rotated`` by halves: (x̃₁, x̃₂, rotated x̃₁, rotated x̃₂), each [rows, N/2], x̃₁ the columns j < N/2
+    and x̃₂ the columns N/2 + j (``cs``, ``sn`` from ``_rotation_half``). Every element is loaded, biased and rounded
+    once (the full-width form loads each row a second time with its halves swapped) and the rotation evaluates
+    only its own formula per half; the FP32 operations per element are the same, so are the values.
+    """
+    HALF: tl.constexpr = N // 2
+    j = tl.arange(0, HALF)
+    m2 = ok[:, None]
+    x1 = dec(tl.load(x_ptr + x_row[:, None] + j[None, :], mask=m2, other=0), LPK)
+    x2 = dec(tl.load(x_ptr + x_row[:, None] + (HALF + j)[None, :], mask=m2, other=0), LPK)
+    xb1 = rnd_if(x1 + rnd_if(_rank_rows(bias_ptr, b_row, j, BIAS_ROW), QK_BIAS, LPK), QK_BIASED, LPK)
+    xb2 = rnd_if(x2 + rnd_if(_rank_rows(bias_ptr, b_row, HALF + j, BIAS_ROW), QK_BIAS, LPK), QK_BIASED, LPK)
+    rot = (j < AW)[None, :]
+    xr1 = tl.where(rot, rnd_if(cs * xb1 - sn * xb2, ROTARY, LPK), xb1)
+    xr2 = tl.where(rot, rnd_if(sn * xb1 + cs * xb2, ROTARY, LPK), xb2)
+    return xb1, xb2, xr1, xr2
+
+
+@triton.jit
 def _gamma_trap_scale(dt_ptr, trap_ptr, t, ok, S, LPK: tl.constexpr, DT_INPUT: tl.constexpr,
                       SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr):
     """γ_t = R(dt_t)·σ(trap_t) (S8, S9; never rounded), shifted γ (S5, S6) and trap_scale_t = R(γ + sγ) (S10).
@@ -167,6 +199,22 @@ def _load_tile(ptr, offs, AS_LP: tl.constexpr, LPK: tl.constexpr):
         return dec(tl.load(ptr + offs), LPK)
     else:
         return tl.load(ptr + offs)
+
+
+@triton.jit
+def _k_scaled_state(kb, krot, cols, ts, e_rev, ok, kst_ptr, khat_ptr, nk_rows, rec, slot_stride, LPK: tl.constexpr,
+                    K_SCALED: tl.constexpr, K_STATE: tl.constexpr, RECORD: tl.constexpr):
+    """k̂ = R(k_rot·ts) (S18) and k_state = R(k̂·exp(da_cs_rev)) (S42) on the columns ``cols`` of the prep rows,
+    stored to the workspaces (rows ``nk_rows``; 0 on invalid rows) and, with RECORD, k̃, k_rot, k̂, k_state."""
+    k_hat = tl.where(ok[:, None], rnd_if(krot * ts[:, None], K_SCALED, LPK), 0.0)
+    k_state = tl.where(ok[:, None], rnd_if(k_hat * e_rev[:, None], K_STATE, LPK), 0.0)
+    _store_tile(kst_ptr, nk_rows + cols[None, :], k_state, K_STATE, LPK)
+    _store_tile(khat_ptr, nk_rows + cols[None, :], k_hat, K_SCALED, LPK)
+    if RECORD:
+        tl.store(rec + SLOT_K_BIASED * slot_stride + cols[None, :], kb, mask=ok[:, None])
+        tl.store(rec + SLOT_K_ROT * slot_stride + cols[None, :], krot, mask=ok[:, None])
+        tl.store(rec + SLOT_K_SCALED * slot_stride + cols[None, :], k_hat, mask=ok[:, None])
+        tl.store(rec + SLOT_K_STATE * slot_stride + cols[None, :], k_state, mask=ok[:, None])
 
 
 @triton.jit
@@ -206,8 +254,8 @@ def _prep_program(
     n = tl.arange(0, N)
     p = tl.arange(0, P)
 
-    # ---- k side: k̃, rotation, k̂ = R(k_rot·ts), k_state = R(k̂·exp(da_cs_rev))
-    cs, sn = _rotation(cs_ptr + a_base, sn_ptr + a_base, t_loc_s * (H * AW), ok, N, AW)
+    # ---- k side: k̃, rotation, k̂ = R(k_rot·ts), k_state = R(k̂·exp(da_cs_rev)); by column halves unless the
+    # whole k̃ feeds the [LP, LP] same-step GEMM (QK_GEMM)
     # per-rank parameter rows: with R = 1 one scalar row (a constant offset vector is a zero stride on Ascend)
     if R == 1:
         prow_n = 0
@@ -215,16 +263,31 @@ def _prep_program(
     else:
         prow_n = r_i * N
         prow_p = r_i * P
-    kb, krot = _biased_rotated(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N), prow_n, ok, cs, sn,
-                               N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY, R == 1)
     gamma, shifted, ts = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT,
                                            SHIFTED_GAMMA, TRAP_SCALE)
-    k_hat = tl.where(ok[:, None], rnd_if(krot * ts[:, None], K_SCALED, LPK), 0.0)
     e_rev = tl.exp(tl.load(da_cs_rev_ptr + hs_base + tl.where(ok, t, 0), mask=ok, other=0.0))
-    k_state = tl.where(ok[:, None], rnd_if(k_hat * e_rev[:, None], K_STATE, LPK), 0.0)
-    nk_offs = bhc.to(tl.int64) * (LP * N) + i[:, None] * N + n[None, :]
-    _store_tile(kst_ptr, nk_offs, k_state, K_STATE, LPK)
-    _store_tile(khat_ptr, nk_offs, k_hat, K_SCALED, LPK)
+    nk_rows = bhc.to(tl.int64) * (LP * N) + i[:, None] * N
+    # B may arrive as the constexpr 1 (the JIT specializes integer arguments equal to 1): no .to() on it
+    slot_stride = tl.cast(B, tl.int64) * H * S * R * W
+    rec_base = (bh.to(tl.int64) * S + cC) * R * W
+    rec = rec_ptr + rec_base + i_s[:, None] * W
+    if QK_GEMM:
+        cs, sn = _rotation(cs_ptr + a_base, sn_ptr + a_base, t_loc_s * (H * AW), ok, N, AW)
+        kb, krot = _biased_rotated(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N), prow_n, ok, cs, sn,
+                                   N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY, R == 1)
+        _k_scaled_state(kb, krot, n, ts, e_rev, ok, kst_ptr, khat_ptr, nk_rows, rec, slot_stride, LPK, K_SCALED,
+                        K_STATE, RECORD)
+    else:
+        HALF: tl.constexpr = N // 2
+        jh = tl.arange(0, HALF)
+        cs, sn = _rotation_half(cs_ptr + a_base, sn_ptr + a_base, t_loc_s * (H * AW), ok, HALF, AW)
+        kb1, kb2, kr1, kr2 = _biased_rotated_halves(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N),
+                                                    prow_n, ok, cs, sn, N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY,
+                                                    R == 1)
+        _k_scaled_state(kb1, kr1, jh, ts, e_rev, ok, kst_ptr, khat_ptr, nk_rows, rec, slot_stride, LPK, K_SCALED,
+                        K_STATE, RECORD)
+        _k_scaled_state(kb2, kr2, HALF + jh, ts, e_rev, ok, kst_ptr, khat_ptr, nk_rows, rec, slot_stride, LPK,
+                        K_SCALED, K_STATE, RECORD)
 
     # ---- same-step q̃·k̃ᵀ (S14) for every r_in: qk[t_i, r_i, r_in] = Σ_n q̃[i, n]·k̃[t_i·R + r_in, n]
     q = dec(tl.load(q_ptr + qk_base + (i_s * (G * N))[:, None] + n[None, :], mask=ok[:, None], other=0), LPK)
@@ -234,9 +297,6 @@ def _prep_program(
         # the whole chunk in this program (RB = LP): one [LP, LP] GEMM, same-step entries picked per r_in
         qk_all = mma(qb, tl.trans(kb), DOT_QK_LP, LPK)
     qk_base_out = (bh.to(tl.int64) * S + cC) * (R * R)
-    # B may arrive as the constexpr 1 (the JIT specializes integer arguments equal to 1): no .to() on it
-    slot_stride = tl.cast(B, tl.int64) * H * S * R * W
-    rec_base = (bh.to(tl.int64) * S + cC) * R * W
     for r_in in tl.static_range(R):
         if QK_GEMM:
             sel = i[None, :] == (t_loc[:, None] * R + r_in)
@@ -263,11 +323,6 @@ def _prep_program(
     _store_tile(psiv_ptr, bhc.to(tl.int64) * (LP * P) + i[:, None] * P + p[None, :], psiv, PSIV, LPK)
 
     if RECORD:
-        rec = rec_ptr + rec_base + i_s[:, None] * W
-        tl.store(rec + SLOT_K_BIASED * slot_stride + n[None, :], kb, mask=ok[:, None])
-        tl.store(rec + SLOT_K_ROT * slot_stride + n[None, :], krot, mask=ok[:, None])
-        tl.store(rec + SLOT_K_SCALED * slot_stride + n[None, :], k_hat, mask=ok[:, None])
-        tl.store(rec + SLOT_K_STATE * slot_stride + n[None, :], k_state, mask=ok[:, None])
         tl.store(rec + SLOT_PSIV * slot_stride + p[None, :], psiv, mask=ok[:, None])
 
 
@@ -545,18 +600,28 @@ def _store_rank_sums(part_ptr, acc, rk, pp, R: tl.constexpr, P: tl.constexpr):
 
 
 @triton.jit
-def _intra_block(intra, j0, FIRST: tl.constexpr, qrot, khat_ptr, psiv_ptr, segsum_ptr, rec_cs_ptr, chunk_rows, bhc,
-                 n, pp, tt, r_m, ok_rank, lim0, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
-                 JB: tl.constexpr, LPK: tl.constexpr, K_SCALED: tl.constexpr, PSIV: tl.constexpr,
+def _intra_block(intra, j0, FIRST: tl.constexpr, qr1, qr2, khat_ptr, psiv_ptr, segsum_ptr, rec_cs_ptr, chunk_rows,
+                 bhc, n, pp, tt, r_m, ok_rank, lim0, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr,
+                 C: tl.constexpr, JB: tl.constexpr, LPK: tl.constexpr, K_SCALED: tl.constexpr, PSIV: tl.constexpr,
                  CAUSAL_SCORES: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
-                 RECORD: tl.constexpr):
+                 RECORD: tl.constexpr, HALVES: tl.constexpr):
     """Scores (S20-S22) of the program's rows against the JB fused rows j0.. of the chunk, and their intra
-    contribution (S24): returns masked·ΨV[j0:j0+JB] (FIRST) or intra + masked·ΨV[j0:j0+JB]."""
+    contribution (S24): returns masked·ΨV[j0:j0+JB] (FIRST) or intra + masked·ΨV[j0:j0+JB]. The rows' rotated q̃
+    comes as its two column halves ``qr1``, ``qr2`` (HALVES: the scores GEMM runs its K = N steps as two chained
+    GEMMs of K = N/2, in the same order) or whole in ``qr1``."""
     L: tl.constexpr = C * R
     jj = j0 + tl.arange(0, JB)
     t_j = jj // R
-    kh = _load_operand(khat_ptr, chunk_rows * N + jj[:, None] * N + n[None, :], K_SCALED, DOT_SCORES_LP, LPK)
-    scores = mma(qrot, tl.trans(kh), DOT_SCORES_LP, LPK)
+    if HALVES:
+        HALF: tl.constexpr = N // 2
+        jh = tl.arange(0, HALF)
+        kh_offs = chunk_rows * N + jj[:, None] * N + jh[None, :]
+        kh1 = _load_operand(khat_ptr, kh_offs, K_SCALED, DOT_SCORES_LP, LPK)
+        kh2 = _load_operand(khat_ptr, kh_offs + HALF, K_SCALED, DOT_SCORES_LP, LPK)
+        scores = mma_acc(qr2, tl.trans(kh2), mma(qr1, tl.trans(kh1), DOT_SCORES_LP, LPK), DOT_SCORES_LP, LPK)
+    else:
+        kh = _load_operand(khat_ptr, chunk_rows * N + jj[:, None] * N + n[None, :], K_SCALED, DOT_SCORES_LP, LPK)
+        scores = mma(qr1, tl.trans(kh), DOT_SCORES_LP, LPK)
     # causal mask t_i > t_j (strict) and exp(segsum) on the causal entries (S21)
     # rows of tokens past S in the last chunk keep their scores (q̃ = bias there), as the reference
     causal = (tt[:, None] > t_j[None, :]) & (jj[None, :] < L) & (ok_rank & (tt < C))[:, None]
@@ -591,7 +656,7 @@ def _out_program(
     DIAG_FMA: tl.constexpr, DIAG_GAMMA: tl.constexpr, OUT: tl.constexpr, PHI_WEIGHT: tl.constexpr,
     DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     REDUCE_O: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
-    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, DIAG_LOOP: tl.constexpr,
+    NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, DIAG_LOOP: tl.constexpr, RCP_APPROX: tl.constexpr,
 ):
     """Body of ``_mimo_out_kernel`` for one (virtual) program ``pid``."""
     pt = pid % n_pt
@@ -634,11 +699,23 @@ def _out_program(
     # ---- per-token quantities (rows of every rank of the block repeat them)
     gamma_t, sg_t, ts_t = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok_t, S, LPK, DT_INPUT,
                                             SHIFTED_GAMMA, TRAP_SCALE)
-    cs_t, sn_t = _rotation(cs_ptr + a_base, sn_ptr + a_base, tt_s * (H * AW), ok_t, N, AW)
+    # N >= 32: q̃ by column halves (each element loaded and rounded once; GEMMs over K = N as two K = N/2 steps)
+    HALVES: tl.constexpr = N >= 32
+    HALF: tl.constexpr = N // 2
+    jh = tl.arange(0, HALF)
+    if HALVES:
+        cs_t, sn_t = _rotation_half(cs_ptr + a_base, sn_ptr + a_base, tt_s * (H * AW), ok_t, HALF, AW)
+    else:
+        cs_t, sn_t = _rotation(cs_ptr + a_base, sn_ptr + a_base, tt_s * (H * AW), ok_t, N, AW)
     tok_offs = tt_s[:, None] * (H * P) + pp[None, :]
     e_da = tl.exp(tl.load(da_cs_ptr + hs_base + tl.where(ok_t, t, 0), mask=ok_t, other=0.0))
-    h_offs = bhc.to(tl.int64) * (N * P) + n[:, None] * P + pp[None, :]
-    hop_op = _load_operand(hop_ptr, h_offs, STATE_OPERAND, DOT_INTER_LP, LPK)
+    if HALVES:
+        h_offs = bhc.to(tl.int64) * (N * P) + jh[:, None] * P + pp[None, :]
+        hop1 = _load_operand(hop_ptr, h_offs, STATE_OPERAND, DOT_INTER_LP, LPK)
+        hop2 = _load_operand(hop_ptr, h_offs + HALF * P, STATE_OPERAND, DOT_INTER_LP, LPK)
+    else:
+        h_offs = bhc.to(tl.int64) * (N * P) + n[:, None] * P + pp[None, :]
+        hop1 = _load_operand(hop_ptr, h_offs, STATE_OPERAND, DOT_INTER_LP, LPK)
     if HAS_D:
         d_h = tl.load(d_ptr + h)
     if HAS_Z:
@@ -682,21 +759,29 @@ def _out_program(
             prow_n = r_s * N
             prow_p = r_s * P
         frow = tt_s * R + r_s  # fused row of (t, r)
-        qb, qrot = _biased_rotated(q_ptr + qk_base, q_bias_ptr + h * (R * N), frow * (G * N), prow_n, ok,
-                                   cs_t, sn_t, N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY, RBK == 1)
-        inter = mma(qrot, hop_op, DOT_INTER_LP, LPK) * e_da[:, None]
+        if HALVES:
+            qb1, qb2, qr1, qr2 = _biased_rotated_halves(q_ptr + qk_base, q_bias_ptr + h * (R * N), frow * (G * N),
+                                                        prow_n, ok, cs_t, sn_t, N, AW, LPK, QK_BIAS, QK_BIASED,
+                                                        ROTARY, RBK == 1)
+            inter = mma_acc(qr2, hop2, mma(qr1, hop1, DOT_INTER_LP, LPK), DOT_INTER_LP, LPK) * e_da[:, None]
+        else:
+            qb1, qr1 = _biased_rotated(q_ptr + qk_base, q_bias_ptr + h * (R * N), frow * (G * N), prow_n, ok,
+                                       cs_t, sn_t, N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY, RBK == 1)
+            qb2 = qb1
+            qr2 = qr1
+            inter = mma(qr1, hop1, DOT_INTER_LP, LPK) * e_da[:, None]
         # scores and intra over blocks of JB fused rows j: one block on GPUs and the interpreter (JB = LP); a runtime
         # loop on Ascend (JB < LP): unrolled, BiShengIR's compile time grew steeply with the number of blocks
         if JB == LP:
-            intra = _intra_block(fzeros(M, BP), 0, True, qrot, khat_ptr, psiv_ptr, segsum_ptr, rec_cs_ptr,
+            intra = _intra_block(fzeros(M, BP), 0, True, qr1, qr2, khat_ptr, psiv_ptr, segsum_ptr, rec_cs_ptr,
                                  chunk_rows, bhc, n, pp, tt, r_m, ok_rank, lim0, N, P, R, C, JB, LPK, K_SCALED, PSIV,
-                                 CAUSAL_SCORES, DOT_SCORES_LP, DOT_INTRA_LP, RECORD)
+                                 CAUSAL_SCORES, DOT_SCORES_LP, DOT_INTRA_LP, RECORD, HALVES)
         else:
             intra = fzeros(M, BP)
             for j0 in tl.range(0, LP, JB):
-                intra = _intra_block(intra, j0, False, qrot, khat_ptr, psiv_ptr, segsum_ptr, rec_cs_ptr,
+                intra = _intra_block(intra, j0, False, qr1, qr2, khat_ptr, psiv_ptr, segsum_ptr, rec_cs_ptr,
                                      chunk_rows, bhc, n, pp, tt, r_m, ok_rank, lim0, N, P, R, C, JB, LPK, K_SCALED,
-                                     PSIV, CAUSAL_SCORES, DOT_SCORES_LP, DOT_INTRA_LP, RECORD)
+                                     PSIV, CAUSAL_SCORES, DOT_SCORES_LP, DOT_INTRA_LP, RECORD, HALVES)
         o = intra + inter
         # diagonal (S26): acc over r_in ascending, qk from the prep kernel, ΨV rows of the same token
         acc = tl.full([M, BP], -0.0, tl.float32)
@@ -721,8 +806,14 @@ def _out_program(
         out = rnd_if(o, OUT, LPK)
         if RECORD:
             okr = ok & (tt < lim0)
-            _record_tile(rec_ptr, SLOT_Q_ROT, slot_stride, rec_base, frow, okr, n, N, qrot, W)
-            _record_tile(rec_ptr, SLOT_Q_BIASED, slot_stride, rec_base, frow, okr, n, N, qb, W)
+            if HALVES:
+                _record_tile(rec_ptr, SLOT_Q_ROT, slot_stride, rec_base, frow, okr, jh, N, qr1, W)
+                _record_tile(rec_ptr, SLOT_Q_ROT, slot_stride, rec_base, frow, okr, HALF + jh, N, qr2, W)
+                _record_tile(rec_ptr, SLOT_Q_BIASED, slot_stride, rec_base, frow, okr, jh, N, qb1, W)
+                _record_tile(rec_ptr, SLOT_Q_BIASED, slot_stride, rec_base, frow, okr, HALF + jh, N, qb2, W)
+            else:
+                _record_tile(rec_ptr, SLOT_Q_ROT, slot_stride, rec_base, frow, okr, n, N, qr1, W)
+                _record_tile(rec_ptr, SLOT_Q_BIASED, slot_stride, rec_base, frow, okr, n, N, qb1, W)
             _record_tile(rec_ptr, SLOT_INTER, slot_stride, rec_base, frow, ok, pp, P, inter, W)
             _record_tile(rec_ptr, SLOT_INTRA, slot_stride, rec_base, frow, ok, pp, P, intra, W)
             _record_tile(rec_ptr, SLOT_DIAG_ACCUM, slot_stride, rec_base, frow, ok, pp, P, acc, W)
@@ -731,7 +822,7 @@ def _out_program(
         if HAS_Z:
             zeta = _rank_rows(mimo_z_ptr + h * (R * P), prow_p, pp, RBK == 1)
             x = z_t * zeta
-            gate, sig_x, sig_negx = silu_parts(x, SILU_TANH)
+            gate, sig_x, sig_negx = silu_parts(x, SILU_TANH, RCP_APPROX)
         if REDUCE_O:
             if HAS_Z:
                 gated = gate * out
@@ -789,6 +880,7 @@ def _mimo_out_kernel(
     DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     REDUCE_O: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
     NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, DIAG_LOOP: tl.constexpr, PERSISTENT: tl.constexpr,
+    RCP_APPROX: tl.constexpr,
 ):
     """Everything that depends on rnd(h_c): o, out, the gradient branches and the dmimo partials of one chunk.
 
@@ -838,7 +930,7 @@ def _mimo_out_kernel(
                 QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
                 STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM,
                 SILU_TANH, HAS_Z, HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD,
-                DIAG_LOOP)
+                DIAG_LOOP, RCP_APPROX)
     else:
         pid = tl.program_id(0)
         _out_program(
@@ -848,7 +940,7 @@ def _mimo_out_kernel(
             QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
             STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM,
             SILU_TANH, HAS_Z, HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD,
-            DIAG_LOOP)
+            DIAG_LOOP, RCP_APPROX)
 
 
 @triton.jit
@@ -894,3 +986,20 @@ def _rounding_probe_kernel(x_ptr, y_ptr, bits_ptr, val_ptr, dec_ptr, sum_ptr, n,
     tl.store(val_ptr + offs, rnd(x, LPK), mask=m)
     tl.store(dec_ptr + offs, dec(bits, LPK), mask=m)
     tl.store(sum_ptr + offs, rnd_sum(x, y, LPK), mask=m)
+
+
+@triton.jit
+def _silu_probe_kernel(x_ptr, gate_ptr, sig_ptr, sig_neg_ptr, n, SILU_TANH: tl.constexpr, RCP_APPROX: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """Test hook for ``silu_parts``: gate, σ(x), σ(−x) of x [n] FP32 (outputs [n] FP32).
+
+    Grid: 1-D, cdiv(n, BLOCK) programs. Compile-time constants: SILU_TANH, RCP_APPROX (CUDA only), BLOCK. Rounding
+    sites: none (FP32 special functions of S31/S37).
+    """
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    offs = tl.where(m, offs, 0)
+    gate, sig, sig_neg = silu_parts(tl.load(x_ptr + offs, mask=m, other=0.0), SILU_TANH, RCP_APPROX)
+    tl.store(gate_ptr + offs, gate, mask=m)
+    tl.store(sig_ptr + offs, sig, mask=m)
+    tl.store(sig_neg_ptr + offs, sig_neg, mask=m)

@@ -39,8 +39,11 @@ _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 #: ``max_programs`` (cap the chunk kernels' grids; they loop over virtual programs), ``RB`` and ``qk_gemm`` (prep
 #: kernel rows per program and its same-step product form; the Ascend choices are 16 and 0),
 #: ``TB``, ``RBK``, ``JB`` (output kernel: tokens, ranks and k̂/ΨV rows per step), ``kt_load`` (state walk),
-#: ``warps_k1`` … ``warps_k4``, ``stages_k2``, ``maxnreg_k1``/``maxnreg_k3`` (CUDA register cap of the prep/output
-#: kernels; measured slower),
+#: ``warps_k1`` … ``warps_k4``, ``stages_k2``, ``stages_k3`` (software pipelining of the output kernel's rank loop;
+#: measured slower), ``maxnreg_k1``/``maxnreg_k3`` (CUDA register cap of the prep/output kernels; measured slower),
+#: ``decay_ahead`` (default 1: the state walk loads the next block of decays ahead and picks each chunk's decay a
+#: chunk early), ``rcp_approx`` (default 1 on CUDA: the Z gate's reciprocal as div.approx, the same bits as the
+#: div.full of ``/`` there, tests/test_kernels_gpu.py),
 #: and ``native_lp`` (0: on CUDA round with the integer helpers as on the other backends;
 #: default 1: use the hardware's lp instructions: cvt.rn for every rounding, fma.rn / mul.rn + add.rn for the
 #: diagonal's rank steps; bit-identical to the integer helpers, far fewer instructions). Empty in normal use.
@@ -48,7 +51,8 @@ TUNING: Dict[str, int] = {}
 #: The keys ``TUNING`` understands (``tuning`` refuses others, so a misspelt key cannot silently do nothing).
 TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
                          "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
-                         "native_lp", "maxnreg_k1", "maxnreg_k3", "decay_ahead", "stages_k3"})
+                         "native_lp", "maxnreg_k1", "maxnreg_k3", "decay_ahead", "stages_k3",
+                         "rcp_approx"})
 
 
 @contextlib.contextmanager
@@ -223,7 +227,9 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         # 2.15 ms for 64 rows with 8 warps (which also faulted with Triton 3.6 at N = 128, P = 32).
         TB, RBK = 16, 1
         RB, QK_GEMM = 16, False
-        CB = 16
+        # state walk: 64 chunks per decay load (fewer restarts of its pipelined inner loop; H200, 20261129_235027:
+        # 0.174 ms at shape (a) against 0.185 with 16)
+        CB = 64
         # state walk: a 16x16 tile is one warp's MMA; one warp avoids a cross-warp reduction (and its barrier) on
         # the sequential path every chunk (measured on an H200 with 4 warps: ~1 µs per chunk at shape (a)).
         # Prep and output programs: 2 warps at N = 64, 4 at N = 128 (H200, 20261129_212623: (a) 0.877 ms with 2
@@ -518,6 +524,7 @@ def build_launches(
              rec_cs_arg, B, S, H, dims.heads_per_group, nc, pl.n_tb, P // pl.BP3, pl.virt3),
             dict(cx, BP=pl.BP3, TB=pl.TB, RBK=pl.RBK, RPAD=_pow2(R), JB=pl.JB,
                  DIAG_LOOP=backend == "npu" or R > 8,
+                 RCP_APPROX=backend == "cuda" and bool(TUNING.get("rcp_approx", 1)),
                  PERSISTENT=pl.grid3 < pl.virt3),
             pl.warps.get("k3", 4), TUNING.get("stages_k3", 1), TUNING.get("maxnreg_k3", 0))
     # ---- 4. deterministic sums of the per-chunk dmimo partials
