@@ -22,7 +22,7 @@ rows of a chunk are i = t_local·R + r (C·R of them, padded to LP, a power of t
    partials (S32, S33), dΦO (S34–S36), dZζ (S37), dz (S38), dmimo_z partials (S39). A program takes TB tokens and
    loops over blocks of RBK ranks (rows = RBK·TB, one GEMM for all of them) in ascending rank order, so the rank
    sums of the diagonal (per row) and of dz (across the blocks) run in ascending order inside one program.
-4. ``_mimo_reduce_kernel`` grid B·H·(column blocks): the per-chunk dmimo partials summed over the chunks in a fixed
+4. ``_mimo_reduce_kernel`` grid B·H·(segments)·(column blocks): the per-chunk dmimo partials summed over the chunks in a fixed
    order (no atomics: the result is deterministic).
 
 FP32-level orders that differ from upstream (none of them is a rounding site; all are below bf16 resolution):
@@ -255,7 +255,8 @@ def _prep_program(
     p = tl.arange(0, P)
 
     # ---- k side: k̃, rotation, k̂ = R(k_rot·ts), k_state = R(k̂·exp(da_cs_rev)); by column halves unless the
-    # whole k̃ feeds the [LP, LP] same-step GEMM (QK_GEMM)
+    # whole k̃ feeds the [LP, LP] same-step GEMM (QK_GEMM) or N < 32 (halves of 8 columns overflowed the Ascend UB
+    # at N = 16, P = 128)
     # per-rank parameter rows: with R = 1 one scalar row (a constant offset vector is a zero stride on Ascend)
     if R == 1:
         prow_n = 0
@@ -271,7 +272,7 @@ def _prep_program(
     slot_stride = tl.cast(B, tl.int64) * H * S * R * W
     rec_base = (bh.to(tl.int64) * S + cC) * R * W
     rec = rec_ptr + rec_base + i_s[:, None] * W
-    if QK_GEMM:
+    if QK_GEMM or N < 32:
         cs, sn = _rotation(cs_ptr + a_base, sn_ptr + a_base, t_loc_s * (H * AW), ok, N, AW)
         kb, krot = _biased_rotated(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N), prow_n, ok, cs, sn,
                                    N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY, R == 1)
@@ -944,28 +945,35 @@ def _mimo_out_kernel(
 
 
 @triton.jit
-def _mimo_reduce_kernel(part_ptr, out_ptr, nc, n_blk, RP, BLK: tl.constexpr, CB: tl.constexpr):
-    """dmimo[b, h, r, p] = Σ_c part[b, h, c, r, p], in a fixed order (deterministic, no atomics).
+def _mimo_reduce_kernel(part_ptr, out_ptr, nc, n_blk, RP, n_seg, seg_len, BLK: tl.constexpr, CB: tl.constexpr):
+    """out[bh·n_seg + s, :] = Σ part[bh·nc + c, :] over the rows c of segment s (seg_len rows each), in a fixed order
+    (deterministic, no atomics). With n_seg = 1 it is the whole dmimo[b, h, r, p] = Σ_c part[b, h, c, r, p]; with
+    n_seg > 1 the launcher sums the n_seg segment rows in a second launch of this kernel (more programs in flight
+    for long sequences: the sum is latency-bound).
 
-    Grid: 1-D, B·H·n_blk programs; program → (b, h, block of BLK of the RP = R·P columns). Chunks are read CB at a
-    time, each block tree-summed, the blocks added in chunk order. Inputs: part [B·H·nc, R·P] FP32. Output:
-    out [B·H, R·P] FP32. Compile-time constants: BLK (columns), CB (chunks per step). No rounding site (S33, S39
-    are FP32 sums).
+    Grid: 1-D, B·H·n_seg·n_blk programs; program → (b, h, segment, block of BLK of the RP = R·P columns). Rows are
+    read CB at a time, each block tree-summed, the blocks added in row order. Inputs: part [B·H·nc, R·P] FP32.
+    Output: out [B·H·n_seg, R·P] FP32. Compile-time constants: BLK (columns), CB (rows per step). No rounding site
+    (S33, S39 are FP32 sums).
     """
     pid = tl.program_id(0)
     blk = pid % n_blk
-    bh = pid // n_blk
+    rest = pid // n_blk
+    seg = rest % n_seg
+    bh = rest // n_seg
     cols = blk * BLK + tl.arange(0, BLK)
     cm = cols < RP
     ccv = tl.arange(0, CB)
     base = bh.to(tl.int64) * nc * RP
+    r0 = seg * seg_len
+    r1 = tl.minimum(r0 + seg_len, nc)
     total = tl.full([BLK], 0.0, tl.float32)
-    for c0 in range(0, nc, CB):
+    for c0 in range(r0, r1, CB):
         cc = c0 + ccv
-        m = (cc < nc)[:, None] & cm[None, :]
+        m = (cc < r1)[:, None] & cm[None, :]
         x = tl.load(part_ptr + base + tl.where(m, cc[:, None] * RP + cols[None, :], 0), mask=m, other=0.0)
         total += tsum(x, axis=0)
-    tl.store(out_ptr + bh.to(tl.int64) * RP + tl.where(cm, cols, 0), total, mask=cm)
+    tl.store(out_ptr + rest.to(tl.int64) * RP + tl.where(cm, cols, 0), total, mask=cm)
 
 
 @triton.jit

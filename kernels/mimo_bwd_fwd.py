@@ -52,7 +52,7 @@ TUNING: Dict[str, int] = {}
 TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
                          "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
                          "native_lp", "maxnreg_k1", "maxnreg_k3", "decay_ahead", "stages_k3",
-                         "rcp_approx"})
+                         "rcp_approx", "reduce_programs"})
 
 
 @contextlib.contextmanager
@@ -179,6 +179,13 @@ class Plan:
     def n_tb(self) -> int:
         """Token blocks per chunk in the output kernel."""
         return self.CP // self.TB
+
+    def n_seg_reduce(self, programs: int, n_rows: int) -> int:
+        """Row segments of the dmimo sums: enough for ``reduce_programs`` programs (CUDA default 528, about 4 per
+        SM of an H200; elsewhere 0: one segment), each of at least CBR rows."""
+        target = int(TUNING.get("reduce_programs", 528 if self.backend == "cuda" else 0))
+        want = -(-target // max(1, programs))
+        return max(1, min(want, n_rows // self.CBR))
 
 
 def _check_sizes(dims: Dims) -> None:
@@ -532,11 +539,25 @@ def build_launches(
     # enough programs for the dmimo sums (measured: 16 programs of 256 columns took ~0.09 ms each at shape (a))
     blk = TUNING.get("BLKR", min(32, _pow2(RPc)))
     nblk = -(-RPc // blk)
+    n_rows = nc * pl.n_tb
+    # CUDA: split the rows into segments when B·H·nblk programs would leave the SMs idle (a second launch sums the
+    # segments in order; H200, shape (a): see docs/kernels.md)
+    n_seg = pl.n_seg_reduce(B * H * nblk, n_rows)
+    seg_len = -(-n_rows // n_seg)
     for name, part, out in (("reduce_o", part_o, dmimo_o), ("reduce_z", part_z, dmimo_z)):
-        if part is not None:
-            add(name, mod._mimo_reduce_kernel, B * H * nblk, (part, out, nc * pl.n_tb, nblk, RPc),
-                {"BLK": blk, "CB": pl.CBR},
-                pl.warps.get("k4", 4), 1)
+        if part is None:
+            continue
+        if n_seg == 1:
+            add(name, mod._mimo_reduce_kernel, B * H * nblk, (part, out, n_rows, nblk, RPc, 1, n_rows),
+                {"BLK": blk, "CB": pl.CBR}, pl.warps.get("k4", 4), 1)
+        else:
+            segs = torch.empty((B * H * n_seg, RPc), dtype=f32, device=dev)
+            if poison:
+                segs.fill_(float("nan"))
+            add(name + "_seg", mod._mimo_reduce_kernel, B * H * n_seg * nblk,
+                (part, segs, n_rows, nblk, RPc, n_seg, seg_len), {"BLK": blk, "CB": pl.CBR}, pl.warps.get("k4", 4), 1)
+            add(name, mod._mimo_reduce_kernel, B * H * nblk, (segs, out, n_seg, nblk, RPc, 1, n_seg),
+                {"BLK": blk, "CB": _pow2(n_seg)}, pl.warps.get("k4", 4), 1)
 
     def finish():
         if keep:
