@@ -52,7 +52,7 @@ TUNING: Dict[str, int] = {}
 TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
                          "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
                          "native_lp", "maxnreg_k1", "maxnreg_k3", "decay_ahead", "stages_k3",
-                         "rcp_approx", "reduce_programs"})
+                         "rcp_approx", "gate_split", "warps_k5"})
 
 
 @contextlib.contextmanager
@@ -180,13 +180,6 @@ class Plan:
         """Token blocks per chunk in the output kernel."""
         return self.CP // self.TB
 
-    def n_seg_reduce(self, programs: int, n_rows: int) -> int:
-        """Row segments of the dmimo sums: enough for ``reduce_programs`` programs (CUDA default 528, about 4 per
-        SM of an H200; elsewhere 0: one segment), each of at least CBR rows."""
-        target = int(TUNING.get("reduce_programs", 528 if self.backend == "cuda" else 0))
-        want = -(-target // max(1, programs))
-        return max(1, min(want, n_rows // self.CBR))
-
 
 def _check_sizes(dims: Dims) -> None:
     if dims.state_dim not in SUPPORTED_DIMS:
@@ -256,7 +249,9 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     # dmimo sums: chunk rows per step; more loads in flight per program on CUDA (H200, 20261129_220813: 256 rows
     # 0.017 ms per sum at shape (a) against 0.028 with 64)
     CBR = 256 if backend == "cuda" else 64
-    stages2 = 4
+    # state walk pipeline depth: 6 for one-warp 16x16 tiles (H200, 20261130_000423: 0.149 ms at shape (a) against
+    # 0.179 with 4), 4 for the larger tiles of big batches (shape (d): 0.54 ms with 4 against 0.77 with 6)
+    stages2 = 6 if backend == "cuda" and BN * BP2 <= 256 else 4
     if TUNING:
         BN = min(N, TUNING.get("BN", BN))
         BP2 = min(P, TUNING.get("BP2", BP2))
@@ -269,6 +264,8 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         RB = min(LP, TUNING.get("RB", RB))
         QK_GEMM = bool(TUNING.get("qk_gemm", QK_GEMM)) and RB == LP
         warps = {k: TUNING.get(f"warps_{k}", warps.get(k, 4)) for k in ("k1", "k2", "k3", "k4")}
+        if "warps_k5" in TUNING:
+            warps["k5"] = TUNING["warps_k5"]
         stages2 = TUNING.get("stages_k2", stages2)
     warps["stages_k2"] = stages2
     virt1 = B * H * nc * (LP // RB)
@@ -447,6 +444,7 @@ def build_launches(
     store_f32 = keep or not cx["STATE_OPERAND"]
     cx["STORE_F32"] = store_f32
     need_out = dims.reduce_o or dims.has_z or keep
+    rcp_approx = backend == "cuda" and bool(TUNING.get("rcp_approx", 1))
 
     # ---- inputs: contiguous, lp ones as int16 bits
     def cont(x):
@@ -525,39 +523,39 @@ def build_launches(
     if need_out:
         hop = states if cx["STATE_OPERAND"] else hf32
         qkin = qk_dot if cx["QK_DOT_INTERNAL"] else qkf
+        # CUDA: the gradient branches in their own kernel (the output kernel keeps its GEMMs at fewer registers)
+        gate_split = bool(TUNING.get("gate_split", backend == "cuda")) and (dims.reduce_o or dims.has_z)
+        outw = None
+        if gate_split:
+            outw = work((B * H * nc * pl.n_tb, R, pl.TB, P), cx["OUT"])
+            if poison and cx["OUT"]:
+                outw.view(torch.int16).fill_(_LP_NAN_BITS[lp])
+            elif poison:
+                outw.fill_(float("nan"))
         add("out", mod._mimo_out_kernel, pl.grid3,
             (arg(dout), arg(q), q_bias, arg(mimo_o), arg(z), arg(mimo_z), cs, sn, da_cs, dt, arg(trap), arg(d),
-             segsum, arg(khat), arg(psiv), arg(hop), arg(qkin), arg(dz), arg(part_o), arg(part_z), rec_arg,
-             rec_cs_arg, B, S, H, dims.heads_per_group, nc, pl.n_tb, P // pl.BP3, pl.virt3),
+             segsum, arg(khat), arg(psiv), arg(hop), arg(qkin), arg(dz), arg(part_o), arg(part_z), arg(outw),
+             rec_arg, rec_cs_arg, B, S, H, dims.heads_per_group, nc, pl.n_tb, P // pl.BP3, pl.virt3),
             dict(cx, BP=pl.BP3, TB=pl.TB, RBK=pl.RBK, RPAD=_pow2(R), JB=pl.JB,
                  DIAG_LOOP=backend == "npu" or R > 8,
-                 RCP_APPROX=backend == "cuda" and bool(TUNING.get("rcp_approx", 1)),
+                 RCP_APPROX=rcp_approx, GATE_SPLIT=gate_split,
                  PERSISTENT=pl.grid3 < pl.virt3),
             pl.warps.get("k3", 4), TUNING.get("stages_k3", 1), TUNING.get("maxnreg_k3", 0))
+        if gate_split:
+            add("gate", mod._mimo_gate_kernel, pl.virt3,
+                (arg(dout), arg(z), arg(mimo_o), arg(mimo_z), arg(outw), arg(dz), arg(part_o), arg(part_z), rec_arg,
+                 B, S, H, nc, pl.n_tb, P // pl.BP3),
+                dict(cx, BP=pl.BP3, TB=pl.TB, RPAD=_pow2(R), RCP_APPROX=rcp_approx), pl.warps.get("k5", 2), 1)
     # ---- 4. deterministic sums of the per-chunk dmimo partials
     RPc = R * P
     # enough programs for the dmimo sums (measured: 16 programs of 256 columns took ~0.09 ms each at shape (a))
     blk = TUNING.get("BLKR", min(32, _pow2(RPc)))
     nblk = -(-RPc // blk)
-    n_rows = nc * pl.n_tb
-    # CUDA: split the rows into segments when B·H·nblk programs would leave the SMs idle (a second launch sums the
-    # segments in order; H200, shape (a): see docs/kernels.md)
-    n_seg = pl.n_seg_reduce(B * H * nblk, n_rows)
-    seg_len = -(-n_rows // n_seg)
     for name, part, out in (("reduce_o", part_o, dmimo_o), ("reduce_z", part_z, dmimo_z)):
-        if part is None:
-            continue
-        if n_seg == 1:
-            add(name, mod._mimo_reduce_kernel, B * H * nblk, (part, out, n_rows, nblk, RPc, 1, n_rows),
-                {"BLK": blk, "CB": pl.CBR}, pl.warps.get("k4", 4), 1)
-        else:
-            segs = torch.empty((B * H * n_seg, RPc), dtype=f32, device=dev)
-            if poison:
-                segs.fill_(float("nan"))
-            add(name + "_seg", mod._mimo_reduce_kernel, B * H * n_seg * nblk,
-                (part, segs, n_rows, nblk, RPc, n_seg, seg_len), {"BLK": blk, "CB": pl.CBR}, pl.warps.get("k4", 4), 1)
-            add(name, mod._mimo_reduce_kernel, B * H * nblk, (segs, out, n_seg, nblk, RPc, 1, n_seg),
-                {"BLK": blk, "CB": _pow2(n_seg)}, pl.warps.get("k4", 4), 1)
+        if part is not None:
+            add(name, mod._mimo_reduce_kernel, B * H * nblk, (part, out, nc * pl.n_tb, nblk, RPc),
+                {"BLK": blk, "CB": pl.CBR},
+                pl.warps.get("k4", 4), 1)
 
     def finish():
         if keep:

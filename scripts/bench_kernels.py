@@ -90,15 +90,20 @@ VARIANTS = {
     "bp3_32_k3s2": {"BP3": 32, "stages_k3": 2},
     "k3w4": {"warps_k3": 4},
     "rcp0": {"rcp_approx": 0},
-    # state walk tiles (N × P per program, warps) and pipeline depth; dmimo sums in one pass / more segments
+    # state walk tiles (N × P per program, warps) and pipeline depth
     "st16x32": {"BN": 16, "BP2": 32, "warps_k2": 1},
     "st32x32w2": {"BN": 32, "BP2": 32, "warps_k2": 2},
     "st32x16w2": {"BN": 32, "BP2": 16, "warps_k2": 2},
     "st16x64w2": {"BN": 16, "BP2": 64, "warps_k2": 2},
     "st_s2": {"stages_k2": 2},
     "st_s6": {"stages_k2": 6},
-    "red1": {"reduce_programs": 0},
-    "red1056": {"reduce_programs": 1056},
+    # the gradient branches in their own kernel (gate_split, CUDA default) or fused in the output kernel
+    "nosplit": {"gate_split": 0},
+    "k5w4": {"warps_k5": 4},
+    "k5w8": {"warps_k5": 8},
+    "k5w4_r168": {"warps_k5": 4, "maxnreg_k3": 168},
+    "st_s4": {"stages_k2": 4},
+    "st_s8": {"stages_k2": 8},
     "cb16": {"CB": 16},
 }
 
