@@ -647,8 +647,8 @@ def _intra_block(intra, j0, FIRST: tl.constexpr, qr1, qr2, khat_ptr, psiv_ptr, s
 @triton.jit
 def _out_program(
     pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr, trap_ptr,
-    d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, outw_ptr, rec_ptr,
-    rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+    d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr,
+    B, S, H, HPG, nc, n_tb, n_pt, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
     TB: tl.constexpr, RBK: tl.constexpr, RPAD: tl.constexpr, JB: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr,
     AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
     QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, ROTARY: tl.constexpr,
@@ -658,7 +658,6 @@ def _out_program(
     DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     REDUCE_O: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
     NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, DIAG_LOOP: tl.constexpr, RCP_APPROX: tl.constexpr,
-    GATE_SPLIT: tl.constexpr,
 ):
     """Body of ``_mimo_out_kernel`` for one (virtual) program ``pid``."""
     pt = pid % n_pt
@@ -720,13 +719,10 @@ def _out_program(
         hop1 = _load_operand(hop_ptr, h_offs, STATE_OPERAND, DOT_INTER_LP, LPK)
     if HAS_D:
         d_h = tl.load(d_ptr + h)
-    z_t = 0.0
-    do_t = 0.0
-    if not GATE_SPLIT:
-        if HAS_Z:
-            z_t = dec(tl.load(z_ptr + v_base + tok_offs, mask=ok_t[:, None], other=0), LPK)
-        if REDUCE_O:
-            do_t = dec(tl.load(dout_ptr + v_base + tok_offs, mask=ok_t[:, None], other=0), LPK)
+    if HAS_Z:
+        z_t = dec(tl.load(z_ptr + v_base + tok_offs, mask=ok_t[:, None], other=0), LPK)
+    if REDUCE_O:
+        do_t = dec(tl.load(dout_ptr + v_base + tok_offs, mask=ok_t[:, None], other=0), LPK)
 
     # B may arrive as the constexpr 1 (the JIT specializes integer arguments equal to 1): no .to() on it
     slot_stride = tl.cast(B, tl.int64) * H * S * R * W
@@ -824,79 +820,45 @@ def _out_program(
             _record_tile(rec_ptr, SLOT_DIAG_ACCUM, slot_stride, rec_base, frow, ok, pp, P, acc, W)
             _record_tile(rec_ptr, SLOT_DIAG, slot_stride, rec_base, frow, ok, pp, P, diag, W)
             _record_tile(rec_ptr, SLOT_OUT, slot_stride, rec_base, frow, ok, pp, P, out, W)
-        if GATE_SPLIT:
-            # the gradient branches run in ``_mimo_gate_kernel``: hand it ``out`` (lp bits when rounded)
-            ow = ((bhc.to(tl.int64) * n_tb + tb) * R + r_s[:, None]) * (TB * P) + (mrow % TB)[:, None] * P + pp[None, :]
-            if OUT:
-                tl.store(outw_ptr + ow, enc(out, LPK), mask=ok_rank[:, None])
+        if HAS_Z:
+            zeta = _rank_rows(mimo_z_ptr + h * (R * P), prow_p, pp, RBK == 1)
+            x = z_t * zeta
+            gate, sig_x, sig_negx = silu_parts(x, SILU_TANH, RCP_APPROX)
+        if REDUCE_O:
+            if HAS_Z:
+                gated = gate * out
             else:
-                tl.store(outw_ptr + ow, out, mask=ok_rank[:, None])
+                gated = out
+            po_acc = _rank_sums_into(po_acc, tl.where(ok[:, None], gated * do_t, 0.0), rr, rb, rk, RBK)
+            if HAS_Z:
+                phi = rnd_if(_rank_rows(mimo_o_ptr + h * (R * P), prow_p, pp, RBK == 1), PHI_WEIGHT, LPK)
+                dphio = rnd_if(rnd_if(do_t * phi, DPHIO, LPK) * out, DPHIO, LPK)
         else:
-            dz_acc, po_acc, pz_acc = _gate_rank(
-                out, ok, z_t, do_t, dz_acc, po_acc, pz_acc, rr, rb, rk, frow, pp, h, prow_p, mimo_o_ptr, mimo_z_ptr,
-                dout_ptr, dfull_base, rec_ptr, slot_stride, rec_base, P, R, H, TB, BP, RBK, W, LPK, PHI_WEIGHT,
-                DPHIO, DZ_ACCUM, SILU_TANH, RCP_APPROX, HAS_Z, REDUCE_O, RECORD)
-    if not GATE_SPLIT:
-        _gate_finish(dz_acc, po_acc, pz_acc, rk, pp, part_o_ptr, part_z_ptr, part_base, dz_ptr, v_base, tb, cC, S,
-                     rec_ptr, slot_stride, rec_base, P, R, C, H, TB, W, LPK, HAS_Z, REDUCE_O, RECORD)
-
-
-@triton.jit
-def _gate_rank(out, ok, z_t, do_t, dz_acc, po_acc, pz_acc, rr, rb, rk, frow, pp, h, prow_p, mimo_o_ptr, mimo_z_ptr,
-               dout_ptr, dfull_base, rec_ptr, slot_stride, rec_base, P: tl.constexpr, R: tl.constexpr, H,
-               TB: tl.constexpr, BP: tl.constexpr, RBK: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
-               PHI_WEIGHT: tl.constexpr,
-               DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, RCP_APPROX: tl.constexpr,
-               HAS_Z: tl.constexpr, REDUCE_O: tl.constexpr, RECORD: tl.constexpr):
-    """The gradient branches of one rank block from ``out`` [RBK·TB, BP]: gate (S31), dmimo_o partials (S32, S33),
-    dΦO (S34–S36), dZζ (S37), the dz rank step (S38) and dmimo_z partials (S39). Returns dz_acc, po_acc, pz_acc."""
-    if HAS_Z:
-        zeta = _rank_rows(mimo_z_ptr + h * (R * P), prow_p, pp, RBK == 1)
-        x = z_t * zeta
-        gate, sig_x, sig_negx = silu_parts(x, SILU_TANH, RCP_APPROX)
-    if REDUCE_O:
+            if HAS_Z:
+                d_r = dec(tl.load(dout_ptr + dfull_base + frow[:, None] * (H * P) + pp[None, :],
+                                  mask=ok[:, None], other=0), LPK)
+                dphio = rnd_if(d_r * out, DPHIO, LPK)
         if HAS_Z:
-            gated = gate * out
-        else:
-            gated = out
-        po_acc = _rank_sums_into(po_acc, tl.where(ok[:, None], gated * do_t, 0.0), rr, rb, rk, RBK)
-        if HAS_Z:
-            phi = rnd_if(_rank_rows(mimo_o_ptr + h * (R * P), prow_p, pp, RBK == 1), PHI_WEIGHT, LPK)
-            dphio = rnd_if(rnd_if(do_t * phi, DPHIO, LPK) * out, DPHIO, LPK)
-    else:
-        if HAS_Z:
-            d_r = dec(tl.load(dout_ptr + dfull_base + frow[:, None] * (H * P) + pp[None, :],
-                              mask=ok[:, None], other=0), LPK)
-            dphio = rnd_if(d_r * out, DPHIO, LPK)
-    if HAS_Z:
-        dzz = dphio * sig_x * (1.0 + x * sig_negx)
-        # invalid rows (and ranks ≥ R) add −0.0: no change
-        term = tl.where(ok[:, None], dzz * zeta, -0.0)
-        if RBK == 1:
-            dz_acc = _dz_step(dz_acc, term, DZ_ACCUM, LPK)
-        else:
-            term3 = tl.reshape(term, [RBK, TB, BP])
-            k3 = tl.arange(0, RBK)[:, None, None]
-            for k in tl.static_range(RBK):
-                dz_acc = _dz_step(dz_acc, tsum(tl.where(k3 == k, term3, -0.0), axis=0), DZ_ACCUM, LPK)
-        pz_acc = _rank_sums_into(pz_acc, tl.where(ok[:, None], dzz * z_t, 0.0), rr, rb, rk, RBK)
-        if RECORD:
-            _record_tile(rec_ptr, SLOT_GATE, slot_stride, rec_base, frow, ok, pp, P, gate, W)
-            _record_tile(rec_ptr, SLOT_DPHIO, slot_stride, rec_base, frow, ok, pp, P, dphio, W)
-            _record_tile(rec_ptr, SLOT_DZZ, slot_stride, rec_base, frow, ok, pp, P, dzz, W)
-    return dz_acc, po_acc, pz_acc
-
-
-@triton.jit
-def _gate_finish(dz_acc, po_acc, pz_acc, rk, pp, part_o_ptr, part_z_ptr, part_base, dz_ptr, v_base, tb, cC, S,
-                 rec_ptr, slot_stride, rec_base, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, H,
-                 TB: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr, HAS_Z: tl.constexpr, REDUCE_O: tl.constexpr,
-                 RECORD: tl.constexpr):
-    """After the rank loop: the program's dmimo partials (one row per rank) and dz = enc(dz_acc) of its tokens."""
+            dzz = dphio * sig_x * (1.0 + x * sig_negx)
+            # invalid rows (and ranks ≥ R) add −0.0: no change
+            term = tl.where(ok[:, None], dzz * zeta, -0.0)
+            if RBK == 1:
+                dz_acc = _dz_step(dz_acc, term, DZ_ACCUM, LPK)
+            else:
+                term3 = tl.reshape(term, [RBK, TB, BP])
+                k3 = tl.arange(0, RBK)[:, None, None]
+                for k in tl.static_range(RBK):
+                    dz_acc = _dz_step(dz_acc, tsum(tl.where(k3 == k, term3, -0.0), axis=0), DZ_ACCUM, LPK)
+            pz_acc = _rank_sums_into(pz_acc, tl.where(ok[:, None], dzz * z_t, 0.0), rr, rb, rk, RBK)
+            if RECORD:
+                _record_tile(rec_ptr, SLOT_GATE, slot_stride, rec_base, frow, ok, pp, P, gate, W)
+                _record_tile(rec_ptr, SLOT_DPHIO, slot_stride, rec_base, frow, ok, pp, P, dphio, W)
+                _record_tile(rec_ptr, SLOT_DZZ, slot_stride, rec_base, frow, ok, pp, P, dzz, W)
     if REDUCE_O:
         _store_rank_sums(part_o_ptr + part_base, po_acc, rk, pp, R, P)
     if HAS_Z:
         _store_rank_sums(part_z_ptr + part_base, pz_acc, rk, pp, R, P)
+    if HAS_Z:
         ttb = tb * TB + tl.arange(0, TB)
         okb = (ttb < C) & (cC + ttb < S)
         ttb_s = tl.where(okb, ttb, 0)
@@ -908,8 +870,8 @@ def _gate_finish(dz_acc, po_acc, pz_acc, rk, pp, part_o_ptr, part_z_ptr, part_ba
 @triton.jit
 def _mimo_out_kernel(
     dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr, trap_ptr, d_ptr,
-    segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, outw_ptr, rec_ptr, rec_cs_ptr,
-    B, S, H, HPG, nc, n_tb, n_pt, n_virtual, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+    segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr, B, S,
+    H, HPG, nc, n_tb, n_pt, n_virtual, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
     TB: tl.constexpr, RBK: tl.constexpr, RPAD: tl.constexpr, JB: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr,
     AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
     QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, ROTARY: tl.constexpr,
@@ -919,7 +881,7 @@ def _mimo_out_kernel(
     DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     REDUCE_O: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
     NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, DIAG_LOOP: tl.constexpr, PERSISTENT: tl.constexpr,
-    RCP_APPROX: tl.constexpr, GATE_SPLIT: tl.constexpr,
+    RCP_APPROX: tl.constexpr,
 ):
     """Everything that depends on rnd(h_c): o, out, the gradient branches and the dmimo partials of one chunk.
 
@@ -934,8 +896,8 @@ def _mimo_out_kernel(
     cs, sn [B, S, H, AW] (``_mimo_angles_kernel``); khat [B·H·nc, LP, N], psiv [B·H·nc, LP, P] (lp bits when
     K_SCALED / PSIV); hop [B, H, nc, N, P]: rnd(h_c) as lp bits (the ``states`` output) when STATE_OPERAND, else
     FP32 h_c; qkin [B, H, S, R, R]: the qk_dot output (lp bits) when QK_DOT_INTERNAL, else FP32 q̃·k̃ᵀ.
-    Outputs: dz [B, S, H, P] (lp bits), part_o / part_z [B·H·nc·n_tb, R, P] FP32 per-block dmimo partials, or
-    with GATE_SPLIT outw (``out`` for ``_mimo_gate_kernel``) instead; records when RECORD.
+    Outputs: dz [B, S, H, P] (lp bits), part_o / part_z [B·H·nc·n_tb, R, P] FP32 per-block dmimo partials;
+    records when RECORD.
 
     Compile-time constants:
         N, P, R, C: sizes. TB: tokens per program (pow2 ≥ 16). RBK: ranks per row block (pow2; TB·RBK rows).
@@ -954,9 +916,6 @@ def _mimo_out_kernel(
         programs (the launch has fewer programs). DIAG_LOOP: the diagonal's rank steps as a
         runtime loop (R > 8, and Ascend: unrolled, the fp16 steps without D crash triton-ascend's
         triton-to-unstructure pass at N = P = 64, R = 4) instead of unrolled.
-        RCP_APPROX: the Z gate's reciprocal as div.approx (CUDA; same bits, ``silu_parts``). GATE_SPLIT: store
-        ``out`` to ``outw`` ([B·H·nc·n_tb, R, TB, P], lp bits when OUT) and leave the gradient branches to
-        ``_mimo_gate_kernel`` (CUDA: the GEMM part alone runs at fewer registers) instead of running them here.
 
     Rounding sites: S4, S12 (q̃), S16 (q rotation), S19 (operand), S22, S26 (diag_accum, diag_mode), S27, S30,
     S34, S35, S36, S38 (dz_accum; DZ store); FP32: S9, S20, S21, S23, S24, S25, S28, S29, S31–S33, S37, S39.
@@ -967,93 +926,22 @@ def _mimo_out_kernel(
             _out_program(
                 pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr,
                 trap_ptr, d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr,
-                outw_ptr, rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, RPAD, JB, LP, BP, AW, W,
+                rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, RPAD, JB, LP, BP, AW, W,
                 LPK,
                 QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
                 STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM,
                 SILU_TANH, HAS_Z, HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD,
-                DIAG_LOOP, RCP_APPROX, GATE_SPLIT)
+                DIAG_LOOP, RCP_APPROX)
     else:
         pid = tl.program_id(0)
         _out_program(
             pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr,
             trap_ptr, d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr,
-            outw_ptr, rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, RPAD, JB, LP, BP, AW, W, LPK,
+            rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, RPAD, JB, LP, BP, AW, W, LPK,
             QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
             STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM,
             SILU_TANH, HAS_Z, HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD,
-            DIAG_LOOP, RCP_APPROX, GATE_SPLIT)
-
-
-@triton.jit
-def _mimo_gate_kernel(
-    dout_ptr, z_ptr, mimo_o_ptr, mimo_z_ptr, outw_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, B, S, H, nc, n_tb,
-    n_pt, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, TB: tl.constexpr, RPAD: tl.constexpr,
-    BP: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr, OUT: tl.constexpr, PHI_WEIGHT: tl.constexpr,
-    DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, RCP_APPROX: tl.constexpr,
-    HAS_Z: tl.constexpr, REDUCE_O: tl.constexpr, RECORD: tl.constexpr,
-):
-    """The gradient branches from ``out`` when the output kernel hands them over (GATE_SPLIT, CUDA): per program the
-    ranks of TB tokens in ascending order, as the fused output kernel does them (same sites, same order, same bits).
-
-    Grid: 1-D, B·H·nc·n_tb·n_pt programs, the output kernel's (b, h, chunk c, block of TB tokens, P tile of BP).
-    Splitting them off leaves the output kernel its GEMMs at fewer registers, and this elementwise kernel many
-    programs per SM. Inputs: outw [B·H·nc·n_tb, R, TB, P] (``out``: lp bits when OUT, else FP32), dout, z (int16
-    bits), mimo_o, mimo_z (FP32) as in the API. Outputs: dz [B, S, H, P] (lp bits), part_o / part_z
-    [B·H·nc·n_tb, R, P] FP32 dmimo partials; records of gate, dΦO, dZζ, dz_accum when RECORD.
-
-    Compile-time constants: P, R, C, TB, RPAD (pow2 ≥ R), BP, W, LPK; OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM: policy
-    switches; SILU_TANH; RCP_APPROX (CUDA); HAS_Z, REDUCE_O: branches; RECORD.
-
-    Rounding sites: S34, S35, S36, S38 (dz_accum; DZ store); FP32: S31–S33, S37, S39.
-    """
-    pid = tl.program_id(0)
-    pt = pid % n_pt
-    rest = pid // n_pt
-    tb = rest % n_tb
-    bhc = rest // n_tb
-    c = bhc % nc
-    bh = bhc // nc
-    b = bh // H
-    h = bh % H
-    cC = c * C
-    row0 = b.to(tl.int64) * S + cC
-    v_base = (row0 * H + h) * P
-    pp = pt * BP + tl.arange(0, BP)
-    tau = tl.arange(0, TB)
-    tt = tb * TB + tau
-    ok_t = (tt < C) & (cC + tt < S)
-    tt_s = tl.where(ok_t, tt, 0)
-    tok_offs = tt_s[:, None] * (H * P) + pp[None, :]
-    z_t = 0.0
-    do_t = 0.0
-    if HAS_Z:
-        z_t = dec(tl.load(z_ptr + v_base + tok_offs, mask=ok_t[:, None], other=0), LPK)
-    if REDUCE_O:
-        do_t = dec(tl.load(dout_ptr + v_base + tok_offs, mask=ok_t[:, None], other=0), LPK)
-    # B may arrive as the constexpr 1 (the JIT specializes integer arguments equal to 1): no .to() on it
-    slot_stride = tl.cast(B, tl.int64) * H * S * R * W
-    rec_base = (bh.to(tl.int64) * S + cC) * R * W
-    dfull_base = (row0 * R * H + h) * P
-    prog_row = bhc.to(tl.int64) * n_tb + tb
-    ow_base = prog_row * (R * TB * P) + tau[:, None] * P + pp[None, :]
-    # -0.0: the exact identity of every rank step, so the first step is rnd(term) (or term)
-    dz_acc = tl.full([TB, BP], -0.0, tl.float32)
-    rk = tl.arange(0, RPAD)
-    po_acc = fzeros(RPAD, BP)
-    pz_acc = fzeros(RPAD, BP)
-    rr = tau * 0
-    for r in tl.range(0, R):
-        if OUT:
-            out = dec(tl.load(outw_ptr + ow_base + r * (TB * P)), LPK)
-        else:
-            out = tl.load(outw_ptr + ow_base + r * (TB * P))
-        dz_acc, po_acc, pz_acc = _gate_rank(
-            out, ok_t, z_t, do_t, dz_acc, po_acc, pz_acc, rr, r, rk, tt_s * R + r, pp, h, r * P, mimo_o_ptr,
-            mimo_z_ptr, dout_ptr, dfull_base, rec_ptr, slot_stride, rec_base, P, R, H, TB, BP, 1, W, LPK, PHI_WEIGHT,
-            DPHIO, DZ_ACCUM, SILU_TANH, RCP_APPROX, HAS_Z, REDUCE_O, RECORD)
-    _gate_finish(dz_acc, po_acc, pz_acc, rk, pp, part_o_ptr, part_z_ptr, prog_row * (R * P), dz_ptr, v_base, tb, cC,
-                 S, rec_ptr, slot_stride, rec_base, P, R, C, H, TB, W, LPK, HAS_Z, REDUCE_O, RECORD)
+            DIAG_LOOP, RCP_APPROX)
 
 
 @triton.jit

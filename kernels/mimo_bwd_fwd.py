@@ -52,7 +52,7 @@ TUNING: Dict[str, int] = {}
 TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
                          "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
                          "native_lp", "maxnreg_k1", "maxnreg_k3", "decay_ahead", "stages_k3",
-                         "rcp_approx", "gate_split", "warps_k5"})
+                         "rcp_approx"})
 
 
 @contextlib.contextmanager
@@ -264,8 +264,6 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         RB = min(LP, TUNING.get("RB", RB))
         QK_GEMM = bool(TUNING.get("qk_gemm", QK_GEMM)) and RB == LP
         warps = {k: TUNING.get(f"warps_{k}", warps.get(k, 4)) for k in ("k1", "k2", "k3", "k4")}
-        if "warps_k5" in TUNING:
-            warps["k5"] = TUNING["warps_k5"]
         stages2 = TUNING.get("stages_k2", stages2)
     warps["stages_k2"] = stages2
     virt1 = B * H * nc * (LP // RB)
@@ -523,29 +521,14 @@ def build_launches(
     if need_out:
         hop = states if cx["STATE_OPERAND"] else hf32
         qkin = qk_dot if cx["QK_DOT_INTERNAL"] else qkf
-        # CUDA: the gradient branches in their own kernel (the output kernel keeps its GEMMs at fewer registers)
-        gate_split = bool(TUNING.get("gate_split", backend == "cuda")) and (dims.reduce_o or dims.has_z)
-        outw = None
-        if gate_split:
-            outw = work((B * H * nc * pl.n_tb, R, pl.TB, P), cx["OUT"])
-            if poison and cx["OUT"]:
-                outw.view(torch.int16).fill_(_LP_NAN_BITS[lp])
-            elif poison:
-                outw.fill_(float("nan"))
         add("out", mod._mimo_out_kernel, pl.grid3,
             (arg(dout), arg(q), q_bias, arg(mimo_o), arg(z), arg(mimo_z), cs, sn, da_cs, dt, arg(trap), arg(d),
-             segsum, arg(khat), arg(psiv), arg(hop), arg(qkin), arg(dz), arg(part_o), arg(part_z), arg(outw),
-             rec_arg, rec_cs_arg, B, S, H, dims.heads_per_group, nc, pl.n_tb, P // pl.BP3, pl.virt3),
+             segsum, arg(khat), arg(psiv), arg(hop), arg(qkin), arg(dz), arg(part_o), arg(part_z), rec_arg,
+             rec_cs_arg, B, S, H, dims.heads_per_group, nc, pl.n_tb, P // pl.BP3, pl.virt3),
             dict(cx, BP=pl.BP3, TB=pl.TB, RBK=pl.RBK, RPAD=_pow2(R), JB=pl.JB,
                  DIAG_LOOP=backend == "npu" or R > 8,
-                 RCP_APPROX=rcp_approx, GATE_SPLIT=gate_split,
-                 PERSISTENT=pl.grid3 < pl.virt3),
+                 RCP_APPROX=rcp_approx, PERSISTENT=pl.grid3 < pl.virt3),
             pl.warps.get("k3", 4), TUNING.get("stages_k3", 1), TUNING.get("maxnreg_k3", 0))
-        if gate_split:
-            add("gate", mod._mimo_gate_kernel, pl.virt3,
-                (arg(dout), arg(z), arg(mimo_o), arg(mimo_z), arg(outw), arg(dz), arg(part_o), arg(part_z), rec_arg,
-                 B, S, H, nc, pl.n_tb, P // pl.BP3),
-                dict(cx, BP=pl.BP3, TB=pl.TB, RPAD=_pow2(R), RCP_APPROX=rcp_approx), pl.warps.get("k5", 2), 1)
     # ---- 4. deterministic sums of the per-chunk dmimo partials
     RPc = R * P
     # enough programs for the dmimo sums (measured: 16 programs of 256 columns took ~0.09 ms each at shape (a))

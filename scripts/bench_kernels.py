@@ -97,11 +97,11 @@ VARIANTS = {
     "st16x64w2": {"BN": 16, "BP2": 64, "warps_k2": 2},
     "st_s2": {"stages_k2": 2},
     "st_s6": {"stages_k2": 6},
-    # the gradient branches in their own kernel (gate_split, CUDA default) or fused in the output kernel
-    "nosplit": {"gate_split": 0},
-    "k5w4": {"warps_k5": 4},
-    "k5w8": {"warps_k5": 8},
-    "k5w4_r168": {"warps_k5": 4, "maxnreg_k3": 168},
+    # measured at 76f4de7 (gate_split: the gradient branches in a kernel of their own; removed, slower in all)
+    "pa_r168_now": {"maxnreg_k3": 168},
+    "rbk4w4": {"RBK": 4, "warps_k3": 4},
+    "rbk2w4": {"RBK": 2, "warps_k3": 4},
+    "rbk2w2": {"RBK": 2, "warps_k3": 2},
     "st_s4": {"stages_k2": 4},
     "st_s8": {"stages_k2": 8},
     "cb16": {"CB": 16},
