@@ -225,7 +225,7 @@ def _prep_program(
     LPK: tl.constexpr, PSI_WEIGHT: tl.constexpr, QK_BIAS: tl.constexpr, DT_INPUT: tl.constexpr,
     QK_BIASED: tl.constexpr, PSIV: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr,
     ROTARY: tl.constexpr, K_SCALED: tl.constexpr, K_STATE: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr,
-    QK_GEMM: tl.constexpr, DOT_QK_LP: tl.constexpr, RECORD: tl.constexpr,
+    QK_GEMM: tl.constexpr, DOT_QK_LP: tl.constexpr, RECORD: tl.constexpr, QK_GROUP: tl.constexpr,
 ):
     """Body of ``_mimo_prep_kernel`` for one (virtual) program ``pid``: RB fused rows of one chunk."""
     rb = pid % n_rb
@@ -291,15 +291,36 @@ def _prep_program(
                         K_SCALED, K_STATE, RECORD)
 
     # ---- same-step q̃·k̃ᵀ (S14) for every r_in: qk[t_i, r_i, r_in] = Σ_n q̃[i, n]·k̃[t_i·R + r_in, n]
-    q = dec(tl.load(q_ptr + qk_base + (i_s * (G * N))[:, None] + n[None, :], mask=ok[:, None], other=0), LPK)
-    qbias = rnd_if(_rank_rows(q_bias_ptr + h * (R * N), prow_n, n, R == 1), QK_BIAS, LPK)
-    qb = rnd_if(q + qbias, QK_BIASED, LPK)
-    if QK_GEMM:
-        # the whole chunk in this program (RB = LP): one [LP, LP] GEMM, same-step entries picked per r_in
-        qk_all = mma(qb, tl.trans(kb), DOT_QK_LP, LPK)
     qk_base_out = (bh.to(tl.int64) * S + cC) * (R * R)
-    for r_in in tl.static_range(R):
+    # QK_GROUP: the program's rows hold whole tokens and k̃ is at hand by halves: the k̃ rows of the same token are
+    # picked from it (a sum over the token's ranks) instead of reloaded
+    if QK_GROUP:
+        T: tl.constexpr = RB // R
+        q_offs = qk_base + (i_s * (G * N))[:, None] + jh[None, :]
+        qb1 = rnd_if(dec(tl.load(q_ptr + q_offs, mask=ok[:, None], other=0), LPK)
+                     + rnd_if(_rank_rows(q_bias_ptr + h * (R * N), prow_n, jh, R == 1), QK_BIAS, LPK), QK_BIASED, LPK)
+        qb2 = rnd_if(dec(tl.load(q_ptr + q_offs + HALF, mask=ok[:, None], other=0), LPK)
+                     + rnd_if(_rank_rows(q_bias_ptr + h * (R * N), prow_n, HALF + jh, R == 1), QK_BIAS, LPK),
+                     QK_BIASED, LPK)
+        q3a = tl.reshape(qb1, [T, R, HALF])
+        q3b = tl.reshape(qb2, [T, R, HALF])
+        k3a = tl.reshape(kb1, [T, R, HALF])
+        k3b = tl.reshape(kb2, [T, R, HALF])
+        rk3 = tl.arange(0, R)[None, :, None]
+    else:
+        q = dec(tl.load(q_ptr + qk_base + (i_s * (G * N))[:, None] + n[None, :], mask=ok[:, None], other=0), LPK)
+        qbias = rnd_if(_rank_rows(q_bias_ptr + h * (R * N), prow_n, n, R == 1), QK_BIAS, LPK)
+        qb = rnd_if(q + qbias, QK_BIASED, LPK)
         if QK_GEMM:
+            # the whole chunk in this program (RB = LP): one [LP, LP] GEMM, same-step entries picked per r_in
+            qk_all = mma(qb, tl.trans(kb), DOT_QK_LP, LPK)
+    for r_in in tl.static_range(R):
+        if QK_GROUP:
+            # k̃ of rank r_in of each token (adding -0.0 is exact), broadcast over the token's ranks
+            ka = tsum(tl.where(rk3 == r_in, k3a, -0.0), axis=1)
+            kb_ = tsum(tl.where(rk3 == r_in, k3b, -0.0), axis=1)
+            qk = tl.reshape(tsum(q3a * ka[:, None, :], axis=2) + tsum(q3b * kb_[:, None, :], axis=2), [RB])
+        elif QK_GEMM:
             sel = i[None, :] == (t_loc[:, None] * R + r_in)
             qk = tsum(tl.where(sel, qk_all, -0.0), axis=1)  # adding -0.0 is exact: the entry's own bits
         else:
@@ -338,6 +359,7 @@ def _mimo_prep_kernel(
     PSIV: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, ROTARY: tl.constexpr,
     K_SCALED: tl.constexpr, K_STATE: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr,
     QK_GEMM: tl.constexpr, DOT_QK_LP: tl.constexpr, RECORD: tl.constexpr, PERSISTENT: tl.constexpr,
+    QK_GROUP: tl.constexpr,
 ):
     """Per-row quantities of one chunk that do not depend on the state.
 
@@ -356,7 +378,9 @@ def _mimo_prep_kernel(
         PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY, K_SCALED, K_STATE,
         QK_DOT_INTERNAL: policy switches. QK_GEMM: same-step q̃·k̃ᵀ as one [LP, LP] GEMM (RB == LP) else as row
         products with the k̃ rows reloaded (no [LP, LP] tile; on the H200 also faster than an [RB, RB] GEMM over
-        16-row programs: 0.17 against 0.20 ms at shape (a)). DOT_QK_LP: lp operands for that GEMM.
+        16-row programs: 0.17 against 0.20 ms at shape (a)). DOT_QK_LP: lp operands for that GEMM. QK_GROUP
+        (not QK_GEMM, N ≥ 32, R a power of two dividing RB; CUDA and the interpreter): the row products with the
+        same token's k̃ rows picked from the program's own k̃ (no reload; not on Ascend: 3-D tiles).
         RECORD: write the record slots (k_biased, k_rot, k_scaled, k_state, psiv, qk_dot).
         PERSISTENT: loop over the n_virtual virtual programs (the launch has fewer programs than chunks).
 
@@ -370,23 +394,31 @@ def _mimo_prep_kernel(
                 pid, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, cs_ptr, sn_ptr, dt_ptr, trap_ptr,
                 da_cs_rev_ptr, kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, n_rb, N, P,
                 R, C, LP, RB, AW, W, LPK, PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE,
-                ROTARY, K_SCALED, K_STATE, QK_DOT_INTERNAL, QK_GEMM, DOT_QK_LP, RECORD)
+                ROTARY, K_SCALED, K_STATE, QK_DOT_INTERNAL, QK_GEMM, DOT_QK_LP, RECORD, QK_GROUP)
     else:
         pid = tl.program_id(0)
         _prep_program(
             pid, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, cs_ptr, sn_ptr, dt_ptr, trap_ptr,
             da_cs_rev_ptr, kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, n_rb, N, P, R, C,
             LP, RB, AW, W, LPK, PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY,
-            K_SCALED, K_STATE, QK_DOT_INTERNAL, QK_GEMM, DOT_QK_LP, RECORD)
+            K_SCALED, K_STATE, QK_DOT_INTERNAL, QK_GEMM, DOT_QK_LP, RECORD, QK_GROUP)
 
 
 @triton.jit
 def _state_chunk_step(state, decay, kst_ptr, psiv_ptr, chunk, nn, pp, N: tl.constexpr, P: tl.constexpr,
                       LP: tl.constexpr, LPK: tl.constexpr, K_STATE: tl.constexpr, PSIV: tl.constexpr,
-                      DOT_STATE_LP: tl.constexpr, ACCUMULATE: tl.constexpr, KT_LOAD: tl.constexpr):
+                      DOT_STATE_LP: tl.constexpr, ACCUMULATE: tl.constexpr, KT_LOAD: tl.constexpr,
+                      ONE_DOT: tl.constexpr):
     """h ← h·decay (+) k_stateᵀ·ΨV of chunk ``chunk`` on the tile (rows ``nn``, columns ``pp``): ``accumulate_into``
-    adds one K=16 slice of fused rows at a time into the live state, ``separate`` forms the chunk's sum first."""
-    if ACCUMULATE:
+    adds one K=16 slice of fused rows at a time into the live state, ``separate`` forms the chunk's sum first.
+    ONE_DOT (CUDA, lp operands): ``accumulate_into`` as one GEMM over K = LP with the scaled state as its
+    accumulator, which the tensor cores run as the same K=16 steps in the same order."""
+    if ACCUMULATE and ONE_DOT:
+        i = tl.arange(0, LP)
+        kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
+        pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
+        state = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK), state * decay)
+    elif ACCUMULATE:
         state = state * decay
         for s in tl.static_range(LP // 16):
             i = s * 16 + tl.arange(0, 16)
@@ -431,13 +463,15 @@ def _mimo_state_kernel(
     BN: tl.constexpr, BP: tl.constexpr, CB: tl.constexpr, LPK: tl.constexpr,
     K_STATE: tl.constexpr, PSIV: tl.constexpr, DOT_STATE_LP: tl.constexpr,
     ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr, KT_LOAD: tl.constexpr, DECAY_AHEAD: tl.constexpr,
+    ONE_DOT: tl.constexpr,
 ):
     """The sequential walk over the chunks: states[c] = rnd(h_c), h_{c+1} = h_c·decay_c (+) k_stateᵀ·ΨV.
 
     Grid: 1-D, B·H·n_nt·n_pt programs; program → (b, h, N tile of BN rows, P tile of BP columns), each walking all
     nc chunks in order. The decays exp(da_cs[last valid t of the chunk]) are loaded CB chunks at a time (one
     pipelined loop over all chunks with a per-chunk decay load measured slower on an H200: 0.41 against 0.19 ms at
-    shape (a), reports/bench/20261129_214758_43fe441_kernels.md).
+    shape (a), reports/bench/20261129_214758_43fe441_kernels.md: Triton pipelines only the loads that feed a dot,
+    and a loaded value carried across its iterations stops it pipelining the operand loads too).
 
     Inputs: kst [B·H·nc, LP, N] and psiv [B·H·nc, LP, P] from ``_mimo_prep_kernel`` (lp bits when K_STATE / PSIV,
     else FP32; padded rows are 0), da_cs [B, H, S]. Outputs: states [B, H, nc, N, P] (lp bits); hf32 (same shape,
@@ -449,7 +483,10 @@ def _mimo_state_kernel(
         operands on the grid). ACCUMULATE: ``state_update="accumulate_into"`` (one K=16 slice of rows at a time
         into the live state) else ``"separate"`` (the chunk's sum first, then added). STORE_F32: store FP32 h_c.
         KT_LOAD: load k_stateᵀ transposed from memory (strided) instead of transposing in registers (same values;
-        measured 0.44 → 0.19 ms for this kernel at shape (a) on an H200).
+        measured 0.44 → 0.19 ms for this kernel at shape (a) on an H200). DECAY_AHEAD: load the next block of
+        decays before walking the current one and pick each chunk's decay (a cross-lane sum) one chunk early, off
+        the sequential path. ONE_DOT (CUDA): ``accumulate_into`` as one GEMM over K = LP with the scaled state as
+        accumulator (the tensor cores' K=16 steps in order: the same sums as one K=16 GEMM at a time).
 
     Rounding sites: S41 (states = rnd(h_c)); S43–S45 are FP32.
     """
@@ -489,7 +526,7 @@ def _mimo_state_kernel(
                 tl.store(hf32_ptr + so, state)
             chunk = bh.to(tl.int64) * nc + c
             state = _state_chunk_step(state, cur, kst_ptr, psiv_ptr, chunk, nn, pp, N, P, LP, LPK, K_STATE, PSIV,
-                                      DOT_STATE_LP, ACCUMULATE, KT_LOAD)
+                                      DOT_STATE_LP, ACCUMULATE, KT_LOAD, ONE_DOT)
         if not DECAY_AHEAD:
             blk = _decay_block(da_cs_ptr, hs_base, c0 + CB, cbv, nc, S, C)
 
