@@ -29,17 +29,21 @@ FP32-level orders that differ from upstream (none of them is a rounding site; al
 
 * GEMMs: on devices tl.dot with bf16/fp16 operands when both are on the lp grid (exact products, FP32 tensor-core
   accumulation in the backend's own order), otherwise FP32 operands with ``input_precision="ieee"``. Under the
-  interpreter every dot is an FP32 numpy matmul. Upstream: wgmma k16 steps with its truncating alignment.
+  interpreter every dot is an FP32 numpy matmul. Upstream: wgmma k16 steps with its truncating alignment. For
+  N ≥ 32 the inter and scores GEMMs (K = N) run as two chained GEMMs over the column halves of q̃ (the same k16
+  steps in the same order on tensor cores; two numpy matmuls added under the interpreter).
 * The state GEMM: ``accumulate_into`` adds one K=16 slice of rows at a time into the live state (as upstream's k16
-  steps and the reference); ``separate`` forms the chunk's K=C·R sum first, then adds it (the seed's order).
+  steps and the reference; on CUDA one K = C·R GEMM with the live state as accumulator, which the tensor cores run
+  as those k16 steps); ``separate`` forms the chunk's K=C·R sum first, then adds it (the seed's order).
 * dmimo_o / dmimo_z: per (chunk, token block) a tree sum over its rows, then the partials summed in blocks
   (upstream: one running FP32 sum over time; reference: torch's sum over t).
 * Intra GEMM: one GEMM over the chunk's LP fused rows, or (JB < LP, Ascend) accumulated over blocks of JB rows.
 * The diagonal rank sum with ``diag_accum`` off is a sequential FP32 sum over r_in (reference: a matmul).
 * Special functions: sin/cos are ``_rounding.sincos`` (Cody–Waite + minimax polynomials, ~1 ulp, same formula on
   every backend, evaluated once per angle by kernel 0); ``tl.exp`` (ex2.approx on NVIDIA, numpy under the
-  interpreter); sigmoid as 1/(1+exp(−x)); the Z gate's σ(x), σ(−x) and tanh(x/2) from one e = exp(−|x|)
-  (``_rounding.silu_parts``). The reference uses torch's accurate functions; upstream uses CUDA fast math.
+  interpreter); sigmoid as 1/(1+exp(−x)); the Z gate's σ(x), σ(−x) and tanh(x/2) from one e = exp(−|x|) and
+  one reciprocal (``_rounding.silu_parts``; on CUDA div.approx, which gives the bits of the div.full.f32 that
+  ``/`` compiles to there). The reference uses torch's accurate functions; upstream uses CUDA fast math.
 * FP32 FMA contraction: the CUDA launch passes ``enable_fp_fusion=False`` (the policy's ``fp32_fma=False``);
   upstream contracts. Other backends: the backend's default.
 * FP32 denormals: the backend's default (upstream flushes them).
@@ -225,7 +229,7 @@ def _prep_program(
     LPK: tl.constexpr, PSI_WEIGHT: tl.constexpr, QK_BIAS: tl.constexpr, DT_INPUT: tl.constexpr,
     QK_BIASED: tl.constexpr, PSIV: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr,
     ROTARY: tl.constexpr, K_SCALED: tl.constexpr, K_STATE: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr,
-    QK_GEMM: tl.constexpr, DOT_QK_LP: tl.constexpr, RECORD: tl.constexpr, QK_GROUP: tl.constexpr,
+    QK_GEMM: tl.constexpr, DOT_QK_LP: tl.constexpr, RECORD: tl.constexpr,
 ):
     """Body of ``_mimo_prep_kernel`` for one (virtual) program ``pid``: RB fused rows of one chunk."""
     rb = pid % n_rb
@@ -291,36 +295,15 @@ def _prep_program(
                         K_SCALED, K_STATE, RECORD)
 
     # ---- same-step q̃·k̃ᵀ (S14) for every r_in: qk[t_i, r_i, r_in] = Σ_n q̃[i, n]·k̃[t_i·R + r_in, n]
+    q = dec(tl.load(q_ptr + qk_base + (i_s * (G * N))[:, None] + n[None, :], mask=ok[:, None], other=0), LPK)
+    qbias = rnd_if(_rank_rows(q_bias_ptr + h * (R * N), prow_n, n, R == 1), QK_BIAS, LPK)
+    qb = rnd_if(q + qbias, QK_BIASED, LPK)
+    if QK_GEMM:
+        # the whole chunk in this program (RB = LP): one [LP, LP] GEMM, same-step entries picked per r_in
+        qk_all = mma(qb, tl.trans(kb), DOT_QK_LP, LPK)
     qk_base_out = (bh.to(tl.int64) * S + cC) * (R * R)
-    # QK_GROUP: the program's rows hold whole tokens and k̃ is at hand by halves: the k̃ rows of the same token are
-    # picked from it (a sum over the token's ranks) instead of reloaded
-    if QK_GROUP:
-        T: tl.constexpr = RB // R
-        q_offs = qk_base + (i_s * (G * N))[:, None] + jh[None, :]
-        qb1 = rnd_if(dec(tl.load(q_ptr + q_offs, mask=ok[:, None], other=0), LPK)
-                     + rnd_if(_rank_rows(q_bias_ptr + h * (R * N), prow_n, jh, R == 1), QK_BIAS, LPK), QK_BIASED, LPK)
-        qb2 = rnd_if(dec(tl.load(q_ptr + q_offs + HALF, mask=ok[:, None], other=0), LPK)
-                     + rnd_if(_rank_rows(q_bias_ptr + h * (R * N), prow_n, HALF + jh, R == 1), QK_BIAS, LPK),
-                     QK_BIASED, LPK)
-        q3a = tl.reshape(qb1, [T, R, HALF])
-        q3b = tl.reshape(qb2, [T, R, HALF])
-        k3a = tl.reshape(kb1, [T, R, HALF])
-        k3b = tl.reshape(kb2, [T, R, HALF])
-        rk3 = tl.arange(0, R)[None, :, None]
-    else:
-        q = dec(tl.load(q_ptr + qk_base + (i_s * (G * N))[:, None] + n[None, :], mask=ok[:, None], other=0), LPK)
-        qbias = rnd_if(_rank_rows(q_bias_ptr + h * (R * N), prow_n, n, R == 1), QK_BIAS, LPK)
-        qb = rnd_if(q + qbias, QK_BIASED, LPK)
-        if QK_GEMM:
-            # the whole chunk in this program (RB = LP): one [LP, LP] GEMM, same-step entries picked per r_in
-            qk_all = mma(qb, tl.trans(kb), DOT_QK_LP, LPK)
     for r_in in tl.static_range(R):
-        if QK_GROUP:
-            # k̃ of rank r_in of each token (adding -0.0 is exact), broadcast over the token's ranks
-            ka = tsum(tl.where(rk3 == r_in, k3a, -0.0), axis=1)
-            kb_ = tsum(tl.where(rk3 == r_in, k3b, -0.0), axis=1)
-            qk = tl.reshape(tsum(q3a * ka[:, None, :], axis=2) + tsum(q3b * kb_[:, None, :], axis=2), [RB])
-        elif QK_GEMM:
+        if QK_GEMM:
             sel = i[None, :] == (t_loc[:, None] * R + r_in)
             qk = tsum(tl.where(sel, qk_all, -0.0), axis=1)  # adding -0.0 is exact: the entry's own bits
         else:
@@ -359,7 +342,6 @@ def _mimo_prep_kernel(
     PSIV: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, ROTARY: tl.constexpr,
     K_SCALED: tl.constexpr, K_STATE: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr,
     QK_GEMM: tl.constexpr, DOT_QK_LP: tl.constexpr, RECORD: tl.constexpr, PERSISTENT: tl.constexpr,
-    QK_GROUP: tl.constexpr,
 ):
     """Per-row quantities of one chunk that do not depend on the state.
 
@@ -378,9 +360,7 @@ def _mimo_prep_kernel(
         PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY, K_SCALED, K_STATE,
         QK_DOT_INTERNAL: policy switches. QK_GEMM: same-step q̃·k̃ᵀ as one [LP, LP] GEMM (RB == LP) else as row
         products with the k̃ rows reloaded (no [LP, LP] tile; on the H200 also faster than an [RB, RB] GEMM over
-        16-row programs: 0.17 against 0.20 ms at shape (a)). DOT_QK_LP: lp operands for that GEMM. QK_GROUP
-        (not QK_GEMM, N ≥ 32, R a power of two dividing RB; CUDA and the interpreter): the row products with the
-        same token's k̃ rows picked from the program's own k̃ (no reload; not on Ascend: 3-D tiles).
+        16-row programs: 0.17 against 0.20 ms at shape (a)). DOT_QK_LP: lp operands for that GEMM.
         RECORD: write the record slots (k_biased, k_rot, k_scaled, k_state, psiv, qk_dot).
         PERSISTENT: loop over the n_virtual virtual programs (the launch has fewer programs than chunks).
 
@@ -394,14 +374,14 @@ def _mimo_prep_kernel(
                 pid, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, cs_ptr, sn_ptr, dt_ptr, trap_ptr,
                 da_cs_rev_ptr, kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, n_rb, N, P,
                 R, C, LP, RB, AW, W, LPK, PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE,
-                ROTARY, K_SCALED, K_STATE, QK_DOT_INTERNAL, QK_GEMM, DOT_QK_LP, RECORD, QK_GROUP)
+                ROTARY, K_SCALED, K_STATE, QK_DOT_INTERNAL, QK_GEMM, DOT_QK_LP, RECORD)
     else:
         pid = tl.program_id(0)
         _prep_program(
             pid, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, cs_ptr, sn_ptr, dt_ptr, trap_ptr,
             da_cs_rev_ptr, kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc, n_rb, N, P, R, C,
             LP, RB, AW, W, LPK, PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY,
-            K_SCALED, K_STATE, QK_DOT_INTERNAL, QK_GEMM, DOT_QK_LP, RECORD, QK_GROUP)
+            K_SCALED, K_STATE, QK_DOT_INTERNAL, QK_GEMM, DOT_QK_LP, RECORD)
 
 
 @triton.jit

@@ -42,8 +42,9 @@ _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 #: ``warps_k1`` … ``warps_k4``, ``stages_k2``, ``stages_k3`` (software pipelining of the output kernel's rank loop;
 #: measured slower), ``maxnreg_k1``/``maxnreg_k3`` (CUDA register cap of the prep/output kernels; measured slower),
 #: ``decay_ahead`` (default 1: the state walk loads the next block of decays ahead and picks each chunk's decay a
-#: chunk early), ``rcp_approx`` (default 1 on CUDA: the Z gate's reciprocal as div.approx, the same bits as the
-#: div.full of ``/`` there, tests/test_kernels_gpu.py),
+#: chunk early), ``state_one_dot`` (default 1 on CUDA: the state walk's accumulate_into as one K = LP GEMM),
+#: ``rcp_approx`` (default 1 on CUDA: the Z gate's reciprocal as div.approx, the same bits as the div.full of ``/``
+#: there, tests/test_kernels_gpu.py),
 #: and ``native_lp`` (0: on CUDA round with the integer helpers as on the other backends;
 #: default 1: use the hardware's lp instructions: cvt.rn for every rounding, fma.rn / mul.rn + add.rn for the
 #: diagonal's rank steps; bit-identical to the integer helpers, far fewer instructions). Empty in normal use.
@@ -52,7 +53,7 @@ TUNING: Dict[str, int] = {}
 TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
                          "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
                          "native_lp", "maxnreg_k1", "maxnreg_k3", "decay_ahead", "stages_k3",
-                         "rcp_approx", "state_one_dot", "qk_group"})
+                         "rcp_approx", "state_one_dot"})
 
 
 @contextlib.contextmanager
@@ -510,15 +511,14 @@ def build_launches(
         (arg(q), arg(k), arg(v), q_bias, k_bias, mimo_v, cs, sn, dt, arg(trap), da_cs_rev,
          arg(kst), arg(khat), arg(psiv), arg(qk_dot), arg(qkf), rec_arg, B, S, H, dims.heads_per_group, nc,
          pl.LP // pl.RB, pl.virt1),
-        dict(cx, RB=pl.RB, QK_GEMM=pl.QK_GEMM, PERSISTENT=pl.grid1 < pl.virt1,
-             QK_GROUP=(backend != "npu" and bool(TUNING.get("qk_group", 1)) and not pl.QK_GEMM and N >= 32
-                       and pl.RB % R == 0 and R & (R - 1) == 0)), pl.warps.get("k1", 4), 1,
+        dict(cx, RB=pl.RB, QK_GEMM=pl.QK_GEMM, PERSISTENT=pl.grid1 < pl.virt1), pl.warps.get("k1", 4), 1,
         TUNING.get("maxnreg_k1", 0))
     # ---- 2. sequential walk over the chunks: states (lp), FP32 h when needed
     add("state", mod._mimo_state_kernel, pl.grid2,
         (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
         dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1)), DECAY_AHEAD=bool(TUNING.get("decay_ahead", 1)),
-             ONE_DOT=backend == "cuda" and cx["DOT_STATE_LP"] and bool(TUNING.get("state_one_dot", 1))),
+             ONE_DOT=(backend == "cuda" and cx["DOT_STATE_LP"] and bool(TUNING.get("kt_load", 1))
+                      and bool(TUNING.get("state_one_dot", 1)))),
         pl.warps.get("k2", 4), pl.warps.get("stages_k2", 3))
     # ---- 3. chunk-parallel outputs from rnd(h_c)
     if need_out:

@@ -103,7 +103,6 @@ VARIANTS = {
     "rbk2w4": {"RBK": 2, "warps_k3": 4},
     "rbk2w2": {"RBK": 2, "warps_k3": 2},
     "one_dot0": {"state_one_dot": 0},
-    "qk_group0": {"qk_group": 0},
     "st_s4": {"stages_k2": 4},
     "st_s8": {"stages_k2": 8},
     "cb16": {"CB": 16},

@@ -185,9 +185,7 @@ def test_every_switch_and_knob_is_honoured(spec, change):
 
 _TILINGS = {
     "device_tiles": dict(BN=16, BP2=16, BP3=16, CB=2, CBR=2, BLKR=16, RBK=2, max_programs=3),
-    "ascend_plan": dict(RB=16, qk_gemm=0, qk_group=0, BN=16, BP2=16, BP3=16, TB=16, RBK=1, JB=16, max_programs=3),
-    # the CUDA prep: 16-row programs, same-step products with the token's k̃ rows picked from the program's own
-    "cuda_prep": dict(RB=16, qk_gemm=0, BP3=16, TB=16, RBK=1, max_programs=3),
+    "ascend_plan": dict(RB=16, qk_gemm=0, BN=16, BP2=16, BP3=16, TB=16, RBK=1, JB=16, max_programs=3),
 }
 
 
@@ -213,13 +211,13 @@ def test_tiled_plan_matches_reference(preset, tiling):
     """The device plans under the interpreter: several N/P tiles in the state walk and output kernel, decays
     loaded two chunks at a time, dmimo sums over blocks of chunks and columns, the chunk kernels looping over more
     virtual programs than launched (the Ascend grid cap), the output kernel's rank blocks (two blocks of two ranks;
-    one rank per block with k̂/ΨV in 16-row steps), the Ascend prep plan (16-row programs, same-step products
-    without the [LP, LP] GEMM, k̃ rows reloaded) and the CUDA prep (k̃ rows of the same token picked)."""
+    one rank per block with k̂/ΨV in 16-row steps), and the Ascend prep plan (16-row programs, same-step products
+    without the [LP, LP] GEMM)."""
     spec = CaseSpec(seqlen=36, state_dim=32, value_dim=32, rank=4, chunk_size=8, has_z=True, has_d=True)
 
     def check_plan(pl):
         assert pl.grid1 == pl.grid3 == 3 and pl.virt3 == 2 * spec.nchunks
-        if tiling in ("ascend_plan", "cuda_prep"):
+        if tiling == "ascend_plan":
             assert pl.RB == 16 and not pl.QK_GEMM and pl.virt1 == 2 * spec.nchunks
 
     _check_tiled(spec, preset, _TILINGS[tiling], check_plan)

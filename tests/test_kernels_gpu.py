@@ -15,7 +15,9 @@ Gates (issue acceptance 2):
 * every case of ``tests/data/upstream_h200_seed_cases.pt``: the kernel under ``upstream_sm90`` within rel RMS 1e-3 of
   the real upstream outputs on every output, and its mean error on dz, dmimo_o, dmimo_z at least 3 times smaller than
   that of the kernel under ``seed_bf16``;
-* determinism (bit-identical reruns) and the ``native_lp`` performance switch giving bit-identical outputs.
+* determinism (bit-identical reruns) and the CUDA performance switches (``native_lp``, ``state_one_dot``,
+  ``decay_ahead``, ``rcp_approx``) giving bit-identical outputs; the Z gate's div.approx reciprocal giving the bits
+  of ``/`` on 2**22 values.
 """
 
 from __future__ import annotations
@@ -150,15 +152,21 @@ def test_gpu_deterministic():
             assert torch.equal(_bits(getattr(a, n)), _bits(getattr(b, n))), n
 
 
+#: CUDA performance switches that must not change a bit: native_lp (0: the integer helpers, as under the
+#: interpreter and on Ascend), state_one_dot (0: one K=16 GEMM at a time), decay_ahead, rcp_approx
+_SAME_BITS_SWITCHES = ("native_lp", "state_one_dot", "decay_ahead", "rcp_approx")
+
+
+@pytest.mark.parametrize("switch", _SAME_BITS_SWITCHES)
 @pytest.mark.parametrize("preset", ["upstream_sm90", "seed_bf16", "upstream_sm90_fp16"])
-def test_gpu_native_lp_switch_is_bit_identical(preset):
+def test_gpu_performance_switches_are_bit_identical(preset, switch):
     from mimo_numerics.kernels import mimo_bwd_fwd
 
     spec = _DET_CASE.replace(dtype="float16") if preset.endswith("fp16") else _DET_CASE
     x = make_inputs(spec, device="cuda")
-    with mimo_bwd_fwd.tuning({"native_lp": 0}):  # the integer helpers, as under the interpreter and on Ascend
+    with mimo_bwd_fwd.tuning({switch: 0}):
         a = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset)
-    with mimo_bwd_fwd.tuning({"native_lp": 1}):
+    with mimo_bwd_fwd.tuning({switch: 1}):
         b = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset)
     for n in OUTPUT_NAMES:
         if getattr(a, n) is not None:
