@@ -962,28 +962,34 @@ def _mimo_out_kernel(
 
 
 @triton.jit
-def _mimo_reduce_kernel(part_ptr, out_ptr, nc, n_blk, RP, BLK: tl.constexpr, CB: tl.constexpr):
+def _mimo_reduce_kernel(part_ptr, out_ptr, nc, n_blk, RP: tl.constexpr, BLK: tl.constexpr, CB: tl.constexpr):
     """dmimo[b, h, r, p] = Σ_c part[b, h, c, r, p], in a fixed order (deterministic, no atomics).
 
     Grid: 1-D, B·H·n_blk programs; program → (b, h, block of BLK of the RP = R·P columns). Chunks are read CB at a
     time, each block tree-summed, the blocks added in chunk order. Inputs: part [B·H·nc, R·P] FP32. Output:
-    out [B·H, R·P] FP32. Compile-time constants: BLK (columns), CB (chunks per step). No rounding site (S33, S39
-    are FP32 sums).
+    out [B·H, R·P] FP32. Compile-time constants: RP (a constexpr, so that with BLK dividing it the column mask folds
+    away), BLK (columns), CB (chunks per step). Row indices past nc are clamped (masked loads at in-bounds
+    addresses whose columns stay contiguous: 16-byte loads; measured on an H200, 20261130: see docs/kernels.md). No
+    rounding site (S33, S39 are FP32 sums).
     """
     pid = tl.program_id(0)
     blk = pid % n_blk
     bh = pid // n_blk
     cols = blk * BLK + tl.arange(0, BLK)
     cm = cols < RP
+    if RP % BLK == 0:
+        cols_s = cols  # in bounds already (a clamp would hide the columns' contiguity from the load vectorizer)
+    else:
+        cols_s = tl.minimum(cols, RP - 1)
     ccv = tl.arange(0, CB)
     base = bh.to(tl.int64) * nc * RP
     total = tl.full([BLK], 0.0, tl.float32)
     for c0 in range(0, nc, CB):
         cc = c0 + ccv
         m = (cc < nc)[:, None] & cm[None, :]
-        x = tl.load(part_ptr + base + tl.where(m, cc[:, None] * RP + cols[None, :], 0), mask=m, other=0.0)
+        x = tl.load(part_ptr + base + tl.minimum(cc, nc - 1)[:, None] * RP + cols_s[None, :], mask=m, other=0.0)
         total += tsum(x, axis=0)
-    tl.store(out_ptr + bh.to(tl.int64) * RP + tl.where(cm, cols, 0), total, mask=cm)
+    tl.store(out_ptr + bh.to(tl.int64) * RP + cols_s, total, mask=cm)
 
 
 @triton.jit

@@ -539,8 +539,8 @@ def build_launches(
     nblk = -(-RPc // blk)
     for name, part, out in (("reduce_o", part_o, dmimo_o), ("reduce_z", part_z, dmimo_z)):
         if part is not None:
-            add(name, mod._mimo_reduce_kernel, B * H * nblk, (part, out, nc * pl.n_tb, nblk, RPc),
-                {"BLK": blk, "CB": pl.CBR},
+            add(name, mod._mimo_reduce_kernel, B * H * nblk, (part, out, nc * pl.n_tb, nblk),
+                {"RP": RPc, "BLK": blk, "CB": pl.CBR},
                 pl.warps.get("k4", 4), 1)
 
     def finish():
