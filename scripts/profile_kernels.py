@@ -23,7 +23,6 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from bench_kernels import spec_of  # noqa: E402
-from mimo_numerics import kernels  # noqa: E402
 from mimo_numerics.cases import as_args, as_kwargs, make_inputs  # noqa: E402
 from mimo_numerics.kernels import mimo_bwd_fwd  # noqa: E402
 
