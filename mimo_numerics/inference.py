@@ -54,11 +54,16 @@ switch off; ``seed_bf16``, every switch on; ``upstream_sm90``, the fused device 
 distance wins (the earlier search on a tie); the restarts stop as soon as one reaches 0. All searches share one
 evaluation cache, so a restart that joins an earlier path costs little.
 
+Escapes: when every restart still ends above 0, the search tries every triple of single-field changes among the
+:data:`TRIPLE_LIMIT` (14) that cost least on their own (364 triples) from the best result, and on an improvement
+searches on from there (rounds as above), until a triple no longer helps or the distance is 0 (finding F9 of
+``reports/reliability.md``: a tiny case where no pair helps but one triple leads to distance 0).
+
 Ties never move: a single move happens only when it lowers the distance, so a field whose value does not change the
 outputs keeps its ``start`` value (a knob sweep takes the first lowest combination, so it can move a knob that does
 not matter along with one that does). When a restart wins, each field where its result differs from ``start`` is
 set back to its ``start`` value when that does not raise the distance (in field order, until nothing changes), so
-the restart's own values of unidentifiable fields do not leak into the result. :attr:`InferenceResult.ties` lists
+the restart's own values of unidentifiable fields do not leak into the result (the same after an escape). :attr:`InferenceResult.ties` lists
 the fields whose change leaves the best distance unchanged (those are not identifiable from these data). Every
 reference evaluation is cached by policy, and everything is deterministic.
 """
@@ -92,6 +97,8 @@ MISMATCH_WEIGHT = 10.0
 #: Starts tried in order when the search from ``start`` stops above distance 0: all switches off, all on, the
 #: fused sm_90 knobs (module docstring, "Restarts").
 RESTARTS: Tuple[str, ...] = ("fp32", "seed_bf16", "upstream_sm90")
+#: Single-field changes, cheapest first, whose triples the last-resort escape tries (module docstring, "Escapes").
+TRIPLE_LIMIT = 14
 #: Unit roundoff of each lp dtype.
 UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 _LP_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -446,8 +453,9 @@ class TraceStep:
     """One accepted move of the search.
 
     ``kind`` is ``start``, ``knobs``, ``single``, ``pair``, ``candidate``, ``restart`` (a new search begins; ``change``
-    is relative to the best policy so far) or ``tie`` (a field of a winning restart's result set back to its ``start``
-    value, the distance unchanged).
+    is relative to the best policy so far), ``triple`` (the last-resort escape by three single-field changes) or
+    ``tie`` (a field of a winning restart's or escape's result set back to its ``start`` value, the distance
+    unchanged).
     """
 
     step: int
@@ -605,15 +613,26 @@ class _Search:
                 break
         return current
 
+    def triple_step(self, current, limit):
+        """The best of the triples of single moves among the ``limit`` that cost least on their own, if it is
+        strictly below the current distance (else ``current``)."""
+        moves = single_moves(current, self.fields)
+        order = sorted(range(len(moves)), key=lambda i: (self.d(current.replace(**dict([moves[i]]))), i))
+        moves = [moves[i] for i in sorted(order[:limit])]
+        options = [current.replace(**{f1: v1, f2: v2, f3: v3})
+                   for (f1, v1), (f2, v2), (f3, v3) in itertools.combinations(moves, 3) if len({f1, f2, f3}) == 3]
+        return self.best_of(current, options)
+
     def run_with_restarts(self, start, restarts: Sequence[RoundingPolicy], pair_moves: bool, max_rounds: int,
-                          pair_limit: Optional[int] = None):
+                          pair_limit: Optional[int] = None, triple_limit: Optional[int] = None):
         """Search from ``start``; while the best is above distance 0, search again from each of ``restarts`` (in
-        order, skipping starts already used) and keep the lowest distance (the earlier result on a tie). When a
-        restart wins, its fields are set back to their ``start`` values where that does not raise the distance
-        (:meth:`prefer`); otherwise the result is exactly that of the search from ``start``."""
+        order, skipping starts already used) and keep the lowest distance (the earlier result on a tie); then, while
+        still above 0, escape by a triple of single moves (``triple_limit``) and search on from there. When a
+        restart or an escape wins, its fields are set back to their ``start`` values where that does not raise the
+        distance (:meth:`prefer`); otherwise the result is exactly that of the search from ``start``."""
         self.accept("start", start, start)
         best = self.run(start, pair_moves, max_rounds, pair_limit)
-        restart_won = False
+        moved = False
         used = [start]
         for policy in restarts:
             if self.d(best) == 0:
@@ -624,8 +643,14 @@ class _Search:
             self.accept("restart", best, policy)
             found = self.run(policy, pair_moves, max_rounds, pair_limit)
             if self.d(found) < self.d(best):
-                best, restart_won = found, True
-        return self.prefer(best, start) if restart_won else best
+                best, moved = found, True
+        while triple_limit and self.d(best) > 0:
+            escape = self.triple_step(best, triple_limit)
+            if escape == best:
+                break
+            best = self.run(self.accept("triple", best, escape), pair_moves, max_rounds, pair_limit)
+            moved = True
+        return self.prefer(best, start) if moved else best
 
     def prefer(self, best, start):
         """``best`` with each field that differs from ``start`` set to its ``start`` value when the distance does not
@@ -652,7 +677,8 @@ def _candidate(evaluator: PolicyEvaluator, policy: RoundingPolicy, best: Roundin
 def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
                  candidates: Optional[Iterable[PolicyLike]] = None, *, fields: Sequence[str] = SEARCHED_FIELDS,
                  pair_moves: bool = True, pair_limit: Optional[int] = None, max_rounds: int = 20,
-                 restarts: Optional[Iterable[PolicyLike]] = RESTARTS, top: int = 10) -> InferenceResult:
+                 restarts: Optional[Iterable[PolicyLike]] = RESTARTS, triple_limit: Optional[int] = TRIPLE_LIMIT,
+                 top: int = 10) -> InferenceResult:
     """The policy whose reference outputs are closest to ``outputs`` (module docstring: distance and search).
 
     Args:
@@ -672,6 +698,9 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
         restarts (iterable, optional): starts (names or policies, normalised like ``start``) searched in order when
             the search from ``start`` stops above distance 0; the lowest distance wins (module docstring,
             "Restarts"). Default :data:`RESTARTS`; ``None`` or ``()``: a single search from ``start``.
+        triple_limit (int, optional): after the restarts, while the best is above distance 0, try every triple of
+            single-field changes among the ``triple_limit`` cheapest on their own (364 triples for 14) and search on
+            from an improving one (module docstring, "Escapes"). Default :data:`TRIPLE_LIMIT`; ``None`` or 0: off.
         top (int): how many ranked alternatives to keep.
 
     Returns:
@@ -688,7 +717,8 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
     search = _Search(evaluator, fields, knobs)
     if candidates is None:
         restart_policies = [normalise_policy(p, lp) for p in (restarts or ())]
-        best = search.run_with_restarts(start_policy, restart_policies, pair_moves, max_rounds, pair_limit)
+        best = search.run_with_restarts(start_policy, restart_policies, pair_moves, max_rounds, pair_limit,
+                                        triple_limit)
     else:
         pool = [_presets.resolve(c) for c in candidates]
         if not pool:
