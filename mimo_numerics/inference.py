@@ -61,11 +61,11 @@ searches on from there (rounds as above), until a triple no longer helps or the 
 
 Ties never move: a single move happens only when it lowers the distance, so a field whose value does not change the
 outputs keeps its ``start`` value (a knob sweep takes the first lowest combination, so it can move a knob that does
-not matter along with one that does). When a restart wins, each field where its result differs from ``start`` is
-set back to its ``start`` value when that does not raise the distance (in field order, until nothing changes), so
-the restart's own values of unidentifiable fields do not leak into the result (the same after an escape). :attr:`InferenceResult.ties` lists
-the fields whose change leaves the best distance unchanged (those are not identifiable from these data). Every
-reference evaluation is cached by policy, and everything is deterministic.
+not matter along with one that does). When a restart or an escape wins, each field where its result differs from
+``start`` is set back to its ``start`` value when that does not raise the distance (in field order, until nothing
+changes), so the restart's own values of unidentifiable fields do not leak into the result.
+:attr:`InferenceResult.ties` lists the fields whose change leaves the best distance unchanged (those are not
+identifiable from these data). Every reference evaluation is cached by policy, and everything is deterministic.
 """
 
 from __future__ import annotations
