@@ -54,10 +54,11 @@ switch off; ``seed_bf16``, every switch on; ``upstream_sm90``, the fused device 
 distance wins (the earlier search on a tie); the restarts stop as soon as one reaches 0. All searches share one
 evaluation cache, so a restart that joins an earlier path costs little.
 
-Escapes: when every restart still ends above 0, the search tries every triple of single-field changes among the
-:data:`TRIPLE_LIMIT` (14) that cost least on their own (364 triples) from the best result, and on an improvement
-searches on from there (rounds as above), until a triple no longer helps or the distance is 0 (finding F9 of
-``reports/reliability.md``: a tiny case where no pair helps but one triple leads to distance 0).
+Escapes: when every restart still ends above 0, the search tries every triple of single-field changes among the 14
+that cost least on their own (364 triples) from the best result, then, if no triple helps, every quadruple among
+the 10 cheapest (210; :data:`ESCAPES`); on an improvement it searches on from there (rounds as above) and starts
+the escapes over, until none helps or the distance is 0 (findings F9 and F10 of ``reports/reliability.md``: tiny
+cases where no pair helps but one triple, or one quadruple, leads to distance 0).
 
 Ties never move: a single move happens only when it lowers the distance, so a field whose value does not change the
 outputs keeps its ``start`` value (a knob sweep takes the first lowest combination, so it can move a knob that does
@@ -97,8 +98,9 @@ MISMATCH_WEIGHT = 10.0
 #: Starts tried in order when the search from ``start`` stops above distance 0: all switches off, all on, the
 #: fused sm_90 knobs (module docstring, "Restarts").
 RESTARTS: Tuple[str, ...] = ("fp32", "seed_bf16", "upstream_sm90")
-#: Single-field changes, cheapest first, whose triples the last-resort escape tries (module docstring, "Escapes").
-TRIPLE_LIMIT = 14
+#: Last-resort escapes, in order (module docstring, "Escapes"): (k, n) tries every k-tuple of distinct-field changes
+#: among the n single-field changes that cost least on their own (364 triples, then 210 quadruples).
+ESCAPES: Tuple[Tuple[int, int], ...] = ((3, 14), (4, 10))
 #: Unit roundoff of each lp dtype.
 UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 _LP_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -453,7 +455,8 @@ class TraceStep:
     """One accepted move of the search.
 
     ``kind`` is ``start``, ``knobs``, ``single``, ``pair``, ``candidate``, ``restart`` (a new search begins; ``change``
-    is relative to the best policy so far), ``triple`` (the last-resort escape by three single-field changes) or
+    is relative to the best policy so far), ``escape3``/``escape4`` (a last-resort escape by three or four
+    single-field changes) or
     ``tie`` (a field of a winning restart's or escape's result set back to its ``start`` value, the distance
     unchanged).
     """
@@ -613,21 +616,21 @@ class _Search:
                 break
         return current
 
-    def triple_step(self, current, limit):
-        """The best of the triples of single moves among the ``limit`` that cost least on their own, if it is
-        strictly below the current distance (else ``current``)."""
+    def escape_step(self, current, size, limit):
+        """The best of the ``size``-tuples of single moves (distinct fields) among the ``limit`` that cost least on
+        their own, if it is strictly below the current distance (else ``current``)."""
         moves = single_moves(current, self.fields)
         order = sorted(range(len(moves)), key=lambda i: (self.d(current.replace(**dict([moves[i]]))), i))
         moves = [moves[i] for i in sorted(order[:limit])]
-        options = [current.replace(**{f1: v1, f2: v2, f3: v3})
-                   for (f1, v1), (f2, v2), (f3, v3) in itertools.combinations(moves, 3) if len({f1, f2, f3}) == 3]
+        options = [current.replace(**dict(combo)) for combo in itertools.combinations(moves, size)
+                   if len({name for name, _ in combo}) == size]
         return self.best_of(current, options)
 
     def run_with_restarts(self, start, restarts: Sequence[RoundingPolicy], pair_moves: bool, max_rounds: int,
-                          pair_limit: Optional[int] = None, triple_limit: Optional[int] = None):
+                          pair_limit: Optional[int] = None, escapes: Sequence[Tuple[int, int]] = ()):
         """Search from ``start``; while the best is above distance 0, search again from each of ``restarts`` (in
         order, skipping starts already used) and keep the lowest distance (the earlier result on a tie); then, while
-        still above 0, escape by a triple of single moves (``triple_limit``) and search on from there. When a
+        still above 0, escape by the first of ``escapes`` that helps and search on from there. When a
         restart or an escape wins, its fields are set back to their ``start`` values where that does not raise the
         distance (:meth:`prefer`); otherwise the result is exactly that of the search from ``start``."""
         self.accept("start", start, start)
@@ -644,12 +647,15 @@ class _Search:
             found = self.run(policy, pair_moves, max_rounds, pair_limit)
             if self.d(found) < self.d(best):
                 best, moved = found, True
-        while triple_limit and self.d(best) > 0:
-            escape = self.triple_step(best, triple_limit)
-            if escape == best:
+        while self.d(best) > 0:
+            for size, limit in escapes:
+                escape = self.escape_step(best, size, limit)
+                if escape != best:
+                    best = self.run(self.accept(f"escape{size}", best, escape), pair_moves, max_rounds, pair_limit)
+                    moved = True
+                    break
+            else:
                 break
-            best = self.run(self.accept("triple", best, escape), pair_moves, max_rounds, pair_limit)
-            moved = True
         return self.prefer(best, start) if moved else best
 
     def prefer(self, best, start):
@@ -677,8 +683,8 @@ def _candidate(evaluator: PolicyEvaluator, policy: RoundingPolicy, best: Roundin
 def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
                  candidates: Optional[Iterable[PolicyLike]] = None, *, fields: Sequence[str] = SEARCHED_FIELDS,
                  pair_moves: bool = True, pair_limit: Optional[int] = None, max_rounds: int = 20,
-                 restarts: Optional[Iterable[PolicyLike]] = RESTARTS, triple_limit: Optional[int] = TRIPLE_LIMIT,
-                 top: int = 10) -> InferenceResult:
+                 restarts: Optional[Iterable[PolicyLike]] = RESTARTS,
+                 escapes: Optional[Sequence[Tuple[int, int]]] = ESCAPES, top: int = 10) -> InferenceResult:
     """The policy whose reference outputs are closest to ``outputs`` (module docstring: distance and search).
 
     Args:
@@ -698,9 +704,10 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
         restarts (iterable, optional): starts (names or policies, normalised like ``start``) searched in order when
             the search from ``start`` stops above distance 0; the lowest distance wins (module docstring,
             "Restarts"). Default :data:`RESTARTS`; ``None`` or ``()``: a single search from ``start``.
-        triple_limit (int, optional): after the restarts, while the best is above distance 0, try every triple of
-            single-field changes among the ``triple_limit`` cheapest on their own (364 triples for 14) and search on
-            from an improving one (module docstring, "Escapes"). Default :data:`TRIPLE_LIMIT`; ``None`` or 0: off.
+        escapes (sequence of (k, n), optional): after the restarts, while the best is above distance 0, try every
+            k-tuple of single-field changes among the n cheapest on their own, for each (k, n) in order until one
+            improves, and search on from there (module docstring, "Escapes"). Default :data:`ESCAPES`; ``None`` or
+            ``()``: off.
         top (int): how many ranked alternatives to keep.
 
     Returns:
@@ -718,7 +725,7 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
     if candidates is None:
         restart_policies = [normalise_policy(p, lp) for p in (restarts or ())]
         best = search.run_with_restarts(start_policy, restart_policies, pair_moves, max_rounds, pair_limit,
-                                        triple_limit)
+                                        tuple(escapes or ()))
     else:
         pool = [_presets.resolve(c) for c in candidates]
         if not pool:

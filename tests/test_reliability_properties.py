@@ -313,8 +313,8 @@ def test_inference_stall_counterexample():
 
 
 # A drawn tiny case where the search stalled even with the restarts (finding F9 of reports/reliability.md): from every
-# preset start it ends at distance 0.136 or 0.169, no pair of changes helps, one triple does; fixed by the triple
-# escape of infer_policy.
+# preset start it ends at distance 0.136 or 0.169, no pair of changes helps, one triple does; fixed by the escapes of
+# infer_policy.
 RESIDUAL_STALL_SPEC = CaseSpec(seqlen=6, state_dim=16, value_dim=4, rank=2, chunk_size=8, seed=403123852)
 RESIDUAL_STALL_POLICY_SEED = 2095328386
 
@@ -325,11 +325,11 @@ def test_inference_stall_with_restarts_counterexample():
     with inference.torch_threads(1):
         target = inference.run_reference(x, policy)
         assert inference.PolicyEvaluator([x], [target], "bfloat16").distance(policy) == 0.0
-        without = inference.infer_policy(x, target, start="seed_bf16", triple_limit=0)
+        without = inference.infer_policy(x, target, start="seed_bf16", escapes=())
         result = inference.infer_policy(x, target, start="seed_bf16")
     assert without.distance > 0.1  # the restarts alone stall (F9)
     assert result.distance == 0.0, (result.distance, result.best.diff(policy))
-    assert "triple" in [s.kind for s in result.trace]  # found by the escape
+    assert "escape3" in [s.kind for s in result.trace]  # found by the triple escape
     check = inference.compare_to_truth(x, policy, result)
     assert check["exact"], check
     start = inference.normalise_policy("seed_bf16", "bfloat16")
@@ -337,17 +337,38 @@ def test_inference_stall_with_restarts_counterexample():
         assert getattr(result.best, name) == getattr(start, name), name
 
 
-# The remaining stall of finding F10: four identifiable fields wrong at distance 0.0323; no triple helps.
+# Finding F10: a drawn tiny case that stalls at 0.0323 with four identifiable fields wrong after the restarts and the
+# triple escape; fixed by the quadruple escape.
 QUADRUPLE_STALL_SPEC = CaseSpec(formula="realistic", seqlen=13, state_dim=16, value_dim=4, rank=1, chunk_size=4,
                                 has_d=True, seed=1733103649)
 QUADRUPLE_STALL_POLICY_SEED = 1574284413
 
 
-@pytest.mark.xfail(strict=True, reason="infer_policy stalls above distance 0 on this tiny case even with restarts and "
-                                       "triple escapes (reports/reliability.md, finding F10)")
 def test_inference_quadruple_stall_counterexample():
     x = make_inputs(QUADRUPLE_STALL_SPEC)
     policy = inference.random_policy(torch.Generator().manual_seed(QUADRUPLE_STALL_POLICY_SEED))
+    with inference.torch_threads(1):
+        target = inference.run_reference(x, policy)
+        triples_only = inference.infer_policy(x, target, start="seed_bf16", escapes=((3, 14),))
+        result = inference.infer_policy(x, target, start="seed_bf16")
+    assert triples_only.distance > 0.03  # the triple escape alone stalls (F10)
+    assert result.distance == 0.0, (result.distance, result.best.diff(policy))
+    assert "escape4" in [s.kind for s in result.trace]
+    assert inference.compare_to_truth(x, policy, result)["exact"]
+
+
+# Finding F11: the third drawn case of the fast property stalls at 0.347 even with the escapes: five identifiable
+# fields wrong, three of them among the costliest single changes on their own.
+WIDE_STALL_SPEC = CaseSpec(formula="realistic", seqlen=6, state_dim=16, value_dim=8, rank=1, chunk_size=6,
+                           has_d=True, seed=134217729)
+WIDE_STALL_POLICY_SEED = 36
+
+
+@pytest.mark.xfail(strict=True, reason="infer_policy stalls above distance 0 on this tiny case even with restarts and "
+                                       "escapes (reports/reliability.md, finding F11)")
+def test_inference_wide_stall_counterexample():
+    x = make_inputs(WIDE_STALL_SPEC)
+    policy = inference.random_policy(torch.Generator().manual_seed(WIDE_STALL_POLICY_SEED))
     with inference.torch_threads(1):
         target = inference.run_reference(x, policy)
         assert inference.PolicyEvaluator([x], [target], "bfloat16").distance(policy) == 0.0
