@@ -55,8 +55,8 @@ distance wins (the earlier search on a tie); the restarts stop as soon as one re
 evaluation cache, so a restart that joins an earlier path costs little.
 
 Escapes: when every restart still ends above 0, the search tries every triple of single-field changes among the 14
-that cost least on their own (364 triples) from the best result, then, if no triple helps, every quadruple among
-the 10 cheapest (210; :data:`ESCAPES`); on an improvement it searches on from there (rounds as above) and starts
+that cost least on their own (up to 364) from the best result, then, if no triple helps, every quadruple among
+the 10 cheapest (up to 210; :data:`ESCAPES`); on an improvement it searches on from there (rounds as above) and starts
 the escapes over, until none helps or the distance is 0 (findings F9 and F10 of ``reports/reliability.md``: tiny
 cases where no pair helps but one triple, or one quadruple, leads to distance 0).
 
@@ -99,7 +99,7 @@ MISMATCH_WEIGHT = 10.0
 #: fused sm_90 knobs (module docstring, "Restarts").
 RESTARTS: Tuple[str, ...] = ("fp32", "seed_bf16", "upstream_sm90")
 #: Last-resort escapes, in order (module docstring, "Escapes"): (k, n) tries every k-tuple of distinct-field changes
-#: among the n single-field changes that cost least on their own (364 triples, then 210 quadruples).
+#: among the n single-field changes that cost least on their own (up to 364 triples, then up to 210 quadruples).
 ESCAPES: Tuple[Tuple[int, int], ...] = ((3, 14), (4, 10))
 #: Unit roundoff of each lp dtype.
 UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
