@@ -385,53 +385,57 @@ def _mimo_prep_kernel(
 
 
 @triton.jit
+def _state_rows(kst_ptr, psiv_ptr, chunk, i, nn, pp, N: tl.constexpr, P: tl.constexpr, LP: tl.constexpr,
+                KT_LOAD: tl.constexpr):
+    """k_stateᵀ [BN, K] and ΨV [K, BP] of chunk ``chunk`` for its fused rows ``i`` (K of them), as stored (lp bits or
+    FP32). KT_LOAD: k_stateᵀ loaded transposed (strided), no layout transpose in registers."""
+    if KT_LOAD:
+        kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
+    else:
+        kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
+    pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
+    return kt, pv
+
+
+@triton.jit
+def _state_product(kt, pv, acc, WITH_ACC: tl.constexpr, LPK: tl.constexpr, K_STATE: tl.constexpr,
+                   PSIV: tl.constexpr, DOT_STATE_LP: tl.constexpr):
+    """k_stateᵀ·ΨV from ``_state_rows`` tiles: accumulated into ``acc`` (WITH_ACC) or alone; lp bits go to the GEMM
+    directly with DOT_STATE_LP, else decoded to FP32 (IEEE FP32 GEMM)."""
+    if DOT_STATE_LP:
+        if WITH_ACC:
+            return tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK), acc)
+        else:
+            return tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK))
+    else:
+        if K_STATE:
+            kt = dec(kt, LPK)
+        if PSIV:
+            pv = dec(pv, LPK)
+        if WITH_ACC:
+            return mma_acc(kt, pv, acc, False, LPK)
+        else:
+            return mma(kt, pv, False, LPK)
+
+
+@triton.jit
 def _state_chunk_step(state, decay, kst_ptr, psiv_ptr, chunk, nn, pp, N: tl.constexpr, P: tl.constexpr,
                       LP: tl.constexpr, LPK: tl.constexpr, K_STATE: tl.constexpr, PSIV: tl.constexpr,
                       DOT_STATE_LP: tl.constexpr, ACCUMULATE: tl.constexpr, KT_LOAD: tl.constexpr,
                       ONE_DOT: tl.constexpr):
     """h ← h·decay (+) k_stateᵀ·ΨV of chunk ``chunk`` on the tile (rows ``nn``, columns ``pp``): ``accumulate_into``
     adds one K=16 slice of fused rows at a time into the live state, ``separate`` forms the chunk's sum first.
-    ONE_DOT (CUDA, lp operands): ``accumulate_into`` as one GEMM over K = LP with the scaled state as its
+    ONE_DOT (CUDA, lp operands): ``accumulate_into`` as one slice of K = LP, a GEMM with the scaled state as its
     accumulator, which the tensor cores run as the same K=16 steps in the same order."""
-    if ACCUMULATE and ONE_DOT:
-        i = tl.arange(0, LP)
-        kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
-        pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
-        state = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK), state * decay)
-    elif ACCUMULATE:
+    if ACCUMULATE:
+        SL: tl.constexpr = LP if ONE_DOT else 16
         state = state * decay
-        for s in tl.static_range(LP // 16):
-            i = s * 16 + tl.arange(0, 16)
-            if KT_LOAD:
-                # k_stateᵀ loaded transposed ([BN, 16], strided), no layout transpose in registers
-                kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
-            else:
-                kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
-            pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
-            if DOT_STATE_LP:
-                state = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK), state)
-            else:
-                if K_STATE:
-                    kt = dec(kt, LPK)
-                if PSIV:
-                    pv = dec(pv, LPK)
-                state = mma_acc(kt, pv, state, False, LPK)
+        for s in tl.static_range(LP // SL):
+            kt, pv = _state_rows(kst_ptr, psiv_ptr, chunk, s * SL + tl.arange(0, SL), nn, pp, N, P, LP, KT_LOAD)
+            state = _state_product(kt, pv, state, True, LPK, K_STATE, PSIV, DOT_STATE_LP)
     else:
-        i = tl.arange(0, LP)
-        if KT_LOAD:
-            kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
-        else:
-            kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
-        pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
-        if DOT_STATE_LP:
-            local = tl.dot(bits_operand(kt, LPK), bits_operand(pv, LPK))
-        else:
-            if K_STATE:
-                kt = dec(kt, LPK)
-            if PSIV:
-                pv = dec(pv, LPK)
-            local = mma(kt, pv, False, LPK)
-        state = state * decay + local
+        kt, pv = _state_rows(kst_ptr, psiv_ptr, chunk, tl.arange(0, LP), nn, pp, N, P, LP, KT_LOAD)
+        state = state * decay + _state_product(kt, pv, state, False, LPK, K_STATE, PSIV, DOT_STATE_LP)
     return state
 
 
@@ -442,8 +446,7 @@ def _mimo_state_kernel(
     N: tl.constexpr, P: tl.constexpr, C: tl.constexpr, LP: tl.constexpr,
     BN: tl.constexpr, BP: tl.constexpr, CB: tl.constexpr, LPK: tl.constexpr,
     K_STATE: tl.constexpr, PSIV: tl.constexpr, DOT_STATE_LP: tl.constexpr,
-    ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr, KT_LOAD: tl.constexpr, DECAY_AHEAD: tl.constexpr,
-    ONE_DOT: tl.constexpr,
+    ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr, KT_LOAD: tl.constexpr, ONE_DOT: tl.constexpr,
 ):
     """The sequential walk over the chunks: states[c] = rnd(h_c), h_{c+1} = h_c·decay_c (+) k_stateᵀ·ΨV.
 
@@ -463,10 +466,10 @@ def _mimo_state_kernel(
         operands on the grid). ACCUMULATE: ``state_update="accumulate_into"`` (one K=16 slice of rows at a time
         into the live state) else ``"separate"`` (the chunk's sum first, then added). STORE_F32: store FP32 h_c.
         KT_LOAD: load k_stateᵀ transposed from memory (strided) instead of transposing in registers (same values;
-        measured 0.44 → 0.19 ms for this kernel at shape (a) on an H200). DECAY_AHEAD: load the next block of
-        decays before walking the current one and pick each chunk's decay (a cross-lane sum) one chunk early, off
-        the sequential path. ONE_DOT (CUDA): ``accumulate_into`` as one GEMM over K = LP with the scaled state as
-        accumulator (the tensor cores' K=16 steps in order: the same sums as one K=16 GEMM at a time).
+        measured 0.44 → 0.19 ms for this kernel at shape (a) on an H200). ONE_DOT (CUDA): ``accumulate_into`` as
+        one GEMM over K = LP with the scaled state as accumulator (the tensor cores' K=16 steps in order: the same
+        sums as one K=16 GEMM at a time). The next block of decays is loaded before the current one is walked, and
+        each chunk's decay (a cross-lane sum) is picked one chunk early, off the sequential path.
 
     Rounding sites: S41 (states = rnd(h_c)); S43–S45 are FP32.
     """
@@ -486,20 +489,16 @@ def _mimo_state_kernel(
     blk = _decay_block(da_cs_ptr, hs_base, 0, cbv, nc, S, C)
     for c0 in range(0, nc, CB):
         decays = tl.exp(blk)
-        if DECAY_AHEAD:
-            # the next block's decays, loaded now (the outer loop is not pipelined; a loaded value carried over the
-            # pipelined inner loop would stop Triton pipelining its operand loads)
-            blk = _decay_block(da_cs_ptr, hs_base, c0 + CB, cbv, nc, S, C)
-            decay = tsum(tl.where(cbv == 0, decays, 0.0), axis=0)
+        # the next block's decays, loaded now (the outer loop is not pipelined; a loaded value carried over the
+        # pipelined inner loop would stop Triton pipelining its operand loads)
+        blk = _decay_block(da_cs_ptr, hs_base, c0 + CB, cbv, nc, S, C)
+        decay = tsum(tl.where(cbv == 0, decays, 0.0), axis=0)
         for jj in tl.range(0, tl.minimum(CB, nc - c0)):
             c = c0 + jj
-            if DECAY_AHEAD:
-                # the pick for chunk c + 1 (a cross-lane sum) does not depend on the state: issued one chunk early,
-                # it overlaps this chunk's GEMM chain instead of preceding it
-                cur = decay
-                decay = tsum(tl.where(cbv == jj + 1, decays, 0.0), axis=0)
-            else:
-                cur = tsum(tl.where(cbv == jj, decays, 0.0), axis=0)
+            # the pick for chunk c + 1 (a cross-lane sum) does not depend on the state: issued one chunk early, it
+            # overlaps this chunk's GEMM chain instead of preceding it
+            cur = decay
+            decay = tsum(tl.where(cbv == jj + 1, decays, 0.0), axis=0)
             so = st_base + c.to(tl.int64) * (N * P) + st_offs
             tl.store(states_ptr + so, enc(state, LPK))
             if STORE_F32:
@@ -507,8 +506,6 @@ def _mimo_state_kernel(
             chunk = bh.to(tl.int64) * nc + c
             state = _state_chunk_step(state, cur, kst_ptr, psiv_ptr, chunk, nn, pp, N, P, LP, LPK, K_STATE, PSIV,
                                       DOT_STATE_LP, ACCUMULATE, KT_LOAD, ONE_DOT)
-        if not DECAY_AHEAD:
-            blk = _decay_block(da_cs_ptr, hs_base, c0 + CB, cbv, nc, S, C)
 
 
 @triton.jit
@@ -687,7 +684,6 @@ def _out_program(
     h = bh % H
     g = h // HPG
     G = H // HPG
-    L: tl.constexpr = C * R
     M: tl.constexpr = RBK * TB
     NRB: tl.constexpr = (R + RBK - 1) // RBK
     cC = c * C

@@ -41,8 +41,7 @@ _LP_NAN_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 #: ``TB``, ``RBK``, ``JB`` (output kernel: tokens, ranks and k̂/ΨV rows per step), ``kt_load`` (state walk),
 #: ``warps_k1`` … ``warps_k4``, ``stages_k2``, ``stages_k3`` (software pipelining of the output kernel's rank loop;
 #: measured slower), ``maxnreg_k1``/``maxnreg_k3`` (CUDA register cap of the prep/output kernels; measured slower),
-#: ``decay_ahead`` (default 1: the state walk loads the next block of decays ahead and picks each chunk's decay a
-#: chunk early), ``state_one_dot`` (default 1 on CUDA: the state walk's accumulate_into as one K = LP GEMM),
+#: ``state_one_dot`` (default 1 on CUDA: the state walk's accumulate_into as one K = LP GEMM),
 #: ``rcp_approx`` (default 1 on CUDA: the Z gate's reciprocal as div.approx, the same bits as the div.full of ``/``
 #: there, tests/test_kernels_gpu.py),
 #: and ``native_lp`` (0: on CUDA round with the integer helpers as on the other backends;
@@ -52,7 +51,7 @@ TUNING: Dict[str, int] = {}
 #: The keys ``TUNING`` understands (``tuning`` refuses others, so a misspelt key cannot silently do nothing).
 TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
                          "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
-                         "native_lp", "maxnreg_k1", "maxnreg_k3", "decay_ahead", "stages_k3",
+                         "native_lp", "maxnreg_k1", "maxnreg_k3", "stages_k3",
                          "rcp_approx", "state_one_dot"})
 
 
@@ -516,7 +515,7 @@ def build_launches(
     # ---- 2. sequential walk over the chunks: states (lp), FP32 h when needed
     add("state", mod._mimo_state_kernel, pl.grid2,
         (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
-        dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1)), DECAY_AHEAD=bool(TUNING.get("decay_ahead", 1)),
+        dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1)),
              ONE_DOT=(backend == "cuda" and cx["DOT_STATE_LP"] and bool(TUNING.get("kt_load", 1))
                       and bool(TUNING.get("state_one_dot", 1)))),
         pl.warps.get("k2", 4), pl.warps.get("stages_k2", 3))

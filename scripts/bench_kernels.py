@@ -77,8 +77,6 @@ VARIANTS = {
     "pa_r128": {"maxnreg_k3": 128},
     "pa_k1w4": {"warps_k1": 4},
     "pa_k3w4_k1w4": {"warps_k3": 4, "warps_k1": 4},
-    # state walk: the next decay block loaded ahead and each chunk's decay picked a chunk early (decay_ahead)
-    "da0": {"decay_ahead": 0},
     "da_cb64": {"CB": 64},
     "da_cb128": {"CB": 128},
     "da_cb64_s4": {"CB": 64, "stages_k2": 4},

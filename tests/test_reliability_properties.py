@@ -312,6 +312,16 @@ def test_inference_stall_counterexample():
     assert set(result.ties) <= set(check["unidentifiable"])
 
 
+def _drawn_case(spec: CaseSpec, policy_seed: int):
+    """Inputs, the ``random_policy`` of ``policy_seed`` and its reference outputs (whose distance to that policy is 0:
+    the truth is in the search space)."""
+    x = make_inputs(spec)
+    policy = inference.random_policy(torch.Generator().manual_seed(policy_seed))
+    target = inference.run_reference(x, policy)
+    assert inference.PolicyEvaluator([x], [target], "bfloat16").distance(policy) == 0.0
+    return x, policy, target
+
+
 # A drawn tiny case where the search stalled even with the restarts (finding F9 of reports/reliability.md): from every
 # preset start it ends at distance 0.136 or 0.169, no pair of changes helps, one triple does; fixed by the escapes of
 # infer_policy.
@@ -320,11 +330,8 @@ RESIDUAL_STALL_POLICY_SEED = 2095328386
 
 
 def test_inference_stall_with_restarts_counterexample():
-    x = make_inputs(RESIDUAL_STALL_SPEC)
-    policy = inference.random_policy(torch.Generator().manual_seed(RESIDUAL_STALL_POLICY_SEED))
     with inference.torch_threads(1):
-        target = inference.run_reference(x, policy)
-        assert inference.PolicyEvaluator([x], [target], "bfloat16").distance(policy) == 0.0
+        x, policy, target = _drawn_case(RESIDUAL_STALL_SPEC, RESIDUAL_STALL_POLICY_SEED)
         without = inference.infer_policy(x, target, start="seed_bf16", escapes=())
         result = inference.infer_policy(x, target, start="seed_bf16")
     assert without.distance > 0.1  # the restarts alone stall (F9)
@@ -345,10 +352,8 @@ QUADRUPLE_STALL_POLICY_SEED = 1574284413
 
 
 def test_inference_quadruple_stall_counterexample():
-    x = make_inputs(QUADRUPLE_STALL_SPEC)
-    policy = inference.random_policy(torch.Generator().manual_seed(QUADRUPLE_STALL_POLICY_SEED))
     with inference.torch_threads(1):
-        target = inference.run_reference(x, policy)
+        x, policy, target = _drawn_case(QUADRUPLE_STALL_SPEC, QUADRUPLE_STALL_POLICY_SEED)
         triples_only = inference.infer_policy(x, target, start="seed_bf16", escapes=((3, 14),))
         result = inference.infer_policy(x, target, start="seed_bf16")
     assert triples_only.distance > 0.03  # the triple escape alone stalls (F10)
@@ -367,11 +372,8 @@ WIDE_STALL_POLICY_SEED = 36
 @pytest.mark.xfail(strict=True, reason="infer_policy stalls above distance 0 on this tiny case even with restarts and "
                                        "escapes (reports/reliability.md, finding F11)")
 def test_inference_wide_stall_counterexample():
-    x = make_inputs(WIDE_STALL_SPEC)
-    policy = inference.random_policy(torch.Generator().manual_seed(WIDE_STALL_POLICY_SEED))
     with inference.torch_threads(1):
-        target = inference.run_reference(x, policy)
-        assert inference.PolicyEvaluator([x], [target], "bfloat16").distance(policy) == 0.0
+        x, policy, target = _drawn_case(WIDE_STALL_SPEC, WIDE_STALL_POLICY_SEED)
         result = inference.infer_policy(x, target, start="seed_bf16")
     assert result.distance == 0.0, (result.distance, result.best.diff(policy))
 
