@@ -719,13 +719,20 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
     for name in fields:
         if name not in SEARCHED_FIELDS:
             raise ValueError(f"{name!r} is not a searchable field; searchable: {list(SEARCHED_FIELDS)}")
+    escapes = tuple(escapes or ())
+    for entry in escapes:
+        ok = (isinstance(entry, (tuple, list)) and len(entry) == 2
+              and all(isinstance(v, int) and not isinstance(v, bool) for v in entry) and 2 <= entry[0] <= entry[1])
+        if not ok:
+            raise ValueError(f"escapes must hold (k, n) pairs of ints with 2 <= k <= n (k-tuples of changes among the "
+                             f"n cheapest), got {entry!r}")
     start_policy = normalise_policy(start, lp)
     knobs = tuple(k for k in SEARCHED_KNOBS if k in fields)
     search = _Search(evaluator, fields, knobs)
     if candidates is None:
         restart_policies = [normalise_policy(p, lp) for p in (restarts or ())]
         best = search.run_with_restarts(start_policy, restart_policies, pair_moves, max_rounds, pair_limit,
-                                        tuple(escapes or ()))
+                                        escapes)
     else:
         pool = [_presets.resolve(c) for c in candidates]
         if not pool:

@@ -141,6 +141,13 @@ def test_search_is_deterministic_and_cached(tiny):
     assert first.distance_of(first.best) == 0.0
 
 
+@pytest.mark.parametrize("bad", [((1, 5),), ((3, 2),), ((3,),), (("3", 14),), ((True, 4),), (3, 14)])
+def test_bad_escapes_are_refused_naming_the_argument(tiny, bad):
+    target = _reference(tiny, "seed_bf16")
+    with pytest.raises(ValueError, match="escapes"):
+        inference.infer_policy(tiny, target, escapes=bad)
+
+
 def test_describe_policy_names_the_nearest_preset():
     assert inference.describe_policy("upstream_sm90") == "upstream_sm90"
     assert (inference.describe_policy(presets.get("upstream_sm90").replace(silu_form="sigmoid"))
