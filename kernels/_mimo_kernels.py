@@ -102,12 +102,14 @@ def _rotation_half(cs_ptr, sn_ptr, a_row, ok, HALF: tl.constexpr, AW: tl.constex
 
 
 @triton.jit
-def _mimo_angles_kernel(angles_ptr, cs_ptr, sn_ptr, n, BLOCK: tl.constexpr):
+def _mimo_angles_kernel(angles_ptr, cs_ptr, sn_ptr, flags_ptr, n, n_flags, BLOCK: tl.constexpr,
+                        ZERO_FLAGS: tl.constexpr):
     """cos and sin of every angle, once: cs, sn [B, S, H, AW] FP32 (``_rounding.sincos``, the same formula on every
-    backend), for the prep and output kernels.
+    backend), for the prep and output kernels; with ZERO_FLAGS also zeroes the n_flags int32 counters of
+    ``_mimo_prep_state_kernel``.
 
-    Grid: 1-D, cdiv(n, BLOCK) programs over the n = B·S·H·AW angles (int32 offsets: n < 2**31). Compile-time
-    constants: BLOCK. Rounding sites: none (FP32; feeds S16/S17).
+    Grid: 1-D, cdiv(max(n, n_flags), BLOCK) programs over the n = B·S·H·AW angles (int32 offsets: n < 2**31).
+    Compile-time constants: BLOCK, ZERO_FLAGS. Rounding sites: none (FP32; feeds S16/S17).
     """
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
@@ -115,6 +117,9 @@ def _mimo_angles_kernel(angles_ptr, cs_ptr, sn_ptr, n, BLOCK: tl.constexpr):
     sn, cs = sincos(theta)
     tl.store(cs_ptr + offs, cs, mask=m)
     tl.store(sn_ptr + offs, sn, mask=m)
+    if ZERO_FLAGS:
+        mf = offs < n_flags
+        tl.store(flags_ptr + tl.where(mf, offs, 0), tl.full([BLOCK], 0, tl.int32), mask=mf)
 
 
 @triton.jit
@@ -473,7 +478,20 @@ def _mimo_state_kernel(
 
     Rounding sites: S41 (states = rnd(h_c)); S43–S45 are FP32.
     """
-    pid = tl.program_id(0)
+    _state_walk(tl.program_id(0), kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr, hf32_ptr, S, H, nc, n_nt, n_pt,
+                0, 0, N, P, C, LP, BN, BP, CB, LPK, K_STATE, PSIV, DOT_STATE_LP, ACCUMULATE, STORE_F32, KT_LOAD,
+                ONE_DOT, False)
+
+
+@triton.jit
+def _state_walk(pid, kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr, flags_ptr, S, H, nc, n_nt, n_pt, n_rb, n_fb,
+                N: tl.constexpr, P: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, BN: tl.constexpr,
+                BP: tl.constexpr, CB: tl.constexpr, LPK: tl.constexpr, K_STATE: tl.constexpr, PSIV: tl.constexpr,
+                DOT_STATE_LP: tl.constexpr, ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr,
+                KT_LOAD: tl.constexpr, ONE_DOT: tl.constexpr, WAIT: tl.constexpr):
+    """Body of ``_mimo_state_kernel`` for program ``pid`` (see there). WAIT (``_mimo_prep_state_kernel``): before
+    each block of CB chunks, spin until the n_rb prep programs of each of its chunks have published their rows
+    (``flags_ptr[bh·n_fb + block]``, acquire)."""
     pt = pid % n_pt
     rest = pid // n_pt
     nt = rest % n_nt
@@ -488,6 +506,10 @@ def _mimo_state_kernel(
     cbv = tl.arange(0, CB)
     blk = _decay_block(da_cs_ptr, hs_base, 0, cbv, nc, S, C)
     for c0 in range(0, nc, CB):
+        if WAIT:
+            need = tl.minimum(CB, nc - c0) * n_rb
+            while tl.atomic_add(flags_ptr + bh * n_fb + c0 // CB, 0, sem="acquire") < need:
+                pass
         decays = tl.exp(blk)
         # the next block's decays, loaded now (the outer loop is not pipelined; a loaded value carried over the
         # pipelined inner loop would stop Triton pipelining its operand loads)
@@ -506,6 +528,61 @@ def _mimo_state_kernel(
             chunk = bh.to(tl.int64) * nc + c
             state = _state_chunk_step(state, cur, kst_ptr, psiv_ptr, chunk, nn, pp, N, P, LP, LPK, K_STATE, PSIV,
                                       DOT_STATE_LP, ACCUMULATE, KT_LOAD, ONE_DOT)
+
+
+@triton.jit
+def _mimo_prep_state_kernel(
+    q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, cs_ptr, sn_ptr, dt_ptr, trap_ptr, da_cs_rev_ptr,
+    kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, da_cs_ptr, states_ptr, hf32_ptr, flags_ptr,
+    B, S, H, HPG, nc, n_rb, n_nt, n_pt, n_walk, n_fb,
+    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, RB: tl.constexpr,
+    AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, CB: tl.constexpr,
+    PSI_WEIGHT: tl.constexpr, QK_BIAS: tl.constexpr, DT_INPUT: tl.constexpr, QK_BIASED: tl.constexpr,
+    PSIV: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, ROTARY: tl.constexpr,
+    K_SCALED: tl.constexpr, K_STATE: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr,
+    QK_GEMM: tl.constexpr, DOT_QK_LP: tl.constexpr, RECORD: tl.constexpr,
+    DOT_STATE_LP: tl.constexpr, ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr, KT_LOAD: tl.constexpr,
+    ONE_DOT: tl.constexpr,
+):
+    """Kernels 1 and 2 in one launch (CUDA only): the state walk runs while the prep programs are still producing
+    later chunks, instead of after all of them.
+
+    Grid: 1-D, n_walk + B·H·nc·n_rb programs, one work item each. Each program takes a ticket from the counter
+    ``flags_ptr[B·H·n_fb]`` (atomic; tickets follow the order in which programs actually start, so the walkers,
+    tickets < n_walk, are resident before any prep item): ticket < n_walk walks like ``_mimo_state_kernel``
+    program ``ticket``; the others run the prep program of chunk c, head bh, row block rb in chunk-major order
+    (c, bh, rb), then publish it (barrier, then a release increment of ``flags_ptr[bh·n_fb + c // CB]``). A walker
+    waits (acquire) for the n_rb·CB prep programs of a block of CB chunks before walking it. Prep programs never
+    wait, so the walkers always make progress as long as fewer than the resident programs are walkers (the
+    launcher only fuses when n_walk is at most half of an estimated residency). The counters are zeroed by
+    ``_mimo_angles_kernel`` in the same call. Never on the interpreter (programs run one after another there) nor
+    on Ascend.
+
+    Inputs, outputs, constants, rounding sites: those of ``_mimo_prep_kernel`` and ``_mimo_state_kernel``; the
+    values are the same bits (the same code runs, only the order of the programs in time changes).
+    """
+    # modulo the launch size: a rerun without the zeroing (e.g. timing this launch alone) still maps every ticket
+    # to one work item (the block counters then no longer hold anyone back: only a rerun on the same inputs is
+    # exact)
+    ticket = tl.atomic_add(flags_ptr + B * H * n_fb, 1, sem="relaxed") % (n_walk + B * H * nc * n_rb)
+    if ticket < n_walk:
+        _state_walk(ticket, kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr, flags_ptr, S, H, nc, n_nt, n_pt,
+                    n_rb, n_fb, N, P, C, LP, BN, BP, CB, LPK, K_STATE, PSIV, DOT_STATE_LP, ACCUMULATE, STORE_F32,
+                    KT_LOAD, ONE_DOT, True)
+    else:
+        item = ticket - n_walk
+        rb = item % n_rb
+        rest = item // n_rb
+        bh = rest % (B * H)
+        c = rest // (B * H)
+        _prep_program(
+            (bh * nc + c) * n_rb + rb, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, cs_ptr, sn_ptr,
+            dt_ptr, trap_ptr, da_cs_rev_ptr, kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc,
+            n_rb, N, P, R, C, LP, RB, AW, W, LPK, PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA,
+            TRAP_SCALE, ROTARY, K_SCALED, K_STATE, QK_DOT_INTERNAL, QK_GEMM, DOT_QK_LP, RECORD)
+        # every thread's stores before the one release increment
+        tl.debug_barrier()
+        tl.atomic_add(flags_ptr + bh * n_fb + c // CB, 1, sem="release")
 
 
 @triton.jit
@@ -961,9 +1038,10 @@ def _mimo_out_kernel(
 def _mimo_reduce_kernel(part_ptr, out_ptr, nc, n_blk, RP: tl.constexpr, BLK: tl.constexpr, CB: tl.constexpr):
     """dmimo[b, h, r, p] = Σ_c part[b, h, c, r, p], in a fixed order (deterministic, no atomics).
 
-    Grid: 1-D, B·H·n_blk programs; program → (b, h, block of BLK of the RP = R·P columns). Chunks are read CB at a
-    time, each block tree-summed, the blocks added in chunk order. Inputs: part [B·H·nc, R·P] FP32. Output:
-    out [B·H, R·P] FP32. Compile-time constants: RP (a constexpr, so that with BLK dividing it the column mask folds
+    Grid: 1-D, NS·B·H·n_blk programs; program → (sum s, b, h, block of BLK of the RP = R·P columns): the launcher
+    stacks dmimo_o and dmimo_z (NS = 2) so one launch makes both. Chunks are read CB at a time, each block
+    tree-summed, the blocks added in chunk order. Inputs: part [NS, B·H·nc, R·P] FP32 (nc = rows per (b, h)).
+    Output: out [NS, B·H, R·P] FP32. Compile-time constants: RP (a constexpr, so that with BLK dividing it the column mask folds
     away), BLK (columns), CB (chunks per step). Row indices past nc are clamped (masked loads at in-bounds
     addresses whose columns stay contiguous: 16-byte loads; measured on an H200, 20261130: see docs/kernels.md). No
     rounding site (S33, S39 are FP32 sums).

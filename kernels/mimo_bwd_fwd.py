@@ -52,7 +52,7 @@ TUNING: Dict[str, int] = {}
 TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
                          "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
                          "native_lp", "maxnreg_k1", "maxnreg_k3", "stages_k3",
-                         "rcp_approx", "state_one_dot"})
+                         "rcp_approx", "state_one_dot", "fuse_walk"})
 
 
 @contextlib.contextmanager
@@ -174,6 +174,7 @@ class Plan:
     warps: Dict[str, int]
     virt1: int  # virtual programs of the prep kernel: B·H·nc·(LP/RB)
     virt3: int  # virtual programs of the output kernel: B·H·nc·(CP/TB)·(P/BP3)
+    sms: int = 0  # CUDA: streaming multiprocessors planned for
 
     @property
     def n_tb(self) -> int:
@@ -207,6 +208,7 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     RB, QK_GEMM = LP, True
     RP2 = _pow2(R)
     JB = LP
+    sms = 0
     if backend == "interpreter":
         # fewest programs and ops: all ranks and tokens of a chunk in one program
         BN, BP2, BP3, CB = N, P, P, 16
@@ -278,7 +280,24 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         grid1, grid3 = min(grid1, TUNING["max_programs"]), min(grid3, TUNING["max_programs"])
     grid2 = B * H * (N // BN) * (P // BP2)
     return Plan(backend, LP, CP, RB, QK_GEMM, BN, BP2, CB, CBR, BP3, TB, RBK, JB, W, grid1, grid2, grid3, warps,
-                virt1, virt3)
+                virt1, virt3, sms)
+
+
+#: register cap of ``_mimo_prep_state_kernel`` (it needs ~80 at shape (a)); ``_fuse_walk`` counts residency with it
+FUSED_MAXNREG = 96
+
+
+def _fuse_walk(pl: Plan, operand_bytes: int) -> bool:
+    """Whether kernels 1 and 2 run as one launch (``_mimo_prep_state_kernel``, CUDA). Its walkers spin until prep
+    programs have run, so they must never fill the GPU: only when they are at most half of a conservative count of
+    resident programs on sm_90 (64 warps, 64 Ki registers at FUSED_MAXNREG per thread, 228 KiB of shared memory,
+    of which the walker's pipeline takes at most stages × (BN + BP) × LP operands + 4 KiB per program)."""
+    if pl.backend != "cuda" or not TUNING.get("fuse_walk", 1) or pl.grid1 < pl.virt1:
+        return False
+    w = pl.warps["k1"]
+    smem = pl.warps["stages_k2"] * (pl.BN + pl.BP2) * pl.LP * operand_bytes + 4096
+    per_sm = min(32, 64 // w, 65536 // (FUSED_MAXNREG * 32 * w), 228 * 1024 // smem)
+    return 2 * pl.grid2 <= per_sm * pl.sms
 
 
 def _npu_core_count(device) -> int:
@@ -471,16 +490,18 @@ def build_launches(
     sn = torch.empty((B, S, H, aw), dtype=f32, device=dev)
     hf32 = torch.empty((B, H, nc, N, P), dtype=f32, device=dev) if store_f32 else None
     n_part = B * H * nc * pl.n_tb  # dmimo partials: one row per (chunk, token block)
-    part_o = torch.empty((n_part, R * P), dtype=f32, device=dev) if dims.reduce_o else None
-    part_z = torch.empty((n_part, R * P), dtype=f32, device=dev) if dims.has_z else None
-    dmimo_o = torch.empty((B, H, R, P), dtype=f32, device=dev) if dims.reduce_o else None
-    dmimo_z = torch.empty((B, H, R, P), dtype=f32, device=dev) if dims.has_z else None
+    # dmimo_o and dmimo_z (and their partials) as the two halves of one tensor when both exist: one sum launch
+    n_sums = int(dims.reduce_o) + int(dims.has_z)
+    parts = torch.empty((n_sums, n_part, R * P), dtype=f32, device=dev) if n_sums else None
+    dmimo = torch.empty((n_sums, B, H, R, P), dtype=f32, device=dev) if n_sums else None
+    part_o, dmimo_o = (parts[0], dmimo[0]) if dims.reduce_o else (None, None)
+    part_z, dmimo_z = (parts[-1], dmimo[-1]) if dims.has_z else (None, None)
     rec = rec_cs = None
     if keep:
         rec = torch.zeros((_ix(mod.NSLOT), B, H, S, R, pl.W), dtype=f32, device=dev)
         rec_cs = torch.zeros((B * H * nc, C * R, C * R), dtype=f32, device=dev)
     if poison:
-        for t in (states, qk_dot, dz, kst, khat, psiv, qkf, cs, sn, hf32, part_o, part_z, dmimo_o, dmimo_z, rec,
+        for t in (states, qk_dot, dz, kst, khat, psiv, qkf, cs, sn, hf32, parts, dmimo, rec,
                   rec_cs):
             if t is None:
                 continue
@@ -502,23 +523,35 @@ def build_launches(
         launches.append(Launch(name, kernel, grid, args, _kwargs_for(kernel, extra),
                                _options(backend, warps, stages, maxnreg)))
 
-    # ---- 0. cos/sin of every angle, once
+    # ---- 0. cos/sin of every angle, once (and the fused launch's counters zeroed)
     n_ang = cs.numel()
-    add("angles", mod._mimo_angles_kernel, -(-n_ang // 1024), (angles, cs, sn, n_ang), {"BLOCK": 1024}, 4, 1)
-    # ---- 1. per-row quantities of every chunk (k̂, k_state, ΨV, qk_dot), chunk-parallel
-    add("prep", mod._mimo_prep_kernel, pl.grid1,
-        (arg(q), arg(k), arg(v), q_bias, k_bias, mimo_v, cs, sn, dt, arg(trap), da_cs_rev,
-         arg(kst), arg(khat), arg(psiv), arg(qk_dot), arg(qkf), rec_arg, B, S, H, dims.heads_per_group, nc,
-         pl.LP // pl.RB, pl.virt1),
-        dict(cx, RB=pl.RB, QK_GEMM=pl.QK_GEMM, PERSISTENT=pl.grid1 < pl.virt1), pl.warps.get("k1", 4), 1,
-        TUNING.get("maxnreg_k1", 0))
-    # ---- 2. sequential walk over the chunks: states (lp), FP32 h when needed
-    add("state", mod._mimo_state_kernel, pl.grid2,
-        (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
-        dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1)),
-             ONE_DOT=(backend == "cuda" and cx["DOT_STATE_LP"] and bool(TUNING.get("kt_load", 1))
-                      and bool(TUNING.get("state_one_dot", 1)))),
-        pl.warps.get("k2", 4), pl.warps.get("stages_k2", 3))
+    fuse = _fuse_walk(pl, 2 if cx["DOT_STATE_LP"] else 4)
+    n_fb = -(-nc // pl.CB)  # state-walk blocks per (b, h): one counter each, + the ticket counter
+    n_flags = B * H * n_fb + 1 if fuse else 0
+    flags = torch.empty(max(n_flags, 1), dtype=torch.int32, device=dev)
+    add("angles", mod._mimo_angles_kernel, -(-max(n_ang, n_flags) // 1024), (angles, cs, sn, flags, n_ang, n_flags),
+        {"BLOCK": 1024, "ZERO_FLAGS": fuse}, 4, 1)
+    prep_args = (arg(q), arg(k), arg(v), q_bias, k_bias, mimo_v, cs, sn, dt, arg(trap), da_cs_rev,
+                 arg(kst), arg(khat), arg(psiv), arg(qk_dot), arg(qkf), rec_arg)
+    prep_cx = dict(cx, RB=pl.RB, QK_GEMM=pl.QK_GEMM, PERSISTENT=pl.grid1 < pl.virt1)
+    state_cx = dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1)),
+                    ONE_DOT=(backend == "cuda" and cx["DOT_STATE_LP"] and bool(TUNING.get("kt_load", 1))
+                             and bool(TUNING.get("state_one_dot", 1))))
+    if fuse:
+        # ---- 1+2. one launch: the walk overlaps the prep programs of later chunks (CUDA)
+        add("prep+state", mod._mimo_prep_state_kernel, pl.grid2 + pl.virt1,
+            prep_args + (da_cs, arg(states), arg(hf32), flags, B, S, H, dims.heads_per_group, nc, pl.LP // pl.RB,
+                         N // pl.BN, P // pl.BP2, pl.grid2, n_fb),
+            dict(prep_cx, **state_cx), pl.warps.get("k1", 4), pl.warps.get("stages_k2", 3), FUSED_MAXNREG)
+    else:
+        # ---- 1. per-row quantities of every chunk (k̂, k_state, ΨV, qk_dot), chunk-parallel
+        add("prep", mod._mimo_prep_kernel, pl.grid1,
+            prep_args + (B, S, H, dims.heads_per_group, nc, pl.LP // pl.RB, pl.virt1),
+            prep_cx, pl.warps.get("k1", 4), 1, TUNING.get("maxnreg_k1", 0))
+        # ---- 2. sequential walk over the chunks: states (lp), FP32 h when needed
+        add("state", mod._mimo_state_kernel, pl.grid2,
+            (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
+            state_cx, pl.warps.get("k2", 4), pl.warps.get("stages_k2", 3))
     # ---- 3. chunk-parallel outputs from rnd(h_c)
     if need_out:
         hop = states if cx["STATE_OPERAND"] else hf32
@@ -536,11 +569,10 @@ def build_launches(
     # enough programs for the dmimo sums (measured: 16 programs of 256 columns took ~0.09 ms each at shape (a))
     blk = TUNING.get("BLKR", min(32, _pow2(RPc)))
     nblk = -(-RPc // blk)
-    for name, part, out in (("reduce_o", part_o, dmimo_o), ("reduce_z", part_z, dmimo_z)):
-        if part is not None:
-            add(name, mod._mimo_reduce_kernel, B * H * nblk, (part, out, nc * pl.n_tb, nblk),
-                {"RP": RPc, "BLK": blk, "CB": pl.CBR},
-                pl.warps.get("k4", 4), 1)
+    if n_sums:
+        # both sums in one launch: rows of the stacked partials are (sum, b, h, chunk block)
+        add("reduce", mod._mimo_reduce_kernel, n_sums * B * H * nblk, (parts, dmimo, nc * pl.n_tb, nblk),
+            {"RP": RPc, "BLK": blk, "CB": pl.CBR}, pl.warps.get("k4", 4), 1)
 
     def finish():
         if keep:
