@@ -507,9 +507,13 @@ def _state_walk(pid, kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr, flags_p
     blk = _decay_block(da_cs_ptr, hs_base, 0, cbv, nc, S, C)
     for c0 in range(0, nc, CB):
         if WAIT:
+            # spin with relaxed reads, then one acquire: an acquire read invalidates the SM's whole L1 (CCTL.IVALL),
+            # which, repeated in the spin, stalled the prep programs sharing the SM (H200: 0.72 against 0.27 ms)
             need = tl.minimum(CB, nc - c0) * n_rb
-            while tl.atomic_add(flags_ptr + bh * n_fb + c0 // CB, 0, sem="acquire") < need:
+            flag = flags_ptr + bh * n_fb + c0 // CB
+            while tl.atomic_add(flag, 0, sem="relaxed") < need:
                 pass
+            tl.atomic_add(flag, 0, sem="acquire")
         decays = tl.exp(blk)
         # the next block's decays, loaded now (the outer loop is not pipelined; a loaded value carried over the
         # pipelined inner loop would stop Triton pipelining its operand loads)
