@@ -551,30 +551,26 @@ def _mimo_prep_state_kernel(
     """Kernels 1 and 2 in one launch (CUDA only): the state walk runs while the prep programs are still producing
     later chunks, instead of after all of them.
 
-    Grid: 1-D, n_walk + B·H·nc·n_rb programs, one work item each. Each program takes a ticket from the counter
-    ``flags_ptr[B·H·n_fb]`` (atomic; tickets follow the order in which programs actually start, so the walkers,
-    tickets < n_walk, are resident before any prep item): ticket < n_walk walks like ``_mimo_state_kernel``
-    program ``ticket``; the others run the prep program of chunk c, head bh, row block rb in chunk-major order
-    (c, bh, rb), then publish it (barrier, then a release increment of ``flags_ptr[bh·n_fb + c // CB]``). A walker
-    waits (acquire) for the n_rb·CB prep programs of a block of CB chunks before walking it. Prep programs never
-    wait, so the walkers always make progress as long as fewer than the resident programs are walkers (the
-    launcher only fuses when n_walk is at most half of an estimated residency). The counters are zeroed by
-    ``_mimo_angles_kernel`` in the same call. Never on the interpreter (programs run one after another there) nor
-    on Ascend.
+    Grid: 1-D, n_walk + B·H·nc·n_rb programs. Programs pid < n_walk walk like ``_mimo_state_kernel`` program pid
+    (the lowest ids: dispatched first, spread over the SMs); the others run the prep program of chunk c, head bh,
+    row block rb in chunk-major order (c, bh, rb), then publish it (barrier, then a release increment of
+    ``flags_ptr[bh·n_fb + c // CB]``). A walker waits for the n_rb·CB prep programs of a block of CB chunks (relaxed
+    reads, then one acquire) before walking it. Prep programs never wait, so whatever order the hardware starts
+    programs in, the walkers always make progress as long as they cannot fill the GPU on their own (the launcher
+    fuses only when n_walk is at most half of a conservative residency count). The counters are zeroed by
+    ``_mimo_angles_kernel`` in the same call (a rerun of this launch alone does not wait and is exact only on the
+    same inputs). Never on the interpreter (programs run one after another there) nor on Ascend.
 
     Inputs, outputs, constants, rounding sites: those of ``_mimo_prep_kernel`` and ``_mimo_state_kernel``; the
     values are the same bits (the same code runs, only the order of the programs in time changes).
     """
-    # modulo the launch size: a rerun without the zeroing (e.g. timing this launch alone) still maps every ticket
-    # to one work item (the block counters then no longer hold anyone back: only a rerun on the same inputs is
-    # exact)
-    ticket = tl.atomic_add(flags_ptr + B * H * n_fb, 1, sem="relaxed") % (n_walk + B * H * nc * n_rb)
-    if ticket < n_walk:
-        _state_walk(ticket, kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr, flags_ptr, S, H, nc, n_nt, n_pt,
+    pid = tl.program_id(0)
+    if pid < n_walk:
+        _state_walk(pid, kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr, flags_ptr, S, H, nc, n_nt, n_pt,
                     n_rb, n_fb, N, P, C, LP, BN, BP, CB, LPK, K_STATE, PSIV, DOT_STATE_LP, ACCUMULATE, STORE_F32,
                     KT_LOAD, ONE_DOT, True)
     else:
-        item = ticket - n_walk
+        item = pid - n_walk
         rb = item % n_rb
         rest = item // n_rb
         bh = rest % (B * H)

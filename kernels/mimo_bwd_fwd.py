@@ -214,6 +214,7 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         BN, BP2, BP3, CB = N, P, P, 16
         TB, RBK = CP, RP2
         warps = {}
+        maxnreg3 = 0
     elif backend == "cuda":
         BN, BP2 = min(N, 64), min(P, 64)
         sms = sm_count or torch.cuda.get_device_properties(dims.device).multi_processor_count
@@ -237,7 +238,11 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         # Prep and output programs: 2 warps at N = 64, 4 at N = 128 (H200, 20261129_212623: (a) 0.877 ms with 2
         # warps against 0.915 with 4; (c) 1.289 ms with 4 against 1.438 with 2)
         chunk_warps = 4 if N >= 128 else 2
-        warps = {"k1": chunk_warps, "k2": 1 if BN * BP2 <= 256 else 4, "k3": chunk_warps, "k4": 4}
+        warps = {"k1": chunk_warps, "k2": 1 if BN * BP2 <= 256 else 4, "k3": 4, "k4": 4}
+        # output kernel: 4 warps capped at 128 registers (4 programs, 16 warps per SM) at N <= 64: 0.304 ms at
+        # shape (a) against 0.367 with 2 warps at 255 registers (H200, 20261130_020730; uncapped 4 warps: 164
+        # registers, 3 programs per SM, measured slower)
+        maxnreg3 = 128 if N <= 64 else 0
     else:  # npu (triton-ascend): keep the live tiles of a program within the unified buffer
         RB, QK_GEMM = 16, False  # no [LP, LP] tile, 16-row tiles (docs/ascend_findings.md)
         BN, BP2 = 16, 16
@@ -248,6 +253,7 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
             BP3 //= 2
         CB = 16
         warps = {}
+        maxnreg3 = 0
     # dmimo sums: chunk rows per step; more loads in flight per program on CUDA (H200, 20261129_220813: 256 rows
     # 0.017 ms per sum at shape (a) against 0.028 with 64)
     CBR = 256 if backend == "cuda" else 64
@@ -267,7 +273,9 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         QK_GEMM = bool(TUNING.get("qk_gemm", QK_GEMM)) and RB == LP
         warps = {k: TUNING.get(f"warps_{k}", warps.get(k, 4)) for k in ("k1", "k2", "k3", "k4")}
         stages2 = TUNING.get("stages_k2", stages2)
+        maxnreg3 = TUNING.get("maxnreg_k3", maxnreg3)
     warps["stages_k2"] = stages2
+    warps["maxnreg_k3"] = maxnreg3
     virt1 = B * H * nc * (LP // RB)
     virt3 = B * H * nc * (CP // TB) * (P // BP3)  # launched only when an output branch or a record needs it
     if backend == "npu":
@@ -526,8 +534,8 @@ def build_launches(
     # ---- 0. cos/sin of every angle, once (and the fused launch's counters zeroed)
     n_ang = cs.numel()
     fuse = _fuse_walk(pl, 2 if cx["DOT_STATE_LP"] else 4)
-    n_fb = -(-nc // pl.CB)  # state-walk blocks per (b, h): one counter each, + the ticket counter
-    n_flags = B * H * n_fb + 1 if fuse else 0
+    n_fb = -(-nc // pl.CB)  # state-walk blocks per (b, h): one counter each
+    n_flags = B * H * n_fb if fuse else 0
     flags = torch.empty(max(n_flags, 1), dtype=torch.int32, device=dev)
     add("angles", mod._mimo_angles_kernel, -(-max(n_ang, n_flags) // 1024), (angles, cs, sn, flags, n_ang, n_flags),
         {"BLOCK": 1024, "ZERO_FLAGS": fuse}, 4, 1)
@@ -563,7 +571,7 @@ def build_launches(
             dict(cx, BP=pl.BP3, TB=pl.TB, RBK=pl.RBK, RPAD=_pow2(R), JB=pl.JB,
                  DIAG_LOOP=backend == "npu" or R > 8,
                  RCP_APPROX=rcp_approx, PERSISTENT=pl.grid3 < pl.virt3),
-            pl.warps.get("k3", 4), TUNING.get("stages_k3", 1), TUNING.get("maxnreg_k3", 0))
+            pl.warps.get("k3", 4), TUNING.get("stages_k3", 1), pl.warps.get("maxnreg_k3", 0))
     # ---- 4. deterministic sums of the per-chunk dmimo partials
     RPc = R * P
     # enough programs for the dmimo sums (measured: 16 programs of 256 columns took ~0.09 ms each at shape (a))
