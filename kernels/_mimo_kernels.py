@@ -102,14 +102,12 @@ def _rotation_half(cs_ptr, sn_ptr, a_row, ok, HALF: tl.constexpr, AW: tl.constex
 
 
 @triton.jit
-def _mimo_angles_kernel(angles_ptr, cs_ptr, sn_ptr, flags_ptr, n, n_flags, BLOCK: tl.constexpr,
-                        ZERO_FLAGS: tl.constexpr):
+def _mimo_angles_kernel(angles_ptr, cs_ptr, sn_ptr, n, BLOCK: tl.constexpr):
     """cos and sin of every angle, once: cs, sn [B, S, H, AW] FP32 (``_rounding.sincos``, the same formula on every
-    backend), for the prep and output kernels; with ZERO_FLAGS also zeroes the n_flags int32 counters of
-    ``_mimo_prep_state_kernel``.
+    backend), for the prep and output kernels.
 
-    Grid: 1-D, cdiv(max(n, n_flags), BLOCK) programs over the n = B·S·H·AW angles (int32 offsets: n < 2**31).
-    Compile-time constants: BLOCK, ZERO_FLAGS. Rounding sites: none (FP32; feeds S16/S17).
+    Grid: 1-D, cdiv(n, BLOCK) programs over the n = B·S·H·AW angles (int32 offsets: n < 2**31). Compile-time
+    constants: BLOCK. Rounding sites: none (FP32; feeds S16/S17).
     """
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
@@ -117,9 +115,6 @@ def _mimo_angles_kernel(angles_ptr, cs_ptr, sn_ptr, flags_ptr, n, n_flags, BLOCK
     sn, cs = sincos(theta)
     tl.store(cs_ptr + offs, cs, mask=m)
     tl.store(sn_ptr + offs, sn, mask=m)
-    if ZERO_FLAGS:
-        mf = offs < n_flags
-        tl.store(flags_ptr + tl.where(mf, offs, 0), tl.full([BLOCK], 0, tl.int32), mask=mf)
 
 
 @triton.jit
@@ -478,20 +473,7 @@ def _mimo_state_kernel(
 
     Rounding sites: S41 (states = rnd(h_c)); S43–S45 are FP32.
     """
-    _state_walk(tl.program_id(0), kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr, hf32_ptr, S, H, nc, n_nt, n_pt,
-                0, 0, N, P, C, LP, BN, BP, CB, LPK, K_STATE, PSIV, DOT_STATE_LP, ACCUMULATE, STORE_F32, KT_LOAD,
-                ONE_DOT, False)
-
-
-@triton.jit
-def _state_walk(pid, kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr, flags_ptr, S, H, nc, n_nt, n_pt, n_rb, n_fb,
-                N: tl.constexpr, P: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, BN: tl.constexpr,
-                BP: tl.constexpr, CB: tl.constexpr, LPK: tl.constexpr, K_STATE: tl.constexpr, PSIV: tl.constexpr,
-                DOT_STATE_LP: tl.constexpr, ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr,
-                KT_LOAD: tl.constexpr, ONE_DOT: tl.constexpr, WAIT: tl.constexpr):
-    """Body of ``_mimo_state_kernel`` for program ``pid`` (see there). WAIT (``_mimo_prep_state_kernel``): before
-    each block of CB chunks, spin until the n_rb prep programs of each of its chunks have published their rows
-    (``flags_ptr[bh·n_fb + block]``, acquire)."""
+    pid = tl.program_id(0)
     pt = pid % n_pt
     rest = pid // n_pt
     nt = rest % n_nt
@@ -506,14 +488,6 @@ def _state_walk(pid, kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr, flags_p
     cbv = tl.arange(0, CB)
     blk = _decay_block(da_cs_ptr, hs_base, 0, cbv, nc, S, C)
     for c0 in range(0, nc, CB):
-        if WAIT:
-            # spin with relaxed reads, then one acquire: an acquire read invalidates the SM's whole L1 (CCTL.IVALL),
-            # which, repeated in the spin, stalled the prep programs sharing the SM (H200: 0.72 against 0.27 ms)
-            need = tl.minimum(CB, nc - c0) * n_rb
-            flag = flags_ptr + bh * n_fb + c0 // CB
-            while tl.atomic_add(flag, 0, sem="relaxed") < need:
-                pass
-            tl.atomic_add(flag, 0, sem="acquire")
         decays = tl.exp(blk)
         # the next block's decays, loaded now (the outer loop is not pipelined; a loaded value carried over the
         # pipelined inner loop would stop Triton pipelining its operand loads)
@@ -532,57 +506,6 @@ def _state_walk(pid, kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr, flags_p
             chunk = bh.to(tl.int64) * nc + c
             state = _state_chunk_step(state, cur, kst_ptr, psiv_ptr, chunk, nn, pp, N, P, LP, LPK, K_STATE, PSIV,
                                       DOT_STATE_LP, ACCUMULATE, KT_LOAD, ONE_DOT)
-
-
-@triton.jit
-def _mimo_prep_state_kernel(
-    q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, cs_ptr, sn_ptr, dt_ptr, trap_ptr, da_cs_rev_ptr,
-    kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, da_cs_ptr, states_ptr, hf32_ptr, flags_ptr,
-    B, S, H, HPG, nc, n_rb, n_nt, n_pt, n_walk, n_fb,
-    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, RB: tl.constexpr,
-    AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr, BN: tl.constexpr, BP: tl.constexpr, CB: tl.constexpr,
-    PSI_WEIGHT: tl.constexpr, QK_BIAS: tl.constexpr, DT_INPUT: tl.constexpr, QK_BIASED: tl.constexpr,
-    PSIV: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, ROTARY: tl.constexpr,
-    K_SCALED: tl.constexpr, K_STATE: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr,
-    QK_GEMM: tl.constexpr, DOT_QK_LP: tl.constexpr, RECORD: tl.constexpr,
-    DOT_STATE_LP: tl.constexpr, ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr, KT_LOAD: tl.constexpr,
-    ONE_DOT: tl.constexpr,
-):
-    """Kernels 1 and 2 in one launch (CUDA only): the state walk runs while the prep programs are still producing
-    later chunks, instead of after all of them.
-
-    Grid: 1-D, n_walk + B·H·nc·n_rb programs. Programs pid < n_walk walk like ``_mimo_state_kernel`` program pid
-    (the lowest ids: dispatched first, spread over the SMs); the others run the prep program of chunk c, head bh,
-    row block rb in chunk-major order (c, bh, rb), then publish it (barrier, then a release increment of
-    ``flags_ptr[bh·n_fb + c // CB]``). A walker waits for the n_rb·CB prep programs of a block of CB chunks (relaxed
-    reads, then one acquire) before walking it. Prep programs never wait, so whatever order the hardware starts
-    programs in, the walkers always make progress as long as they cannot fill the GPU on their own (the launcher
-    fuses only when n_walk is at most half of a conservative residency count). The counters are zeroed by
-    ``_mimo_angles_kernel`` in the same call (a rerun of this launch alone does not wait and is exact only on the
-    same inputs). Never on the interpreter (programs run one after another there) nor on Ascend.
-
-    Inputs, outputs, constants, rounding sites: those of ``_mimo_prep_kernel`` and ``_mimo_state_kernel``; the
-    values are the same bits (the same code runs, only the order of the programs in time changes).
-    """
-    pid = tl.program_id(0)
-    if pid < n_walk:
-        _state_walk(pid, kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr, flags_ptr, S, H, nc, n_nt, n_pt,
-                    n_rb, n_fb, N, P, C, LP, BN, BP, CB, LPK, K_STATE, PSIV, DOT_STATE_LP, ACCUMULATE, STORE_F32,
-                    KT_LOAD, ONE_DOT, True)
-    else:
-        item = pid - n_walk
-        rb = item % n_rb
-        rest = item // n_rb
-        bh = rest % (B * H)
-        c = rest // (B * H)
-        _prep_program(
-            (bh * nc + c) * n_rb + rb, q_ptr, k_ptr, v_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, cs_ptr, sn_ptr,
-            dt_ptr, trap_ptr, da_cs_rev_ptr, kst_ptr, khat_ptr, psiv_ptr, qk_ptr, qkf_ptr, rec_ptr, B, S, H, HPG, nc,
-            n_rb, N, P, R, C, LP, RB, AW, W, LPK, PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA,
-            TRAP_SCALE, ROTARY, K_SCALED, K_STATE, QK_DOT_INTERNAL, QK_GEMM, DOT_QK_LP, RECORD)
-        # every thread's stores before the one release increment
-        tl.debug_barrier()
-        tl.atomic_add(flags_ptr + bh * n_fb + c // CB, 1, sem="release")
 
 
 @triton.jit

@@ -52,7 +52,7 @@ TUNING: Dict[str, int] = {}
 TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
                          "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
                          "native_lp", "maxnreg_k1", "maxnreg_k3", "stages_k3",
-                         "rcp_approx", "state_one_dot", "fuse_walk"})
+                         "rcp_approx", "state_one_dot"})
 
 
 @contextlib.contextmanager
@@ -174,7 +174,6 @@ class Plan:
     warps: Dict[str, int]
     virt1: int  # virtual programs of the prep kernel: B·H·nc·(LP/RB)
     virt3: int  # virtual programs of the output kernel: B·H·nc·(CP/TB)·(P/BP3)
-    sms: int = 0  # CUDA: streaming multiprocessors planned for
 
     @property
     def n_tb(self) -> int:
@@ -208,7 +207,6 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     RB, QK_GEMM = LP, True
     RP2 = _pow2(R)
     JB = LP
-    sms = 0
     if backend == "interpreter":
         # fewest programs and ops: all ranks and tokens of a chunk in one program
         BN, BP2, BP3, CB = N, P, P, 16
@@ -235,8 +233,8 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         CB = 64
         # state walk: a 16x16 tile is one warp's MMA; one warp avoids a cross-warp reduction (and its barrier) on
         # the sequential path every chunk (measured on an H200 with 4 warps: ~1 µs per chunk at shape (a)).
-        # Prep and output programs: 2 warps at N = 64, 4 at N = 128 (H200, 20261129_212623: (a) 0.877 ms with 2
-        # warps against 0.915 with 4; (c) 1.289 ms with 4 against 1.438 with 2)
+        # Prep programs: 2 warps at N = 64, 4 at N = 128 (H200, 20261129_212623: (a) 0.877 ms with 2 warps
+        # against 0.915 with 4; (c) 1.289 ms with 4 against 1.438 with 2)
         chunk_warps = 4 if N >= 128 else 2
         warps = {"k1": chunk_warps, "k2": 1 if BN * BP2 <= 256 else 4, "k3": 4, "k4": 4}
         # output kernel: 4 warps capped at 128 registers (4 programs, 16 warps per SM) at N <= 64: 0.304 ms at
@@ -288,24 +286,7 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         grid1, grid3 = min(grid1, TUNING["max_programs"]), min(grid3, TUNING["max_programs"])
     grid2 = B * H * (N // BN) * (P // BP2)
     return Plan(backend, LP, CP, RB, QK_GEMM, BN, BP2, CB, CBR, BP3, TB, RBK, JB, W, grid1, grid2, grid3, warps,
-                virt1, virt3, sms)
-
-
-#: register cap of ``_mimo_prep_state_kernel`` (it needs ~80 at shape (a)); ``_fuse_walk`` counts residency with it
-FUSED_MAXNREG = 96
-
-
-def _fuse_walk(pl: Plan, operand_bytes: int) -> bool:
-    """Whether kernels 1 and 2 run as one launch (``_mimo_prep_state_kernel``, CUDA). Its walkers spin until prep
-    programs have run, so they must never fill the GPU: only when they are at most half of a conservative count of
-    resident programs on sm_90 (64 warps, 64 Ki registers at FUSED_MAXNREG per thread, 228 KiB of shared memory,
-    of which the walker's pipeline takes at most stages × (BN + BP) × LP operands + 4 KiB per program)."""
-    if pl.backend != "cuda" or not TUNING.get("fuse_walk", 1) or pl.grid1 < pl.virt1:
-        return False
-    w = pl.warps["k1"]
-    smem = pl.warps["stages_k2"] * (pl.BN + pl.BP2) * pl.LP * operand_bytes + 4096
-    per_sm = min(32, 64 // w, 65536 // (FUSED_MAXNREG * 32 * w), 228 * 1024 // smem)
-    return 2 * pl.grid2 <= per_sm * pl.sms
+                virt1, virt3)
 
 
 def _npu_core_count(device) -> int:
@@ -531,35 +512,23 @@ def build_launches(
         launches.append(Launch(name, kernel, grid, args, _kwargs_for(kernel, extra),
                                _options(backend, warps, stages, maxnreg)))
 
-    # ---- 0. cos/sin of every angle, once (and the fused launch's counters zeroed)
+    # ---- 0. cos/sin of every angle, once
     n_ang = cs.numel()
-    fuse = _fuse_walk(pl, 2 if cx["DOT_STATE_LP"] else 4)
-    n_fb = -(-nc // pl.CB)  # state-walk blocks per (b, h): one counter each
-    n_flags = B * H * n_fb if fuse else 0
-    flags = torch.empty(max(n_flags, 1), dtype=torch.int32, device=dev)
-    add("angles", mod._mimo_angles_kernel, -(-max(n_ang, n_flags) // 1024), (angles, cs, sn, flags, n_ang, n_flags),
-        {"BLOCK": 1024, "ZERO_FLAGS": fuse}, 4, 1)
-    prep_args = (arg(q), arg(k), arg(v), q_bias, k_bias, mimo_v, cs, sn, dt, arg(trap), da_cs_rev,
-                 arg(kst), arg(khat), arg(psiv), arg(qk_dot), arg(qkf), rec_arg)
-    prep_cx = dict(cx, RB=pl.RB, QK_GEMM=pl.QK_GEMM, PERSISTENT=pl.grid1 < pl.virt1)
-    state_cx = dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1)),
-                    ONE_DOT=(backend == "cuda" and cx["DOT_STATE_LP"] and bool(TUNING.get("kt_load", 1))
-                             and bool(TUNING.get("state_one_dot", 1))))
-    if fuse:
-        # ---- 1+2. one launch: the walk overlaps the prep programs of later chunks (CUDA)
-        add("prep+state", mod._mimo_prep_state_kernel, pl.grid2 + pl.virt1,
-            prep_args + (da_cs, arg(states), arg(hf32), flags, B, S, H, dims.heads_per_group, nc, pl.LP // pl.RB,
-                         N // pl.BN, P // pl.BP2, pl.grid2, n_fb),
-            dict(prep_cx, **state_cx), pl.warps.get("k1", 4), pl.warps.get("stages_k2", 3), FUSED_MAXNREG)
-    else:
-        # ---- 1. per-row quantities of every chunk (k̂, k_state, ΨV, qk_dot), chunk-parallel
-        add("prep", mod._mimo_prep_kernel, pl.grid1,
-            prep_args + (B, S, H, dims.heads_per_group, nc, pl.LP // pl.RB, pl.virt1),
-            prep_cx, pl.warps.get("k1", 4), 1, TUNING.get("maxnreg_k1", 0))
-        # ---- 2. sequential walk over the chunks: states (lp), FP32 h when needed
-        add("state", mod._mimo_state_kernel, pl.grid2,
-            (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
-            state_cx, pl.warps.get("k2", 4), pl.warps.get("stages_k2", 3))
+    add("angles", mod._mimo_angles_kernel, -(-n_ang // 1024), (angles, cs, sn, n_ang), {"BLOCK": 1024}, 4, 1)
+    # ---- 1. per-row quantities of every chunk (k̂, k_state, ΨV, qk_dot), chunk-parallel
+    add("prep", mod._mimo_prep_kernel, pl.grid1,
+        (arg(q), arg(k), arg(v), q_bias, k_bias, mimo_v, cs, sn, dt, arg(trap), da_cs_rev,
+         arg(kst), arg(khat), arg(psiv), arg(qk_dot), arg(qkf), rec_arg, B, S, H, dims.heads_per_group, nc,
+         pl.LP // pl.RB, pl.virt1),
+        dict(cx, RB=pl.RB, QK_GEMM=pl.QK_GEMM, PERSISTENT=pl.grid1 < pl.virt1), pl.warps.get("k1", 4), 1,
+        TUNING.get("maxnreg_k1", 0))
+    # ---- 2. sequential walk over the chunks: states (lp), FP32 h when needed
+    add("state", mod._mimo_state_kernel, pl.grid2,
+        (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
+        dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1)),
+             ONE_DOT=(backend == "cuda" and cx["DOT_STATE_LP"] and bool(TUNING.get("kt_load", 1))
+                      and bool(TUNING.get("state_one_dot", 1)))),
+        pl.warps.get("k2", 4), pl.warps.get("stages_k2", 3))
     # ---- 3. chunk-parallel outputs from rnd(h_c)
     if need_out:
         hop = states if cx["STATE_OPERAND"] else hf32

@@ -52,15 +52,14 @@ UPSTREAM_MS = {"a": "6.63, 6.72", "b": "1.75, 1.78", "c": "9.91, 10.07", "d": "3
 VARIANTS = {
     "default": {},
     "emulated": {"native_lp": 0},
-    "unfused": {"fuse_walk": 0},
-    "fused_s4": {"stages_k2": 4},
-    "fused_cb32": {"CB": 32},
-    "fused_cb16": {"CB": 16},
     "walk32": {"BN": 32, "BP2": 32},
+    "walk32w2": {"BN": 32, "BP2": 32, "warps_k2": 2},
+    "walk32x16w2": {"BN": 32, "BP2": 16, "warps_k2": 2},
+    "walk32x16w1": {"BN": 32, "BP2": 16, "warps_k2": 1},
+    "k3_r168": {"maxnreg_k3": 168},
     "k3w4_r128": {"warps_k3": 4, "maxnreg_k3": 128},
     "k3w4_r120": {"warps_k3": 4, "maxnreg_k3": 120},
     "k3w4_r112": {"warps_k3": 4, "maxnreg_k3": 112},
-    "unfused_k3w4_r128": {"fuse_walk": 0, "warps_k3": 4, "maxnreg_k3": 128},
     "k3w8": {"warps_k3": 8},
     "k3w8_r80": {"warps_k3": 8, "maxnreg_k3": 80},
     "rbk4_w4": {"RBK": 4, "warps_k3": 4},
@@ -249,18 +248,9 @@ def main(argv=None) -> int:
                 print(f"[{shape}] {key:34s} {ms:8.3f} ms  {row['bytes'] / ms / 1e6:7.0f} GB/s  "
                       f"max gate err {max(errs.values()):.1e}")
                 if vname == "default" or preset == "upstream_sm90":
-                    for i, launch in enumerate(prep.launches):
-                        name, fn = launch.name, launch.run
-                        if name == "prep+state":
-                            # the fused launch needs its counters zeroed by the angles launch before it: timed
-                            # together with it (the row above gives the angles launch alone)
-                            name = "angles+prep+state"
-
-                            def fn(pair=prep.launches[i - 1:i + 1]):
-                                for ln in pair:
-                                    ln.run()
-                        kms = do_bench(fn, rep=max(20, args.rep // 4), return_mode="median")
-                        breakdown.append({"shape": shape, "config": key, "kernel": name, "grid": launch.grid,
+                    for launch in prep.launches:
+                        kms = do_bench(launch.run, rep=max(20, args.rep // 4), return_mode="median")
+                        breakdown.append({"shape": shape, "config": key, "kernel": launch.name, "grid": launch.grid,
                                           "ms": kms})
         if not args.no_reference_timing:
             row["reference_upstream_sm90_ms"] = do_bench(
