@@ -52,7 +52,7 @@ TUNING: Dict[str, int] = {}
 TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
                          "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
                          "native_lp", "maxnreg_k1", "maxnreg_k3", "stages_k3",
-                         "rcp_approx", "state_one_dot"})
+                         "rcp_approx", "state_one_dot", "walk_unroll"})
 
 
 @contextlib.contextmanager
@@ -221,6 +221,11 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
                 BP2 //= 2
             else:
                 BN //= 2
+        one_warp_walk = BN * BP2 <= 256
+        if BN == BP2 == 16 and BN < N and B * H * (N // BN) * (P // BP2) // 2 >= sms:
+            # one warp also walks a 32 x 16 tile (two MMA row blocks): half the ΨV re-reads from L2, where the
+            # walk is bound; shape (c): 0.164 ms against 0.274 for 16 x 16 tiles (H200, 20261130_021324)
+            BN = 32
         BP3 = min(P, 64)
         # The chunk kernels are latency-bound (dependent loads, small GEMMs): many small resident programs beat
         # fewer large ones. Measured on an H200 at shapes (a) and (c) (reports/bench/, 20261129_190957): output
@@ -236,11 +241,11 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         # Prep programs: 2 warps at N = 64, 4 at N = 128 (H200, 20261129_212623: (a) 0.877 ms with 2 warps
         # against 0.915 with 4; (c) 1.289 ms with 4 against 1.438 with 2)
         chunk_warps = 4 if N >= 128 else 2
-        warps = {"k1": chunk_warps, "k2": 1 if BN * BP2 <= 256 else 4, "k3": 4, "k4": 4}
-        # output kernel: 4 warps capped at 128 registers (4 programs, 16 warps per SM) at N <= 64: 0.304 ms at
-        # shape (a) against 0.367 with 2 warps at 255 registers (H200, 20261130_020730; uncapped 4 warps: 164
-        # registers, 3 programs per SM, measured slower)
-        maxnreg3 = 128 if N <= 64 else 0
+        warps = {"k1": chunk_warps, "k2": 1 if one_warp_walk else 4, "k3": 4, "k4": 4}
+        # output kernel: 4 warps capped at 128 registers (4 programs, 16 warps per SM): 0.304 ms at shape (a)
+        # against 0.367 with 2 warps at 255 registers (H200, 20261130_020730; uncapped 4 warps: 164 registers,
+        # 3 programs per SM, slower), 0.396 against 0.491 uncapped (172 registers) at (c) (20261130_021324)
+        maxnreg3 = 128
     else:  # npu (triton-ascend): keep the live tiles of a program within the unified buffer
         RB, QK_GEMM = 16, False  # no [LP, LP] tile, 16-row tiles (docs/ascend_findings.md)
         BN, BP2 = 16, 16
@@ -255,9 +260,9 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     # dmimo sums: chunk rows per step; more loads in flight per program on CUDA (H200, 20261129_220813: 256 rows
     # 0.017 ms per sum at shape (a) against 0.028 with 64)
     CBR = 256 if backend == "cuda" else 64
-    # state walk pipeline depth: 6 for one-warp 16x16 tiles (H200, 20261130_000423: 0.149 ms at shape (a) against
+    # state walk pipeline depth: 6 for one-warp tiles (H200, 20261130_000423: 0.149 ms at shape (a) against
     # 0.179 with 4), 4 for the larger tiles of big batches (shape (d): 0.54 ms with 4 against 0.77 with 6)
-    stages2 = 6 if backend == "cuda" and BN * BP2 <= 256 else 4
+    stages2 = 6 if backend == "cuda" and warps["k2"] == 1 else 4
     if TUNING:
         BN = min(N, TUNING.get("BN", BN))
         BP2 = min(P, TUNING.get("BP2", BP2))
@@ -527,7 +532,8 @@ def build_launches(
         (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
         dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1)),
              ONE_DOT=(backend == "cuda" and cx["DOT_STATE_LP"] and bool(TUNING.get("kt_load", 1))
-                      and bool(TUNING.get("state_one_dot", 1)))),
+                      and bool(TUNING.get("state_one_dot", 1))),
+             UNROLL=TUNING.get("walk_unroll", 1) if backend == "cuda" else 1),
         pl.warps.get("k2", 4), pl.warps.get("stages_k2", 3))
     # ---- 3. chunk-parallel outputs from rnd(h_c)
     if need_out:
