@@ -447,7 +447,6 @@ def _mimo_state_kernel(
     BN: tl.constexpr, BP: tl.constexpr, CB: tl.constexpr, LPK: tl.constexpr,
     K_STATE: tl.constexpr, PSIV: tl.constexpr, DOT_STATE_LP: tl.constexpr,
     ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr, KT_LOAD: tl.constexpr, ONE_DOT: tl.constexpr,
-    UNROLL: tl.constexpr,
 ):
     """The sequential walk over the chunks: states[c] = rnd(h_c), h_{c+1} = h_c·decay_c (+) k_stateᵀ·ΨV.
 
@@ -470,8 +469,7 @@ def _mimo_state_kernel(
         measured 0.44 → 0.19 ms for this kernel at shape (a) on an H200). ONE_DOT (CUDA): ``accumulate_into`` as
         one GEMM over K = LP with the scaled state as accumulator (the tensor cores' K=16 steps in order: the same
         sums as one K=16 GEMM at a time). The next block of decays is loaded before the current one is walked, and
-        each chunk's decay (a cross-lane sum) is picked one chunk early, off the sequential path. UNROLL (CUDA):
-        the chunk loop's ``loop_unroll_factor`` (1: not unrolled).
+        each chunk's decay (a cross-lane sum) is picked one chunk early, off the sequential path.
 
     Rounding sites: S41 (states = rnd(h_c)); S43–S45 are FP32.
     """
@@ -495,38 +493,19 @@ def _mimo_state_kernel(
         # pipelined inner loop would stop Triton pipelining its operand loads)
         blk = _decay_block(da_cs_ptr, hs_base, c0 + CB, cbv, nc, S, C)
         decay = tsum(tl.where(cbv == 0, decays, 0.0), axis=0)
-        if UNROLL > 1:
-            for jj in tl.range(0, tl.minimum(CB, nc - c0), loop_unroll_factor=UNROLL):
-                state, decay = _walk_chunk(jj, c0, state, decay, decays, cbv, bh, nc, st_base, st_offs, kst_ptr,
-                                           psiv_ptr, states_ptr, hf32_ptr, nn, pp, N, P, LP, LPK, K_STATE, PSIV,
-                                           DOT_STATE_LP, ACCUMULATE, STORE_F32, KT_LOAD, ONE_DOT)
-        else:
-            for jj in tl.range(0, tl.minimum(CB, nc - c0)):
-                state, decay = _walk_chunk(jj, c0, state, decay, decays, cbv, bh, nc, st_base, st_offs, kst_ptr,
-                                           psiv_ptr, states_ptr, hf32_ptr, nn, pp, N, P, LP, LPK, K_STATE, PSIV,
-                                           DOT_STATE_LP, ACCUMULATE, STORE_F32, KT_LOAD, ONE_DOT)
-
-
-@triton.jit
-def _walk_chunk(jj, c0, state, decay, decays, cbv, bh, nc, st_base, st_offs, kst_ptr, psiv_ptr, states_ptr, hf32_ptr,
-                nn, pp, N: tl.constexpr, P: tl.constexpr, LP: tl.constexpr, LPK: tl.constexpr, K_STATE: tl.constexpr,
-                PSIV: tl.constexpr, DOT_STATE_LP: tl.constexpr, ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr,
-                KT_LOAD: tl.constexpr, ONE_DOT: tl.constexpr):
-    """One chunk of the walk (chunk c = c0 + jj of the block whose decays are ``decays``): store rnd(h_c), step the
-    state; returns (state, the decay of chunk c + 1)."""
-    c = c0 + jj
-    # the pick for chunk c + 1 (a cross-lane sum) does not depend on the state: issued one chunk early, it
-    # overlaps this chunk's GEMM chain instead of preceding it
-    cur = decay
-    decay = tsum(tl.where(cbv == jj + 1, decays, 0.0), axis=0)
-    so = st_base + c.to(tl.int64) * (N * P) + st_offs
-    tl.store(states_ptr + so, enc(state, LPK))
-    if STORE_F32:
-        tl.store(hf32_ptr + so, state)
-    chunk = bh.to(tl.int64) * nc + c
-    state = _state_chunk_step(state, cur, kst_ptr, psiv_ptr, chunk, nn, pp, N, P, LP, LPK, K_STATE, PSIV,
-                              DOT_STATE_LP, ACCUMULATE, KT_LOAD, ONE_DOT)
-    return state, decay
+        for jj in tl.range(0, tl.minimum(CB, nc - c0)):
+            c = c0 + jj
+            # the pick for chunk c + 1 (a cross-lane sum) does not depend on the state: issued one chunk early, it
+            # overlaps this chunk's GEMM chain instead of preceding it
+            cur = decay
+            decay = tsum(tl.where(cbv == jj + 1, decays, 0.0), axis=0)
+            so = st_base + c.to(tl.int64) * (N * P) + st_offs
+            tl.store(states_ptr + so, enc(state, LPK))
+            if STORE_F32:
+                tl.store(hf32_ptr + so, state)
+            chunk = bh.to(tl.int64) * nc + c
+            state = _state_chunk_step(state, cur, kst_ptr, psiv_ptr, chunk, nn, pp, N, P, LP, LPK, K_STATE, PSIV,
+                                      DOT_STATE_LP, ACCUMULATE, KT_LOAD, ONE_DOT)
 
 
 @triton.jit

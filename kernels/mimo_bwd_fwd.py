@@ -52,7 +52,7 @@ TUNING: Dict[str, int] = {}
 TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
                          "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
                          "native_lp", "maxnreg_k1", "maxnreg_k3", "stages_k3",
-                         "rcp_approx", "state_one_dot", "walk_unroll"})
+                         "rcp_approx", "state_one_dot"})
 
 
 @contextlib.contextmanager
@@ -532,8 +532,7 @@ def build_launches(
         (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
         dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1)),
              ONE_DOT=(backend == "cuda" and cx["DOT_STATE_LP"] and bool(TUNING.get("kt_load", 1))
-                      and bool(TUNING.get("state_one_dot", 1))),
-             UNROLL=TUNING.get("walk_unroll", 1) if backend == "cuda" else 1),
+                      and bool(TUNING.get("state_one_dot", 1)))),
         pl.warps.get("k2", 4), pl.warps.get("stages_k2", 3))
     # ---- 3. chunk-parallel outputs from rnd(h_c)
     if need_out:
