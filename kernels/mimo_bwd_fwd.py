@@ -221,7 +221,6 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
                 BP2 //= 2
             else:
                 BN //= 2
-        one_warp_walk = BN * BP2 <= 256
         if BN == BP2 == 16 and BN < N and B * H * (N // BN) * (P // BP2) // 2 >= sms:
             # one warp also walks a 32 x 16 tile (two MMA row blocks): half the ΨV re-reads from L2, where the
             # walk is bound; shape (c): 0.164 ms against 0.274 for 16 x 16 tiles (H200, 20261130_021324)
@@ -236,12 +235,14 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         # state walk: 64 chunks per decay load (fewer restarts of its pipelined inner loop; H200, 20261129_235027:
         # 0.174 ms at shape (a) against 0.185 with 16)
         CB = 64
-        # state walk: a 16x16 tile is one warp's MMA; one warp avoids a cross-warp reduction (and its barrier) on
-        # the sequential path every chunk (measured on an H200 with 4 warps: ~1 µs per chunk at shape (a)).
+        # state walk: one warp for tiles up to 32 x 16 (one or two MMA row blocks); one warp avoids a cross-warp
+        # reduction (and its barrier) on the sequential path every chunk (measured on an H200 with 4 warps: ~1 µs
+        # per chunk at shape (a); shape (b), 32 x 16 tiles: 0.086 ms with 1 warp against 0.106 with 4,
+        # 20261130_022000).
         # Prep programs: 2 warps at N = 64, 4 at N = 128 (H200, 20261129_212623: (a) 0.877 ms with 2 warps
         # against 0.915 with 4; (c) 1.289 ms with 4 against 1.438 with 2)
         chunk_warps = 4 if N >= 128 else 2
-        warps = {"k1": chunk_warps, "k2": 1 if one_warp_walk else 4, "k3": 4, "k4": 4}
+        warps = {"k1": chunk_warps, "k2": 1 if BN * BP2 <= 512 else 4, "k3": 4, "k4": 4}
         # output kernel: 4 warps capped at 128 registers (4 programs, 16 warps per SM): 0.304 ms at shape (a)
         # against 0.367 with 2 warps at 255 registers (H200, 20261130_020730; uncapped 4 warps: 164 registers,
         # 3 programs per SM, slower), 0.396 against 0.491 uncapped (172 registers) at (c) (20261130_021324)
@@ -260,9 +261,9 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     # dmimo sums: chunk rows per step; more loads in flight per program on CUDA (H200, 20261129_220813: 256 rows
     # 0.017 ms per sum at shape (a) against 0.028 with 64)
     CBR = 256 if backend == "cuda" else 64
-    # state walk pipeline depth: 6 for one-warp tiles (H200, 20261130_000423: 0.149 ms at shape (a) against
-    # 0.179 with 4), 4 for the larger tiles of big batches (shape (d): 0.54 ms with 4 against 0.77 with 6)
-    stages2 = 6 if backend == "cuda" and warps["k2"] == 1 else 4
+    # state walk pipeline depth: 6 with at most two programs per SM (H200, 20261130_000423: 0.149 ms at shape (a)
+    # against 0.179 with 4), 4 with more (shape (d): 0.54 ms with 4 against 0.77 with 6; shape (b): 0.086 ms)
+    stages2 = 6 if backend == "cuda" and B * H * (N // BN) * (P // BP2) <= 2 * sms else 4
     if TUNING:
         BN = min(N, TUNING.get("BN", BN))
         BP2 = min(P, TUNING.get("BP2", BP2))

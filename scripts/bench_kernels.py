@@ -57,6 +57,7 @@ VARIANTS = {
     "walk32x16w2": {"BN": 32, "BP2": 16, "warps_k2": 2},
     "k3_r168": {"maxnreg_k3": 168},
     "rbk2_w8": {"RBK": 2, "warps_k3": 8},
+    "k3_s2": {"stages_k3": 2},
     "prep_rb32w4": {"RB": 32, "warps_k1": 4},
     "prep_rb64w4": {"RB": 64, "warps_k1": 4},
     "prep_rb64w4_gemm": {"RB": 64, "warps_k1": 4, "qk_gemm": 1},
