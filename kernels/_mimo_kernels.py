@@ -385,15 +385,28 @@ def _mimo_prep_kernel(
 
 
 @triton.jit
-def _state_rows(kst_ptr, psiv_ptr, chunk, i, nn, pp, N: tl.constexpr, P: tl.constexpr, LP: tl.constexpr,
-                KT_LOAD: tl.constexpr):
-    """k_stateᵀ [BN, K] and ΨV [K, BP] of chunk ``chunk`` for its fused rows ``i`` (K of them), as stored (lp bits or
-    FP32). KT_LOAD: k_stateᵀ loaded transposed (strided), no layout transpose in registers."""
+def _state_rows(kst_ptr, psiv_ptr, chunk, i, nn, pp, v_ptr, v_tok0, c, psi, S, H, N: tl.constexpr, P: tl.constexpr,
+                LP: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LPK: tl.constexpr, PSIV: tl.constexpr,
+                KT_LOAD: tl.constexpr, PSIV_FROM_V: tl.constexpr):
+    """k_stateᵀ [BN, K] and ΨV [K, BP] of chunk ``chunk`` (the c-th of its (b, h)) for its fused rows ``i`` (K of
+    them), as stored (lp bits or FP32). KT_LOAD: k_stateᵀ loaded transposed (strided), no layout transpose in
+    registers. PSIV_FROM_V: ΨV recomputed from v instead of read from the workspace: R(v[t_i]·R(Ψ[r_i])) with
+    ``psi`` = R(Ψ) of the rows (hoisted by the caller), the prep kernel's expression, so the same bits; a v row
+    serves the R fused rows of its token, so the walk reads 1/R of the ΨV bytes from L2 (where it is bound)."""
     if KT_LOAD:
         kt = tl.load(kst_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
     else:
         kt = tl.trans(tl.load(kst_ptr + chunk * (LP * N) + i[:, None] * N + nn[None, :]))
-    pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
+    if PSIV_FROM_V:
+        t = c * C + i // R
+        ok = (i < C * R) & (t < S)
+        vv = dec(tl.load(v_ptr + v_tok0 + tl.where(ok, t, 0)[:, None] * (H * P) + pp[None, :], mask=ok[:, None],
+                         other=0), LPK)
+        pv = tl.where(ok[:, None], rnd_if(vv * psi, PSIV, LPK), 0.0)
+        if PSIV:
+            pv = enc(pv, LPK)
+    else:
+        pv = tl.load(psiv_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
     return kt, pv
 
 
@@ -419,34 +432,40 @@ def _state_product(kt, pv, acc, WITH_ACC: tl.constexpr, LPK: tl.constexpr, K_STA
 
 
 @triton.jit
-def _state_chunk_step(state, decay, kst_ptr, psiv_ptr, chunk, nn, pp, N: tl.constexpr, P: tl.constexpr,
-                      LP: tl.constexpr, LPK: tl.constexpr, K_STATE: tl.constexpr, PSIV: tl.constexpr,
-                      DOT_STATE_LP: tl.constexpr, ACCUMULATE: tl.constexpr, KT_LOAD: tl.constexpr,
-                      ONE_DOT: tl.constexpr):
+def _state_chunk_step(state, decay, kst_ptr, psiv_ptr, chunk, nn, pp, v_ptr, v_tok0, c, psi, S, H, N: tl.constexpr,
+                      P: tl.constexpr, LP: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LPK: tl.constexpr,
+                      K_STATE: tl.constexpr, PSIV: tl.constexpr, DOT_STATE_LP: tl.constexpr,
+                      ACCUMULATE: tl.constexpr, KT_LOAD: tl.constexpr, ONE_DOT: tl.constexpr,
+                      PSIV_FROM_V: tl.constexpr):
     """h ← h·decay (+) k_stateᵀ·ΨV of chunk ``chunk`` on the tile (rows ``nn``, columns ``pp``): ``accumulate_into``
     adds one K=16 slice of fused rows at a time into the live state, ``separate`` forms the chunk's sum first.
     ONE_DOT (CUDA, lp operands): ``accumulate_into`` as one slice of K = LP, a GEMM with the scaled state as its
-    accumulator, which the tensor cores run as the same K=16 steps in the same order."""
+    accumulator, which the tensor cores run as the same K=16 steps in the same order. PSIV_FROM_V: see
+    ``_state_rows`` (``psi`` holds all LP rows: only with one slice, ONE_DOT or ``separate``)."""
     if ACCUMULATE:
         SL: tl.constexpr = LP if ONE_DOT else 16
+        tl.static_assert(SL == LP or not PSIV_FROM_V)
         state = state * decay
         for s in tl.static_range(LP // SL):
-            kt, pv = _state_rows(kst_ptr, psiv_ptr, chunk, s * SL + tl.arange(0, SL), nn, pp, N, P, LP, KT_LOAD)
+            kt, pv = _state_rows(kst_ptr, psiv_ptr, chunk, s * SL + tl.arange(0, SL), nn, pp, v_ptr, v_tok0, c, psi,
+                                 S, H, N, P, LP, R, C, LPK, PSIV, KT_LOAD, PSIV_FROM_V)
             state = _state_product(kt, pv, state, True, LPK, K_STATE, PSIV, DOT_STATE_LP)
     else:
-        kt, pv = _state_rows(kst_ptr, psiv_ptr, chunk, tl.arange(0, LP), nn, pp, N, P, LP, KT_LOAD)
+        kt, pv = _state_rows(kst_ptr, psiv_ptr, chunk, tl.arange(0, LP), nn, pp, v_ptr, v_tok0, c, psi, S, H, N, P,
+                             LP, R, C, LPK, PSIV, KT_LOAD, PSIV_FROM_V)
         state = state * decay + _state_product(kt, pv, state, False, LPK, K_STATE, PSIV, DOT_STATE_LP)
     return state
 
 
 @triton.jit
 def _mimo_state_kernel(
-    kst_ptr, psiv_ptr, da_cs_ptr, states_ptr, hf32_ptr,
+    kst_ptr, psiv_ptr, v_ptr, mimo_v_ptr, da_cs_ptr, states_ptr, hf32_ptr,
     S, H, nc, n_nt, n_pt,
-    N: tl.constexpr, P: tl.constexpr, C: tl.constexpr, LP: tl.constexpr,
+    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr,
     BN: tl.constexpr, BP: tl.constexpr, CB: tl.constexpr, LPK: tl.constexpr,
-    K_STATE: tl.constexpr, PSIV: tl.constexpr, DOT_STATE_LP: tl.constexpr,
+    K_STATE: tl.constexpr, PSIV: tl.constexpr, PSI_WEIGHT: tl.constexpr, DOT_STATE_LP: tl.constexpr,
     ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr, KT_LOAD: tl.constexpr, ONE_DOT: tl.constexpr,
+    PSIV_FROM_V: tl.constexpr,
 ):
     """The sequential walk over the chunks: states[c] = rnd(h_c), h_{c+1} = h_c·decay_c (+) k_stateᵀ·ΨV.
 
@@ -457,7 +476,8 @@ def _mimo_state_kernel(
     and a loaded value carried across its iterations stops it pipelining the operand loads too).
 
     Inputs: kst [B·H·nc, LP, N] and psiv [B·H·nc, LP, P] from ``_mimo_prep_kernel`` (lp bits when K_STATE / PSIV,
-    else FP32; padded rows are 0), da_cs [B, H, S]. Outputs: states [B, H, nc, N, P] (lp bits); hf32 (same shape,
+    else FP32; padded rows are 0), or with PSIV_FROM_V v [B, S, H, P] (int16 bits) and mimo_v [H, R, P] (FP32)
+    instead of psiv; da_cs [B, H, S]. Outputs: states [B, H, nc, N, P] (lp bits); hf32 (same shape,
     FP32 h_c) when STORE_F32.
 
     Compile-time constants:
@@ -469,7 +489,9 @@ def _mimo_state_kernel(
         measured 0.44 → 0.19 ms for this kernel at shape (a) on an H200). ONE_DOT (CUDA): ``accumulate_into`` as
         one GEMM over K = LP with the scaled state as accumulator (the tensor cores' K=16 steps in order: the same
         sums as one K=16 GEMM at a time). The next block of decays is loaded before the current one is walked, and
-        each chunk's decay (a cross-lane sum) is picked one chunk early, off the sequential path.
+        each chunk's decay (a cross-lane sum) is picked one chunk early, off the sequential path. PSI_WEIGHT: policy
+        switch (S3), used with PSIV_FROM_V (CUDA, one GEMM slice per chunk): ΨV recomputed from v and Ψ in the walk
+        (``_state_rows``), the workspace not read.
 
     Rounding sites: S41 (states = rnd(h_c)); S43–S45 are FP32.
     """
@@ -484,6 +506,13 @@ def _mimo_state_kernel(
     st_base = bh.to(tl.int64) * nc * (N * P)
     st_offs = nn[:, None] * P + pp[None, :]
 
+    v_tok0 = (bh // H).to(tl.int64) * S * (H * P) + (bh % H) * P
+    if PSIV_FROM_V:
+        # R(Ψ) of the LP fused rows (rank i mod R), loop-invariant
+        ii = tl.arange(0, LP)
+        psi = rnd_if(tl.load(mimo_v_ptr + (bh % H) * (R * P) + (ii % R)[:, None] * P + pp[None, :]), PSI_WEIGHT, LPK)
+    else:
+        psi = 0.0
     state = fzeros(BN, BP)
     cbv = tl.arange(0, CB)
     blk = _decay_block(da_cs_ptr, hs_base, 0, cbv, nc, S, C)
@@ -504,8 +533,9 @@ def _mimo_state_kernel(
             if STORE_F32:
                 tl.store(hf32_ptr + so, state)
             chunk = bh.to(tl.int64) * nc + c
-            state = _state_chunk_step(state, cur, kst_ptr, psiv_ptr, chunk, nn, pp, N, P, LP, LPK, K_STATE, PSIV,
-                                      DOT_STATE_LP, ACCUMULATE, KT_LOAD, ONE_DOT)
+            state = _state_chunk_step(state, cur, kst_ptr, psiv_ptr, chunk, nn, pp, v_ptr, v_tok0, c, psi, S, H, N, P,
+                                      LP, R, C, LPK, K_STATE, PSIV, DOT_STATE_LP, ACCUMULATE, KT_LOAD, ONE_DOT,
+                                      PSIV_FROM_V)
 
 
 @triton.jit

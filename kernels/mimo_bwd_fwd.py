@@ -52,7 +52,7 @@ TUNING: Dict[str, int] = {}
 TUNING_KEYS = frozenset({"BN", "BP2", "BP3", "CB", "CBR", "BLKR", "max_programs", "RB", "qk_gemm", "TB", "RBK", "JB",
                          "kt_load", "warps_k1", "warps_k2", "warps_k3", "warps_k4", "stages_k2",
                          "native_lp", "maxnreg_k1", "maxnreg_k3", "stages_k3",
-                         "rcp_approx", "state_one_dot"})
+                         "rcp_approx", "state_one_dot", "walk_psiv_from_v"})
 
 
 @contextlib.contextmanager
@@ -529,11 +529,13 @@ def build_launches(
         dict(cx, RB=pl.RB, QK_GEMM=pl.QK_GEMM, PERSISTENT=pl.grid1 < pl.virt1), pl.warps.get("k1", 4), 1,
         TUNING.get("maxnreg_k1", 0))
     # ---- 2. sequential walk over the chunks: states (lp), FP32 h when needed
+    one_dot = (backend == "cuda" and cx["DOT_STATE_LP"] and bool(TUNING.get("kt_load", 1))
+               and bool(TUNING.get("state_one_dot", 1)))
     add("state", mod._mimo_state_kernel, pl.grid2,
-        (arg(kst), arg(psiv), da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
-        dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1)),
-             ONE_DOT=(backend == "cuda" and cx["DOT_STATE_LP"] and bool(TUNING.get("kt_load", 1))
-                      and bool(TUNING.get("state_one_dot", 1)))),
+        (arg(kst), arg(psiv), arg(v), mimo_v, da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
+        dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1)), ONE_DOT=one_dot,
+             PSIV_FROM_V=(backend == "cuda" and (one_dot or not cx["ACCUMULATE"])
+                          and bool(TUNING.get("walk_psiv_from_v", 1)))),
         pl.warps.get("k2", 4), pl.warps.get("stages_k2", 3))
     # ---- 3. chunk-parallel outputs from rnd(h_c)
     if need_out:

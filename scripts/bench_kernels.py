@@ -58,6 +58,7 @@ VARIANTS = {
     "k3_r168": {"maxnreg_k3": 168},
     "rbk2_w8": {"RBK": 2, "warps_k3": 8},
     "k3_s2": {"stages_k3": 2},
+    "walk_psiv_ws": {"walk_psiv_from_v": 0},
     "prep_rb32w4": {"RB": 32, "warps_k1": 4},
     "prep_rb64w4": {"RB": 64, "warps_k1": 4},
     "prep_rb64w4_gemm": {"RB": 64, "warps_k1": 4, "qk_gemm": 1},

@@ -16,7 +16,7 @@ Gates (issue acceptance 2):
   the real upstream outputs on every output, and its mean error on dz, dmimo_o, dmimo_z at least 3 times smaller than
   that of the kernel under ``seed_bf16``;
 * determinism (bit-identical reruns) and the CUDA performance switches (``native_lp``, ``state_one_dot``,
-  ``rcp_approx``) giving bit-identical outputs; the Z gate's div.approx reciprocal giving the bits
+  ``rcp_approx``, ``walk_psiv_from_v``) giving bit-identical outputs; the Z gate's div.approx reciprocal giving the bits
   of ``/`` on 2**22 values.
 """
 
@@ -153,8 +153,9 @@ def test_gpu_deterministic():
 
 
 #: CUDA performance switches that must not change a bit: native_lp (0: the integer helpers, as under the
-#: interpreter and on Ascend), state_one_dot (0: one K=16 GEMM at a time), rcp_approx
-_SAME_BITS_SWITCHES = ("native_lp", "state_one_dot", "rcp_approx")
+#: interpreter and on Ascend), state_one_dot (0: one K=16 GEMM at a time), rcp_approx, walk_psiv_from_v (0: the
+#: state walk reads the ΨV workspace instead of recomputing ΨV from v)
+_SAME_BITS_SWITCHES = ("native_lp", "state_one_dot", "rcp_approx", "walk_psiv_from_v")
 
 
 @pytest.mark.parametrize("switch", _SAME_BITS_SWITCHES)
