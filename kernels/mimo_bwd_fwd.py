@@ -174,6 +174,7 @@ class Plan:
     warps: Dict[str, int]
     virt1: int  # virtual programs of the prep kernel: B·H·nc·(LP/RB)
     virt3: int  # virtual programs of the output kernel: B·H·nc·(CP/TB)·(P/BP3)
+    walk_psiv_from_v: bool = False  # CUDA state walk: ΨV recomputed from v (more than two walk programs per SM)
 
     @property
     def n_tb(self) -> int:
@@ -264,6 +265,11 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     # state walk pipeline depth: 6 with at most two programs per SM (H200, 20261130_000423: 0.149 ms at shape (a)
     # against 0.179 with 4), 4 with more (shape (d): 0.54 ms with 4 against 0.77 with 6; shape (b): 0.086 ms)
     stages2 = 6 if backend == "cuda" and B * H * (N // BN) * (P // BP2) <= 2 * sms else 4
+    # state walk, CUDA: with more than two programs per SM the walk is bound by L2 reads, and recomputing ΨV from v
+    # (a quarter of the bytes) pays for its instructions: shape (d) 0.390 ms against 0.481, (b) 0.082 against
+    # 0.088; with at most two (latency-bound one-warp walks) it does not: (a) 0.241 against 0.145, (c) 0.267
+    # against 0.165 (H200, 20261130_022959)
+    walk_psiv_from_v = backend == "cuda" and B * H * (N // BN) * (P // BP2) > 2 * sms
     if TUNING:
         BN = min(N, TUNING.get("BN", BN))
         BP2 = min(P, TUNING.get("BP2", BP2))
@@ -292,7 +298,7 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
         grid1, grid3 = min(grid1, TUNING["max_programs"]), min(grid3, TUNING["max_programs"])
     grid2 = B * H * (N // BN) * (P // BP2)
     return Plan(backend, LP, CP, RB, QK_GEMM, BN, BP2, CB, CBR, BP3, TB, RBK, JB, W, grid1, grid2, grid3, warps,
-                virt1, virt3)
+                virt1, virt3, walk_psiv_from_v)
 
 
 def _npu_core_count(device) -> int:
@@ -535,7 +541,7 @@ def build_launches(
         (arg(kst), arg(psiv), arg(v), mimo_v, da_cs, arg(states), arg(hf32), S, H, nc, N // pl.BN, P // pl.BP2),
         dict(cx, BP=pl.BP2, KT_LOAD=bool(TUNING.get("kt_load", 1)), ONE_DOT=one_dot,
              PSIV_FROM_V=(backend == "cuda" and (one_dot or not cx["ACCUMULATE"])
-                          and bool(TUNING.get("walk_psiv_from_v", 1)))),
+                          and bool(TUNING.get("walk_psiv_from_v", pl.walk_psiv_from_v)))),
         pl.warps.get("k2", 4), pl.warps.get("stages_k2", 3))
     # ---- 3. chunk-parallel outputs from rnd(h_c)
     if need_out:
