@@ -16,14 +16,15 @@ rows of a chunk are i = t_local·R + r (C·R of them, padded to LP, a power of t
    Sites: S3, S4, S5, S6, S8 (dt), S9, S10, S11, S12, S13, S14 (+ S15 store), S17, S18, S42.
 2. ``_mimo_state_kernel``  grid B·H·(N tiles)·(P tiles), one sequential walk over the chunks per program:
    h ← h·decay (S43, S44), the state GEMM k_stateᵀ·ΨV (S45, ``state_update``), ``states`` = rnd(h_c) (S41), FP32
-   h_c when needed (``state_operand`` off, or a record). Per chunk it only loads two lp tiles and runs K=16 MMAs.
+   h_c when needed (``state_operand`` off, or a record). Per chunk it only loads two lp tiles and runs K=16 MMAs
+   (on CUDA with many walk programs per SM, ΨV recomputed from v and Ψ instead of loaded: S3, S11 again, same bits).
 3. ``_mimo_out_kernel``    grid B·H·nc·(CP/TB)·(P tiles), chunk-parallel, from rnd(h_c): q rotation (S12, S16), inter
    (S19, S23), scores (S20–S22), intra (S24), o (S25), diagonal (S26–S28), D (S29), out (S30), gate (S31), dmimo_o
    partials (S32, S33), dΦO (S34–S36), dZζ (S37), dz (S38), dmimo_z partials (S39). A program takes TB tokens and
    loops over blocks of RBK ranks (rows = RBK·TB, one GEMM for all of them) in ascending rank order, so the rank
    sums of the diagonal (per row) and of dz (across the blocks) run in ascending order inside one program.
-4. ``_mimo_reduce_kernel`` grid B·H·(column blocks): the per-chunk dmimo partials summed over the chunks in a fixed
-   order (no atomics: the result is deterministic).
+4. ``_mimo_reduce_kernel`` grid NS·B·H·(column blocks): the per-chunk dmimo partials summed over the chunks in a
+   fixed order (no atomics: the result is deterministic); dmimo_o and dmimo_z stacked, one launch for both.
 
 FP32-level orders that differ from upstream (none of them is a rounding site; all are below bf16 resolution):
 
@@ -493,7 +494,8 @@ def _mimo_state_kernel(
         switch (S3), used with PSIV_FROM_V (CUDA, one GEMM slice per chunk): ΨV recomputed from v and Ψ in the walk
         (``_state_rows``), the workspace not read.
 
-    Rounding sites: S41 (states = rnd(h_c)); S43–S45 are FP32.
+    Rounding sites: S41 (states = rnd(h_c)); with PSIV_FROM_V also S3 (Ψ) and S11 (ΨV), as in the prep kernel;
+    S43–S45 are FP32.
     """
     pid = tl.program_id(0)
     pt = pid % n_pt
