@@ -996,8 +996,8 @@ def _mimo_reduce_kernel(part_ptr, out_ptr, nc, n_blk, RP: tl.constexpr, BLK: tl.
     Grid: 1-D, NS·B·H·n_blk programs; program → (sum s, b, h, block of BLK of the RP = R·P columns): the launcher
     stacks dmimo_o and dmimo_z (NS = 2) so one launch makes both. Chunks are read CB at a time, each block
     tree-summed, the blocks added in chunk order. Inputs: part [NS, B·H·nc, R·P] FP32 (nc = rows per (b, h)).
-    Output: out [NS, B·H, R·P] FP32. Compile-time constants: RP (a constexpr, so that with BLK dividing it the column mask folds
-    away), BLK (columns), CB (chunks per step). Row indices past nc are clamped (masked loads at in-bounds
+    Output: out [NS, B·H, R·P] FP32. Compile-time constants: RP (a constexpr, so that with BLK dividing it the column
+    mask folds away), BLK (columns), CB (chunks per step). Row indices past nc are clamped (masked loads at in-bounds
     addresses whose columns stay contiguous: 16-byte loads; measured on an H200, 20261130: see docs/kernels.md). No
     rounding site (S33, S39 are FP32 sums).
     """

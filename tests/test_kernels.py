@@ -509,8 +509,9 @@ def _toolchain():
 def test_compiles_for_sm90_without_spills(policy, spec, tuning):
     """The compiled (CUDA) path: every kernel compiles for sm_90 with the CUDA launch options (Triton's own
     ptxas/cuobjdump, no GPU needed) and none spills registers, except the output kernel, whose spill stays under
-    1 KiB: it runs 2 warps on 16 rows, which spills a little (56 B at shape (a), 760 B with FP16 N = P = 128) and
-    was measured faster on an H200 than 4 warps without spills (1.27 ms against 1.50 ms at (a); reports/bench/).
+    1 KiB: it runs 4 warps capped at 128 registers, which spills a little (24 B at N = P = 64, 88 B with FP16
+    N = P = 128) and was measured faster on an H200 than without the cap (0.304 against 0.367 ms for this kernel at
+    shape (a) with 2 warps at 255 registers; docs/kernels.md, Performance).
     The launches go through the JIT's argument binder, so they get the specialization of a real launch (B = 1
     arrives as a constexpr: the H200 failure of an earlier snapshot)."""
     from mimo_numerics.kernels import _devtools, mimo_bwd_fwd
