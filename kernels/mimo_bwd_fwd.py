@@ -208,12 +208,12 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
     RB, QK_GEMM = LP, True
     RP2 = _pow2(R)
     JB = LP
+    maxnreg3 = 0  # output kernel register cap (0: none)
     if backend == "interpreter":
         # fewest programs and ops: all ranks and tokens of a chunk in one program
         BN, BP2, BP3, CB = N, P, P, 16
         TB, RBK = CP, RP2
         warps = {}
-        maxnreg3 = 0
     elif backend == "cuda":
         BN, BP2 = min(N, 64), min(P, 64)
         sms = sm_count or torch.cuda.get_device_properties(dims.device).multi_processor_count
@@ -258,7 +258,6 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
             BP3 //= 2
         CB = 16
         warps = {}
-        maxnreg3 = 0
     # dmimo sums: chunk rows per step; more loads in flight per program on CUDA (H200, 20261129_220813: 256 rows
     # 0.017 ms per sum at shape (a) against 0.028 with 64)
     CBR = 256 if backend == "cuda" else 64
