@@ -17,10 +17,13 @@ import torch
 
 from mimo_numerics import presets as _presets
 from mimo_numerics.outputs import MimoBwdFwdOutputs
-from mimo_numerics.policy import FUTURE_KNOBS, SWITCHES, RoundingPolicy
+from mimo_numerics.policy import FUTURE_KNOBS, RoundingPolicy
 from mimo_numerics.validation import Dims, validate_inputs
 
 from . import _backend
+
+#: The operator whose policy section configures these kernels.
+OPERATOR_NAME = "mamba_mimo_bwd_fwd"
 
 #: State and value dims the kernels support (powers of two; tl.dot needs ≥ 16 on NVIDIA).
 SUPPORTED_DIMS = (16, 32, 64, 128)
@@ -138,7 +141,8 @@ def policy_constexprs(policy) -> Dict[str, object]:
         if getattr(policy, knob) != allowed[0]:
             raise UnsupportedPolicyError(
                 f"RoundingPolicy.{knob}={getattr(policy, knob)!r} is not implemented by the Triton kernels")
-    cx: Dict[str, object] = {name.upper(): bool(getattr(policy, name)) for name in SWITCHES}
+    sites = policy.section(OPERATOR_NAME)
+    cx: Dict[str, object] = {name.upper(): bool(value) for name, value in sites.items()}
     cx["LPK"] = 0 if policy.lp_dtype == "bfloat16" else 1
     cx["DIAG_FMA"] = policy.diag_mode == "fma"
     cx["ACCUMULATE"] = policy.state_update == "accumulate_into"

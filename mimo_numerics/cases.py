@@ -5,16 +5,20 @@ into the 17 tensors of the API (by name, ``None`` for absent optional inputs) pl
 ``rotary_dim_divisor``. Inputs are always drawn on the CPU from a ``torch.Generator`` seeded with ``spec.seed`` and
 only then moved to the requested device, so the bits do not depend on the target device.
 
+Every draw is machine-independent: normals, uniforms and the softplus of the realistic formula come from
+:mod:`mimo_numerics.exact_random` (the generator's bits, integer arithmetic and correctly rounded IEEE operations
+only; no vectorised transcendental, no BLAS), so the inputs of a spec are the same bits on every CPU model, thread
+count and torch build (``tests/test_case_digests.py`` pins them). Low-precision tensors are float32 draws rounded
+to lp.
+
 Formulas:
 
-* ``"seed"``: the input formula of the seed PR's unit test (``_make_inputs`` in
-  ``tests/unit_tests/triton/test_mamba_mimo_bwd_fwd.py`` of MindSpeed-Ops PR 125), same draw order and distributions.
-  The CPU generator gives the same stream as ``torch.manual_seed``, but torch's CPU ``randn`` for bfloat16/float16
-  changed after 2.11 (the golden inputs were drawn with 2.11), so the low-precision draws re-implement the 2.11
-  algorithm (:func:`_randn_lp_seed`); float32 draws use torch directly. With that, the ``"seed"`` inputs of the golden
-  cases are bit-identical to those stored in ``tests/data/upstream_h200_seed_cases.pt`` (``tests/test_cases.py``
-  checks it). This formula draws ``da_cs``, ``da_cs_rev`` and ``segsum`` independently (they are not consistent
-  with one another and may be positive), and ``k_bias`` is ``randn`` without the ``/ 8`` applied to ``q_bias``.
+* ``"seed"``: the distributions, shapes, scalings and draw order of the seed PR's unit test (``_make_inputs`` in
+  ``tests/unit_tests/triton/test_mamba_mimo_bwd_fwd.py`` of MindSpeed-Ops PR 125). Its draws are not torch's, so
+  the values differ from the seed test's (and from the stored golden inputs, which were drawn with ``torch.randn``
+  under torch 2.11 and are kept as stored tensors: ``docs/golden_data.md``). It draws ``da_cs``, ``da_cs_rev`` and
+  ``segsum`` independently (not consistent with one another, may be positive), and ``k_bias`` is unscaled while
+  ``q_bias`` is ``/ 8``, as the seed test does.
 * ``"realistic"``: the upstream test's formula (``upstream_rounding_sites.md`` §4), with ``da_cs``, ``da_cs_rev``
   and ``segsum`` derived from one ``dA`` as ``compute_dacs_segsum_triton`` does. See :func:`make_inputs`.
 """
@@ -22,12 +26,14 @@ Formulas:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Union
 
 import torch
 
+from . import exact_random
 from .outputs import INPUT_NAMES
 
 FORMULAS = ("seed", "realistic")
@@ -144,6 +150,32 @@ class CaseSpec:
         return cls(**data)
 
 
+@dataclass(frozen=True)
+class StoredCase(CaseSpec):
+    """A case whose inputs are stored tensors (golden data), not drawn: usable wherever a ``CaseSpec`` is (gates,
+    sweeps, reports). The size fields describe the stored inputs; ``make_inputs`` returns copies of them.
+
+    Attributes:
+        source (str): the stored case's name (its ``case_id``).
+        inputs (dict): the tensors and ``chunk_size``/``rotary_dim_divisor`` (not part of equality or hash).
+    """
+
+    source: str = ""
+    inputs: dict = dataclasses.field(default=None, compare=False, hash=False, repr=False)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.source:
+            raise ValueError("StoredCase needs a source name")
+        if not isinstance(self.inputs, dict):
+            raise ValueError(f"StoredCase {self.source}: inputs must be a dict of the stored tensors")
+
+    @property
+    def case_id(self) -> str:
+        """The stored case's name."""
+        return self.source
+
+
 #: Keys of the seed test's ``_make_inputs`` (the golden file's ``kw``) that map 1:1 to CaseSpec fields.
 SEED_KWARGS = ("seed", "batch", "seqlen", "heads", "groups", "state_dim", "value_dim", "rank", "chunk_size",
                "reduce_o", "has_z", "has_d")
@@ -165,96 +197,44 @@ def spec_from_seed_kwargs(kw: dict) -> CaseSpec:
     return CaseSpec(formula="seed", dtype="bfloat16", rotary_dim_divisor=4, **kw)
 
 
-def _randn(shape, gen, dtype=torch.float32):
-    return torch.randn(shape, dtype=dtype, generator=gen)
+def _normal(shape, gen: torch.Generator) -> torch.Tensor:
+    """Standard normal float32 draws, the same bits on every machine (:func:`exact_random.normal`)."""
+    return exact_random.normal(shape, gen).to(torch.float32)
 
 
-def _legacy_box_muller_tables(lp: torch.dtype):
-    """Tables of the reduced-precision Box-Muller step of torch <= 2.11, indexed by the uniform's integer code.
-
-    Returns ``(digits, radius, cos, sin)``: the uniforms are ``k / 2**digits`` (``digits`` = 8 for bfloat16, 11 for
-    float16); ``radius[k] = lp(sqrt(lp(-2·lp(log(lp(1 - u_k))))))``, ``cos[k] = lp(cos(theta_k))``,
-    ``sin[k] = lp(sin(theta_k))`` with ``theta_k = lp(fp32(2π·u_k))``. Every step is computed in float64, rounded
-    to float32 (the C++ code evaluates in float) and then to ``lp``, as c10's ``BFloat16``/``Half`` operators do.
-    """
-    f64, f32 = torch.float64, torch.float32
-    digits = 8 if lp == torch.bfloat16 else 11
-
-    def to_lp(x):
-        return x.to(f32).to(lp).to(f64)
-
-    u = torch.arange(2 ** digits, dtype=f64) * 2.0 ** -digits  # exact in lp
-    log_u1 = to_lp(torch.log(to_lp(1.0 - u)))
-    radius = to_lp(torch.sqrt(to_lp(-2.0 * log_u1)))
-    theta = to_lp((2.0 * math.pi) * u)
-    return digits, radius, to_lp(torch.cos(theta)), to_lp(torch.sin(theta))
+def _normal_lp(shape, gen: torch.Generator, lp: torch.dtype) -> torch.Tensor:
+    """Standard normal draws rounded to ``lp`` (through float32, as a float32 draw cast to lp)."""
+    return _normal(shape, gen).to(lp)
 
 
-def _randn_lp_seed(shape, gen: torch.Generator, lp: torch.dtype) -> torch.Tensor:
-    """``torch.randn(shape, dtype=lp, generator=gen)`` as torch <= 2.11 computed it on the CPU.
-
-    The seed's golden inputs were drawn with torch 2.11, whose CPU ``normal_`` for bfloat16/float16 (contiguous,
-    >= 16 elements) drew each uniform with only ``digits`` random bits (``(r & (2**digits - 1)) / 2**digits`` of
-    one 32-bit Mersenne-Twister output ``r``) and ran Box-Muller in ``lp`` arithmetic, on blocks of 16 (``j < 8``:
-    radius from uniform ``j``, angle from uniform ``j + 8``; outputs ``radius·cos`` at ``j`` and ``radius·sin`` at
-    ``j + 8``), recomputing the last 16 values from 16 fresh uniforms when the size is not a multiple of 16. Newer
-    torch runs this in float32 and casts (different bits), so it is rebuilt here from ``torch.randint`` draws, which
-    consume one 32-bit output each (``r % 2**digits`` is ``r``'s low bits). Fewer than 16 elements take torch's
-    serial double-precision path, unchanged across versions. bfloat16 is checked bit for bit against the golden
-    inputs; float16 runs the same algorithm with 11-bit uniforms, not checked against a torch 2.11 run.
-    """
-    numel = math.prod(shape)
-    if numel < 16:
-        return torch.randn(shape, dtype=lp, generator=gen)
-    digits, radius, cos, sin = _legacy_box_muller_tables(lp)
-    codes = torch.randint(0, 2 ** digits, (numel,), generator=gen)
-    tail_codes = torch.randint(0, 2 ** digits, (16,), generator=gen) if numel % 16 else None
-
-    def box_muller(block_codes):
-        pairs = block_codes.view(-1, 2, 8)
-        r = radius[pairs[:, 0]]
-        angle = pairs[:, 1]
-        # lp·lp products are exact in float32; "+ 0.0" is the "+ mean" of the C++ code (turns -0 into +0).
-        values = torch.stack([(r * cos[angle]).to(torch.float32) + 0.0, (r * sin[angle]).to(torch.float32) + 0.0],
-                             dim=1)
-        return values.reshape(-1).to(lp)
-
-    out = torch.empty(numel, dtype=lp)
-    full = numel - numel % 16
-    out[:full] = box_muller(codes[:full])
-    if tail_codes is not None:
-        out[numel - 16:] = box_muller(tail_codes)
-    return out.view(shape)
-
-
-def _rand(shape, gen, dtype=torch.float32):
-    return torch.rand(shape, dtype=dtype, generator=gen)
+def _uniform(shape, gen: torch.Generator) -> torch.Tensor:
+    """``U[0, 1)`` float64 draws on the 2**-24 grid (exact in float32; :func:`exact_random.uniform`)."""
+    return exact_random.uniform(shape, gen)
 
 
 def _seed_formula(spec: CaseSpec, gen: torch.Generator) -> dict:
-    # Same draw order, shapes and scalings as the seed test; ``*_like`` draws become draws of the same shape/dtype;
-    # lp draws reproduce torch 2.11's reduced-precision randn (``_randn_lp_seed``).
+    # The seed test's draw order, shapes and scalings, with machine-independent draws (module docstring).
     B, S, H, G, N, P, R, C = (spec.batch, spec.seqlen, spec.heads, spec.groups, spec.state_dim, spec.value_dim,
                               spec.rank, spec.chunk_size)
     lp = spec.lp_dtype
     f32 = torch.float32
-    q = _randn_lp_seed((B, S, R, G, N), gen, lp)
-    k = _randn_lp_seed(q.shape, gen, lp)
-    v = _randn_lp_seed((B, S, H, P), gen, lp)
-    dout = _randn_lp_seed((B, S, H, P) if spec.reduce_o else (B, S, R, H, P), gen, lp)
-    q_bias = _randn((H, R, N), gen, f32) / 8
-    k_bias = _randn(q_bias.shape, gen, f32)  # the seed test does not scale k_bias
-    mimo_v = _randn((H, R, P), gen, f32) / 4
-    mimo_o = _randn((H, R, P), gen, f32) / 4 if spec.reduce_o else None
-    z = _randn_lp_seed((B, S, H, P), gen, lp) if spec.has_z else None
-    mimo_z = _randn((H, R, P), gen, f32) / 4 if spec.has_z else None
-    angles = _rand((B, S, H, N // spec.rotary_dim_divisor), gen, f32)
-    da_cs = _randn((B, H, S), gen, f32) / 8
-    da_cs_rev = _randn(da_cs.shape, gen, f32) / 8
-    dt = _rand(da_cs.shape, gen, f32) / 10 + 0.05
-    trap = _randn_lp_seed((B, H, S), gen, lp)
-    d = _randn((H,), gen, f32) / 8 if spec.has_d else None
-    segsum = _randn((B, H, spec.nchunks, C, C), gen, f32) / 8
+    q = _normal_lp((B, S, R, G, N), gen, lp)
+    k = _normal_lp(q.shape, gen, lp)
+    v = _normal_lp((B, S, H, P), gen, lp)
+    dout = _normal_lp((B, S, H, P) if spec.reduce_o else (B, S, R, H, P), gen, lp)
+    q_bias = _normal((H, R, N), gen) / 8
+    k_bias = _normal(q_bias.shape, gen)  # the seed test does not scale k_bias
+    mimo_v = _normal((H, R, P), gen) / 4
+    mimo_o = _normal((H, R, P), gen) / 4 if spec.reduce_o else None
+    z = _normal_lp((B, S, H, P), gen, lp) if spec.has_z else None
+    mimo_z = _normal((H, R, P), gen) / 4 if spec.has_z else None
+    angles = _uniform((B, S, H, N // spec.rotary_dim_divisor), gen).to(f32)
+    da_cs = _normal((B, H, S), gen) / 8
+    da_cs_rev = _normal(da_cs.shape, gen) / 8
+    dt = (_uniform(da_cs.shape, gen) / 10 + 0.05).to(f32)
+    trap = _normal_lp((B, H, S), gen, lp)
+    d = _normal((H,), gen) / 8 if spec.has_d else None
+    segsum = _normal((B, H, spec.nchunks, C, C), gen) / 8
     return dict(dout=dout, q=q, k=k, v=v, q_bias=q_bias, k_bias=k_bias, mimo_v=mimo_v, mimo_o=mimo_o, z=z,
                 mimo_z=mimo_z, angles=angles, da_cs=da_cs, da_cs_rev=da_cs_rev, dt=dt, trap=trap, d=d,
                 segsum=segsum)
@@ -263,8 +243,9 @@ def _seed_formula(spec: CaseSpec, gen: torch.Generator) -> dict:
 def chunk_cumsums(da: torch.Tensor, chunk_size: int):
     """``da_cs``, ``da_cs_rev`` and ``segsum`` of a per-step log decay ``dA``, as ``compute_dacs_segsum_triton``.
 
-    Sums are formed in float64 from the float32 ``dA`` and rounded once to float32, then clipped to ``<= 0``.
-    Steps past S (padding of the last chunk) count as ``dA = 0``.
+    Sums are formed in float64 from the float32 ``dA``, one addition per step in token order (so the bits do not
+    depend on a library's summation order), rounded once to float32, then clipped to ``<= 0``. Steps past S (padding
+    of the last chunk) count as ``dA = 0``.
 
     Args:
         da (Tensor): ``[B, H, S]`` float32, ``dA <= 0``.
@@ -281,10 +262,14 @@ def chunk_cumsums(da: torch.Tensor, chunk_size: int):
     padded = torch.zeros((B, H, nc * C), dtype=torch.float64)
     padded[..., :S] = da.to(torch.float64)
     blocks = padded.view(B, H, nc, C)
-    incl = blocks.cumsum(dim=-1)
-    rev_incl = blocks.flip(-1).cumsum(dim=-1).flip(-1)
-    rev_excl = torch.zeros_like(rev_incl)
-    rev_excl[..., :-1] = rev_incl[..., 1:]
+    # running sums one step at a time (a fixed order of IEEE additions, not a library cumsum)
+    incl = torch.empty_like(blocks)
+    rev_excl = torch.empty_like(blocks)
+    incl[..., 0] = blocks[..., 0]
+    rev_excl[..., C - 1] = 0.0
+    for t in range(1, C):
+        incl[..., t] = incl[..., t - 1] + blocks[..., t]
+        rev_excl[..., C - 1 - t] = rev_excl[..., C - t] + blocks[..., C - t]
     diff = incl[..., :, None] - incl[..., None, :]  # [.., i, j] = sum_{k=j+1..i} dA for i > j
     lower = torch.ones((C, C), dtype=torch.bool).tril(diagonal=-1)
     segsum = torch.where(lower, diff, torch.zeros((), dtype=torch.float64))
@@ -299,26 +284,25 @@ def chunk_cumsums(da: torch.Tensor, chunk_size: int):
 
 def _realistic_formula(spec: CaseSpec, gen: torch.Generator) -> dict:
     # Core tensors first, optional ones last, so that toggling a branch leaves the core tensors unchanged.
-    # lp tensors are float32 draws rounded to lp (torch's own lp samplers changed between versions).
     B, S, H, G, N, P, R, C = (spec.batch, spec.seqlen, spec.heads, spec.groups, spec.state_dim, spec.value_dim,
                               spec.rank, spec.chunk_size)
     lp = spec.lp_dtype
     f32 = torch.float32
-    q = _randn((B, S, R, G, N), gen).to(lp)
-    k = _randn((B, S, R, G, N), gen).to(lp)
-    v = _randn((B, S, H, P), gen).to(lp)
-    q_bias = _randn((H, R, N), gen, f32) / 8
-    k_bias = _randn((H, R, N), gen, f32) / 8
-    mimo_v = _randn((H, R, P), gen, f32) / 4
-    angles = _rand((B, S, H, N // spec.rotary_dim_divisor), gen, f32) * (2 * math.pi)
-    dt = torch.nn.functional.softplus(_randn((B, H, S), gen, f32) - 3.0)
-    da = -dt * _rand((B, H, S), gen, f32)
-    trap = _rand((B, H, S), gen).to(lp)
-    dout = _randn((B, S, H, P) if spec.reduce_o else (B, S, R, H, P), gen).to(lp)
-    mimo_o = _randn((H, R, P), gen, f32) / 4 if spec.reduce_o else None
-    z = _randn((B, S, H, P), gen).to(lp) if spec.has_z else None
-    mimo_z = _randn((H, R, P), gen, f32) / 4 if spec.has_z else None
-    d = _randn((H,), gen, f32) / 8 if spec.has_d else None
+    q = _normal_lp((B, S, R, G, N), gen, lp)
+    k = _normal_lp((B, S, R, G, N), gen, lp)
+    v = _normal_lp((B, S, H, P), gen, lp)
+    q_bias = _normal((H, R, N), gen) / 8
+    k_bias = _normal((H, R, N), gen) / 8
+    mimo_v = _normal((H, R, P), gen) / 4
+    angles = (_uniform((B, S, H, N // spec.rotary_dim_divisor), gen) * (2 * math.pi)).to(f32)
+    dt = exact_random.softplus(_normal((B, H, S), gen).to(torch.float64) - 3.0).to(f32)
+    da = -dt * _uniform((B, H, S), gen).to(f32)
+    trap = _uniform((B, H, S), gen).to(f32).to(lp)
+    dout = _normal_lp((B, S, H, P) if spec.reduce_o else (B, S, R, H, P), gen, lp)
+    mimo_o = _normal((H, R, P), gen) / 4 if spec.reduce_o else None
+    z = _normal_lp((B, S, H, P), gen, lp) if spec.has_z else None
+    mimo_z = _normal((H, R, P), gen) / 4 if spec.has_z else None
+    d = _normal((H,), gen) / 8 if spec.has_d else None
     da_cs, da_cs_rev, segsum = chunk_cumsums(da, C)
     return dict(dout=dout, q=q, k=k, v=v, q_bias=q_bias, k_bias=k_bias, mimo_v=mimo_v, mimo_o=mimo_o, z=z,
                 mimo_z=mimo_z, angles=angles, da_cs=da_cs, da_cs_rev=da_cs_rev, dt=dt, trap=trap, d=d,
@@ -328,18 +312,20 @@ def _realistic_formula(spec: CaseSpec, gen: torch.Generator) -> dict:
 def make_inputs(spec: CaseSpec, device: Union[str, torch.device] = "cpu") -> dict:
     """The inputs of one case, drawn on the CPU from ``torch.Generator().manual_seed(spec.seed)``.
 
-    ``"seed"`` formula (seed PR test, draw order as listed; lp ``randn`` as torch 2.11 drew it, see
-    ``_randn_lp_seed``): q, k ``randn`` lp ``[B, S, R, G, N]``; v ``randn`` lp
+    "randn" and "U[0, 1)" below are the machine-independent draws of :mod:`mimo_numerics.exact_random` (Box-Muller
+    normals, uniforms on the 2**-24 grid); "lp" tensors are float32 draws rounded to lp.
+
+    ``"seed"`` formula (seed PR test, draw order as listed): q, k ``randn`` lp ``[B, S, R, G, N]``; v ``randn`` lp
     ``[B, S, H, P]``; dout ``randn`` lp (``[B, S, H, P]`` reduced, else ``[B, S, R, H, P]``); q_bias ``randn / 8``
     fp32 ``[H, R, N]``; k_bias ``randn`` (unscaled); mimo_v ``randn / 4`` ``[H, R, P]``; mimo_o ``randn / 4`` if
     reduce_o; z ``randn`` lp if has_z; mimo_z ``randn / 4`` if has_z; angles ``U[0, 1)`` ``[B, S, H, N / d]``;
     da_cs, da_cs_rev ``randn / 8`` ``[B, H, S]``; dt ``U[0, 1) / 10 + 0.05``; trap ``randn`` lp; d ``randn / 8``
     ``[H]`` if has_d; segsum ``randn / 8`` ``[B, H, nc, C, C]``.
 
-    ``"realistic"`` formula (upstream test, §4 of ``upstream_rounding_sites.md``), draw order as listed; "lp"
-    tensors are float32 draws rounded to lp: q, k, v ``randn`` lp; q_bias, k_bias ``randn / 8`` fp32; mimo_v
-    ``randn / 4``; angles ``U[0, 1)·2π`` fp32 (the upstream test uses ``U[0, 1)``; the full circle exercises every
-    rotation quadrant); dt ``softplus(randn - 3)`` fp32 ``[B, H, S]``; ``dA = -dt·U[0, 1)``; trap ``U[0, 1)``
+    ``"realistic"`` formula (upstream test, §4 of ``upstream_rounding_sites.md``), draw order as listed: q, k, v
+    ``randn`` lp; q_bias, k_bias ``randn / 8`` fp32; mimo_v ``randn / 4``; angles ``U[0, 1)·2π`` fp32 (the upstream test uses ``U[0, 1)``; the full circle exercises every
+    rotation quadrant); dt ``softplus(randn - 3)`` fp32 ``[B, H, S]`` (softplus in float64 by
+    ``exact_random.softplus``, rounded once); ``dA = -dt·U[0, 1)``; trap ``U[0, 1)``
     rounded to lp (so 1.0 can occur); then the optional ones: dout ``randn`` lp; mimo_o ``randn / 4``; z ``randn``
     lp; mimo_z ``randn / 4``; d ``randn / 8`` (projection scale 1/4 and
     bias/D scale 1/8 as in the seed formula: the upstream test's own weights come from its module, not a formula).
@@ -356,6 +342,9 @@ def make_inputs(spec: CaseSpec, device: Union[str, torch.device] = "cpu") -> dic
     """
     if not isinstance(spec, CaseSpec):
         raise TypeError(f"spec must be a CaseSpec, got {type(spec).__name__}")
+    if isinstance(spec, StoredCase):
+        return {name: (value.clone().to(device) if isinstance(value, torch.Tensor) else value)
+                for name, value in spec.inputs.items()}
     gen = torch.Generator().manual_seed(spec.seed)
     tensors = _seed_formula(spec, gen) if spec.formula == "seed" else _realistic_formula(spec, gen)
     inputs = {name: (None if tensors[name] is None else tensors[name].contiguous().to(device))
@@ -363,6 +352,24 @@ def make_inputs(spec: CaseSpec, device: Union[str, torch.device] = "cpu") -> dic
     inputs["chunk_size"] = spec.chunk_size
     inputs["rotary_dim_divisor"] = spec.rotary_dim_divisor
     return inputs
+
+
+def tensor_digests(inputs: dict) -> dict:
+    """``{name: sha256 hex}`` of every tensor of ``inputs`` (dtype, shape and raw bytes; ``None`` for absent ones).
+
+    Used to pin generated inputs (``tests/test_case_digests.py``) and to name the tensor that differs when two sets
+    of inputs should be equal.
+    """
+    out = {}
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            out[name] = h.hexdigest()
+        elif value is None:
+            out[name] = None
+    return out
 
 
 def as_args(inputs: dict) -> tuple:
@@ -391,15 +398,16 @@ _SMOKE = (
                rotary_dim_divisor=2),
 )
 
-# The first six are golden cases of the seed PR (upstream outputs in tests/data/upstream_h200_seed_cases.pt).
-# Together the ten cover all eight (reduce_o, has_z, has_d) combinations.
+# The first six have the shapes and branches of golden cases of the seed PR (tests/data/upstream_h200_seed_cases.pt
+# holds those cases' own inputs and upstream outputs). Together the ten cover all eight (reduce_o, has_z, has_d)
+# combinations.
 _GATE = (
-    _seed_case(),                                                          # ro-- (golden seed_branch_ro1_z0_d0)
-    _seed_case(has_z=True, has_d=True),                                    # roZD (golden seed_branch_ro1_z1_d1)
-    _seed_case(reduce_o=False, has_d=True),                                # fo-D (golden seed_branch_ro0_z0_d1)
-    _seed_case(reduce_o=False, has_z=True),                                # foZ- (golden seed_branch_ro0_z1_d0)
-    _seed_case(heads=2, groups=1, has_z=True, has_d=True),                 # GQA (golden seed_gqa)
-    _seed_case(batch=2, heads=4, groups=2, seqlen=20, has_z=True, has_d=True),  # B>1, GQA, tail (golden)
+    _seed_case(),                                                          # ro-- (as golden seed_branch_ro1_z0_d0)
+    _seed_case(has_z=True, has_d=True),                                    # roZD (as golden seed_branch_ro1_z1_d1)
+    _seed_case(reduce_o=False, has_d=True),                                # fo-D (as golden seed_branch_ro0_z0_d1)
+    _seed_case(reduce_o=False, has_z=True),                                # foZ- (as golden seed_branch_ro0_z1_d0)
+    _seed_case(heads=2, groups=1, has_z=True, has_d=True),                 # GQA (as golden seed_gqa)
+    _seed_case(batch=2, heads=4, groups=2, seqlen=20, has_z=True, has_d=True),  # B>1, GQA, tail (golden shape)
     _seed_case(seqlen=13, rank=3, chunk_size=6, has_z=True),               # roZ-, C·R = 18, tail
     _realistic_case(batch=2, seqlen=40, heads=2, groups=1, state_dim=32, value_dim=32, rank=2, chunk_size=8,
                     reduce_o=False, has_z=True, has_d=True, rotary_dim_divisor=2),  # foZD, realistic

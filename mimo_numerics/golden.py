@@ -106,3 +106,15 @@ def golden_kwargs(name: str, path: Optional[PathLike] = None) -> dict:
     if name not in data:
         raise KeyError(f"unknown golden case {name!r}; known cases: {list(data)}")
     return dict(data[name].get("kw", {}))
+
+
+def stored_cases(path: Optional[PathLike] = None):
+    """The golden cases as :class:`mimo_numerics.cases.StoredCase` objects (sizes from their seed-formula kwargs,
+    inputs the stored tensors), for gates and sweeps on the very inputs upstream saw."""
+    from .cases import StoredCase, spec_from_seed_kwargs
+
+    out = []
+    for name, (inputs, _) in load_golden(path).items():
+        fields = spec_from_seed_kwargs(golden_kwargs(name, path)).to_dict()
+        out.append(StoredCase(**fields, source=name, inputs=inputs))
+    return out

@@ -84,12 +84,17 @@ from . import presets as _presets
 from .cases import as_args, as_kwargs
 from .metrics import rel_rms
 from .outputs import INPUT_NAMES, OUTPUT_NAMES
-from .policy import KNOBS, SWITCHES, RoundingPolicy
+from .ops import registry
+from .policy import KNOBS, RoundingPolicy, read_field, write_fields
 from .reference import mamba_mimo_bwd_fwd
 
 #: Knobs the search varies (the others are fixed: lp_dtype by the inputs, math_dtype float32, round_outputs True).
 SEARCHED_KNOBS: Tuple[str, ...] = ("diag_mode", "state_update", "silu_form")
 #: Every field the search varies, switches first.
+#: The operator whose policy is inferred (the tools take it as a parameter in a later step).
+_OP = registry.DEFAULT_OPERATOR
+#: Its rounding switches, by bare name.
+SWITCHES: Tuple[str, ...] = tuple(registry.site_table(_OP))
 SEARCHED_FIELDS: Tuple[str, ...] = tuple(SWITCHES) + SEARCHED_KNOBS
 #: Outputs stored in lp: their bit-mismatch fraction counts in the distance (``m_o = 1``).
 LP_OUTPUTS: Tuple[str, ...] = ("states", "dz", "qk_dot")
@@ -199,14 +204,8 @@ def normalise_policy(policy: PolicyLike, lp_dtype: str) -> RoundingPolicy:
 
 
 def describe_policy(policy: PolicyLike) -> str:
-    """The preset name, or the nearest preset (fewest differing fields) and the differences: ``"upstream_sm90 with
-    silu_form=sigmoid"``."""
-    policy = _presets.resolve(policy)
-    if policy.name != "custom":
-        return policy.name
-    nearest = min(_presets.names(), key=lambda n: (len(_presets.get(n).diff(policy)), _presets.names().index(n)))
-    changes = ", ".join(f"{k}={b}" for k, (a, b) in _presets.get(nearest).diff(policy).items())
-    return f"{nearest} with {changes}"
+    """:func:`presets.label` of ``policy`` on the inferred operator (``"upstream_sm90 with silu_form='sigmoid'"``)."""
+    return _presets.label(_presets.resolve(policy), operator=_OP)
 
 
 # ---------------------------------------------------------------------------------------------- distance
@@ -387,9 +386,9 @@ class PolicyEvaluator:
 def field_alternatives(policy: RoundingPolicy, name: str) -> Tuple[Any, ...]:
     """The values of a searched field other than ``policy``'s."""
     if name in SWITCHES:
-        return (not getattr(policy, name),)
+        return (not read_field(policy, _OP, name),)
     if name in SEARCHED_KNOBS:
-        return tuple(v for v in KNOBS[name] if v != getattr(policy, name))
+        return tuple(v for v in KNOBS[name] if v != read_field(policy, _OP, name))
     raise ValueError(f"{name!r} is not a searched field; searched fields: {list(SEARCHED_FIELDS)}")
 
 
@@ -400,7 +399,7 @@ def single_moves(policy: RoundingPolicy, fields: Sequence[str] = SEARCHED_FIELDS
 
 def neighbours(policy: RoundingPolicy, fields: Sequence[str] = SEARCHED_FIELDS) -> List[RoundingPolicy]:
     """Policies one searched field away from ``policy``."""
-    return [policy.replace(**{name: value}) for name, value in single_moves(policy, fields)]
+    return [write_fields(policy, _OP, **{name: value}) for name, value in single_moves(policy, fields)]
 
 
 @single_threaded
@@ -418,7 +417,8 @@ def identifiable_fields(inputs: CasesLike, policy: PolicyLike,
     cases = as_case_list(inputs)
     policy = _presets.resolve(policy)
     base = PolicyEvaluator(cases, [run_reference(c, policy) for c in cases])
-    return {name: any(base.distance(policy.replace(**{name: v})) > 0 for v in field_alternatives(policy, name))
+    return {name: any(base.distance(write_fields(policy, _OP, **{name: v})) > 0
+                      for v in field_alternatives(policy, name))
             for name in fields}
 
 
@@ -534,7 +534,8 @@ class InferenceResult:
         lines = [f"**Recovered policy**: `{describe_policy(self.best)}`, distance {self.distance:.4g} over "
                  f"{self.n_cases} case(s) ({self.evaluations} policies evaluated)", "",
                  f"Start `{describe_policy(self.start)}`: distance {self.start_distance:.4g}; changes from start: "
-                 + (", ".join(f"`{k}`: {a} → {b}" for k, (a, b) in self.start.diff(self.best).items()) or "none"),
+                 + (", ".join(f"`{k}`: {a} → {b}" for k, (a, b) in self.start.diff(self.best, operator=_OP).items())
+                    or "none"),
                  ""]
         if self.ties:
             lines += [f"Not identifiable from these data (changing them leaves the distance unchanged): "
@@ -562,7 +563,7 @@ class _Search:
         return self.ev.distance(policy)
 
     def accept(self, kind, current, new):
-        change = {k: b for k, (a, b) in current.diff(new).items()}
+        change = {k: b for k, (a, b) in current.diff(new, operator=_OP).items()}
         self.trace.append(TraceStep(len(self.trace), kind, change, self.d(new), self.ev.touched))
         return new
 
@@ -577,7 +578,7 @@ class _Search:
 
     def knob_sweep(self, current):
         combos = itertools.product(*(KNOBS[k] for k in self.knobs))
-        options = [current.replace(**dict(zip(self.knobs, combo))) for combo in combos]
+        options = [write_fields(current, _OP, **dict(zip(self.knobs, combo))) for combo in combos]
         return self.best_of(current, options)
 
     def descend(self, current):
@@ -592,9 +593,10 @@ class _Search:
     def pair_step(self, current, limit):
         moves = single_moves(current, self.fields)
         if limit is not None:  # the single moves that cost least on their own make the most promising pairs
-            order = sorted(range(len(moves)), key=lambda i: (self.d(current.replace(**dict([moves[i]]))), i))
+            order = sorted(range(len(moves)),
+                           key=lambda i: (self.d(write_fields(current, _OP, **dict([moves[i]]))), i))
             moves = [moves[i] for i in sorted(order[:limit])]
-        options = [current.replace(**{f1: v1, f2: v2})
+        options = [write_fields(current, _OP, **{f1: v1, f2: v2})
                    for (f1, v1), (f2, v2) in itertools.combinations(moves, 2) if f1 != f2]
         return self.best_of(current, options)
 
@@ -620,9 +622,10 @@ class _Search:
         """The best of the ``size``-tuples of single moves (distinct fields) among the ``limit`` that cost least on
         their own, if it is strictly below the current distance (else ``current``)."""
         moves = single_moves(current, self.fields)
-        order = sorted(range(len(moves)), key=lambda i: (self.d(current.replace(**dict([moves[i]]))), i))
+        order = sorted(range(len(moves)), key=lambda i: (self.d(write_fields(current, _OP, **dict([moves[i]]))),
+                                                         i))
         moves = [moves[i] for i in sorted(order[:limit])]
-        options = [current.replace(**dict(combo)) for combo in itertools.combinations(moves, size)
+        options = [write_fields(current, _OP, **dict(combo)) for combo in itertools.combinations(moves, size)
                    if len({name for name, _ in combo}) == size]
         return self.best_of(current, options)
 
@@ -665,9 +668,9 @@ class _Search:
         while changed:
             changed = False
             for name in self.fields:
-                if getattr(best, name) == getattr(start, name):
+                if read_field(best, _OP, name) == read_field(start, _OP, name):
                     continue
-                option = best.replace(**{name: getattr(start, name)})
+                option = write_fields(best, _OP, **{name: read_field(start, _OP, name)})
                 if self.d(option) <= self.d(best):
                     best = self.accept("tie", best, option)
                     changed = True
@@ -676,7 +679,8 @@ class _Search:
 
 def _candidate(evaluator: PolicyEvaluator, policy: RoundingPolicy, best: RoundingPolicy) -> Candidate:
     ev = evaluator.evaluate(policy)
-    return Candidate(policy, ev.distance, dict(ev.per_output), {k: a for k, (a, b) in policy.diff(best).items()})
+    return Candidate(policy, ev.distance, dict(ev.per_output),
+                     {k: a for k, (a, b) in policy.diff(best, operator=_OP).items()})
 
 
 @single_threaded
@@ -763,7 +767,8 @@ def compare_to_truth(inputs: CasesLike, truth: PolicyLike, result: InferenceResu
     """
     truth = _presets.resolve(truth)
     identifiable = identifiable_fields(inputs, truth)
-    wrong = [f for f, ok in identifiable.items() if ok and getattr(result.best, f) != getattr(truth, f)]
+    wrong = [f for f, ok in identifiable.items()
+             if ok and read_field(result.best, _OP, f) != read_field(truth, _OP, f)]
     return {"distance": result.distance, "wrong": wrong,
             "unidentifiable": [f for f, ok in identifiable.items() if not ok],
             "exact": result.distance == 0.0 and not wrong}
@@ -779,4 +784,4 @@ def random_policy(generator: torch.Generator, lp_dtype: str = "bfloat16") -> Rou
     for knob in SEARCHED_KNOBS:
         choices = KNOBS[knob]
         values[knob] = choices[int(torch.randint(0, len(choices), (1,), generator=generator))]
-    return RoundingPolicy(**values, lp_dtype=lp_dtype, math_dtype="float32", round_outputs=True)
+    return write_fields(RoundingPolicy(lp_dtype=lp_dtype, math_dtype="float32", round_outputs=True), _OP, **values)

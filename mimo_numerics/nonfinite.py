@@ -245,13 +245,15 @@ def nonfinite_switches(inputs: Mapping[str, Any], policy: Any = "upstream_sm90")
         dict: switch -> ``NonFinite`` or None (everything finite with that switch off), in ``SWITCHES`` order.
     """
     from . import presets
-    from .policy import SWITCHES
+    from .ops import registry
+    from .policy import read_field, write_fields
 
+    op = registry.DEFAULT_OPERATOR
     policy = presets.resolve(policy)
     result: Dict[str, Optional[NonFinite]] = {}
-    for name in tuple(SWITCHES) + ("round_outputs",):
-        if getattr(policy, name):
-            result[name] = locate_nonfinite(inputs, policy.replace(**{name: False}))
+    for name in tuple(registry.site_table(op)) + ("round_outputs",):
+        if read_field(policy, op, name):
+            result[name] = locate_nonfinite(inputs, write_fields(policy, op, **{name: False}))
     return result
 
 

@@ -1,63 +1,71 @@
-"""Named rounding policies, each with the hardware or document it models and the evidence behind it.
+"""Named rounding policies: each one hardware or software setup, meaning the same thing for every operator.
 
-``get(name)`` returns a preset, ``names()`` lists them, ``describe(name)`` gives its docstring, ``name_of(policy)``
-finds the preset a policy equals. Evidence refers to ``shared/docs/upstream_rounding_sites.md`` (the catalog).
+A preset fixes the knobs here; each operator's ``sites.py`` says which of its sites the preset turns on
+(``PRESET_SITES``) and the evidence for it on that operator (``PRESET_EVIDENCE``). An operator that does not list a
+preset gets no section: the preset defines no semantics there, and using it for that operator raises
+:class:`mimo_numerics.policy.PolicyUndefined` naming the operator (``seed_bf16`` is the seed PR's stage-1
+reference; it says nothing about the other kernels).
+
+``get(name)`` returns a preset, ``names()`` lists them, ``describe(name)`` gives what it models and the evidence per
+operator, ``name_of(policy)`` finds the preset a policy equals, ``resolve(x)`` accepts a name, a policy or a JSON
+file.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-from .policy import SWITCHES, RoundingPolicy
+from .ops import registry
+from .policy import ALL_KNOBS, RoundingPolicy
 
-_ALL_OFF = {s: False for s in SWITCHES}
-
-_PRESETS: Dict[str, Tuple[RoundingPolicy, str]] = {
+#: preset -> (knobs, what it models).
+_KNOBS: Dict[str, Tuple[dict, str]] = {
     "fp64": (
-        RoundingPolicy(**_ALL_OFF, math_dtype="float64", diag_mode="mul_then_add", state_update="separate",
-                       silu_form="sigmoid", round_outputs=False),
-        "Nothing rounded, float64 math, outputs returned unrounded in float64: the semantics of the FP64 oracle. "
-        "Evidence: definition (docs/semantics.md with every switch off); tested against the independent oracle.",
+        dict(math_dtype="float64", diag_mode="mul_then_add", state_update="separate", silu_form="sigmoid",
+             round_outputs=False),
+        "Nothing rounded, float64 math, outputs returned unrounded in float64: the semantics of the FP64 oracles.",
     ),
     "fp32": (
-        RoundingPolicy(**_ALL_OFF, math_dtype="float32", diag_mode="mul_then_add", state_update="separate",
-                       silu_form="sigmoid", round_outputs=True),
-        "The seed PR's all-FP32 golden (`mamba_mimo_bwd_fwd_golden`): FP32 math, only the lp output stores of "
-        "states, dz and qk_dot rounded. Evidence: catalog §2.1 column 'Seed FP32 ref'.",
+        dict(math_dtype="float32", diag_mode="mul_then_add", state_update="separate", silu_form="sigmoid",
+             round_outputs=True),
+        "FP32 math, only the lp output stores rounded (the seed PR's all-FP32 golden for stage 1).",
     ),
     "seed_bf16": (
-        RoundingPolicy(lp_dtype="bfloat16", diag_mode="mul_then_add", state_update="separate",
-                       silu_form="sigmoid"),
-        "The seed PR's BF16 reference: every switch on, diagonal product and sum rounded separately, sigmoid SiLU, "
-        "state GEMM summed then added. Matches upstream bf16 on sm_80/86/89 (A100, A40, L40) at the bf16 level. "
-        "Evidence: catalog §2.1 (site-by-site), D1 and D4.",
+        dict(lp_dtype="bfloat16", diag_mode="mul_then_add", state_update="separate", silu_form="sigmoid"),
+        "The seed PR's BF16 reference: every site on, bf16 mul+add pairs rounded twice (product, then sum), sigmoid "
+        "SiLU, state GEMM summed then added. Defined by the seed PR for backward stage 1 only.",
     ),
     "upstream_sm80": (
-        RoundingPolicy(lp_dtype="bfloat16", diag_mode="mul_then_add", state_update="accumulate_into",
-                       silu_form="tanh"),
-        "Upstream TileLang kernel, bf16, on A100/A40/L40 (sm_80-89): `__hmul`/`__hadd` lower to explicit "
-        "`fma.rn.bf16` pairs, so the diagonal rounds product and sum; tanh-form SiLU; state GEMM accumulates into h. "
-        "Evidence: catalog §1.5 (SASS for sm_86); not run on such a GPU.",
+        dict(lp_dtype="bfloat16", diag_mode="mul_then_add", state_update="accumulate_into", silu_form="tanh"),
+        "Upstream TileLang kernels, bf16, on A100/A40/L40 (sm_80-89): bf16 mul+add pairs lower to fma.rn.bf16 "
+        "pairs (two roundings); tanh-form SiLU; state GEMMs accumulate into the state. Not run on such a GPU.",
     ),
     "upstream_sm90": (
-        RoundingPolicy(lp_dtype="bfloat16", diag_mode="fma", state_update="accumulate_into", silu_form="tanh"),
-        "Upstream TileLang kernel, bf16, on H100/H200 (sm_90): ptxas fuses the diagonal's bf16 mul+add into one "
-        "HFMA2.BF16 (one rounding per rank step); tanh-form SiLU; state GEMM accumulates into h. Evidence: catalog "
-        "§1.5 (SASS for sm_90a) and §2.2 D1 (H200 runs: DZ bit-exact in 3 seed cases with the fused model); the "
-        "golden tests in tests/test_golden.py measure it against the real H200 outputs.",
+        dict(lp_dtype="bfloat16", diag_mode="fma", state_update="accumulate_into", silu_form="tanh"),
+        "Upstream TileLang kernels, bf16, on H100/H200 (sm_90): ptxas fuses bf16 mul+add pairs into one HFMA2.BF16 "
+        "(one rounding); tanh-form SiLU; state GEMMs accumulate into the state.",
     ),
     "upstream_sm90_fp16": (
-        RoundingPolicy(lp_dtype="float16", diag_mode="fma", state_update="accumulate_into", silu_form="tanh"),
-        "Upstream kernel with dtype=float16 on sm_90: fp16 mul+add is fused on every architecture. Evidence: "
-        "catalog §1.5 (SASS for sm_86 and sm_90a); no fp16 GPU run.",
+        dict(lp_dtype="float16", diag_mode="fma", state_update="accumulate_into", silu_form="tanh"),
+        "Upstream kernels with dtype=float16 on sm_90: fp16 mul+add is fused on every architecture.",
     ),
     "upstream_sm80_fp16": (
-        RoundingPolicy(lp_dtype="float16", diag_mode="fma", state_update="accumulate_into", silu_form="tanh"),
-        "Upstream kernel with dtype=float16 on sm_80-89: the fp16 diagonal is fused there too, so this equals "
-        "upstream_sm90_fp16 at the policy level (they differ only in tensor-core accumulation, an FP32-level "
-        "knob not modelled yet). Evidence: catalog §1.5; no GPU run.",
+        dict(lp_dtype="float16", diag_mode="fma", state_update="accumulate_into", silu_form="tanh"),
+        "Upstream kernels with dtype=float16 on sm_80-89: fp16 mul+add is fused there too, so this equals "
+        "upstream_sm90_fp16 at the policy level (they differ in tensor-core accumulation, an FP32-level knob not "
+        "modelled yet).",
     ),
 }
+
+
+def _build(name: str) -> RoundingPolicy:
+    knobs, _ = _KNOBS[name]
+    sites = {op: registry.preset_sites(op).get(name) for op in registry.OPERATORS}
+    return RoundingPolicy(sites=sites, **knobs)
+
+
+_PRESETS: Dict[str, RoundingPolicy] = {name: _build(name) for name in _KNOBS}
 
 
 def names() -> Tuple[str, ...]:
@@ -65,39 +73,72 @@ def names() -> Tuple[str, ...]:
     return tuple(_PRESETS)
 
 
-def get(name: str) -> RoundingPolicy:
-    """The preset called ``name``; ``ValueError`` listing the valid names otherwise."""
+def get(name) -> RoundingPolicy:
+    """The preset called ``name`` (a ``RoundingPolicy`` is returned as is); ``ValueError`` listing the valid names
+    otherwise."""
     if isinstance(name, RoundingPolicy):
         return name
     try:
-        return _PRESETS[name][0]
+        return _PRESETS[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown preset {name!r}; known presets: {list(_PRESETS)}") from None
 
 
 def describe(name: str) -> str:
-    """What the preset models and the evidence for it."""
-    get(name)
-    return _PRESETS[name][1]
+    """What the preset models, and per operator whether it is defined there and the evidence."""
+    policy = get(name)
+    lines = [_KNOBS[name][1]]
+    for op in registry.OPERATORS:
+        if policy.defines(op):
+            evidence = registry.preset_evidence(op).get(name, "no evidence recorded")
+            lines.append(f"{op}: {evidence}")
+        else:
+            lines.append(f"{op}: not defined by this preset")
+    return "\n".join(lines)
 
 
-def name_of(policy: RoundingPolicy) -> Optional[str]:
-    """The first preset equal to ``policy``, or None."""
-    for preset_name, (preset, _) in _PRESETS.items():
-        if preset == policy:
+def name_of(policy: RoundingPolicy, operator: Optional[str] = None) -> Optional[str]:
+    """The first preset equal to ``policy`` (compared on the knobs and ``operator``'s section only, when given),
+    or None."""
+    for preset_name, preset in _PRESETS.items():
+        if operator is None:
+            if preset == policy:
+                return preset_name
+        elif (preset.defines(operator) and policy.defines(operator)
+              and preset.section(operator) == policy.section(operator)
+              and all(getattr(preset, k) == getattr(policy, k) for k in ALL_KNOBS)):
             return preset_name
     return None
 
 
+def label(policy: RoundingPolicy, operator: Optional[str] = None,
+          relative_to: Optional[RoundingPolicy] = None) -> str:
+    """A short name for ``policy``: the preset it equals, else ``"<base> with <field>=<value>, ..."`` where the base
+    is ``relative_to`` or the nearest preset (fewest differing fields). With ``operator``, only the knobs and that
+    operator's sites count, named bare (``"upstream_sm90 with out=False"``)."""
+    name = name_of(policy, operator=operator)
+    if name:
+        return name
+    candidates = [relative_to] if relative_to is not None else [
+        p for p in _PRESETS.values() if operator is None or p.defines(operator)]
+    base = min(candidates, key=lambda p: len(p.diff(policy, operator=operator)))
+    changes = ", ".join(f"{k}={b}" for k, (a, b) in base.diff(policy, operator=operator).items())
+    base_name = name_of(base, operator=operator) or "custom"
+    return f"{base_name} with {changes}" if changes else base_name
+
+
 def resolve(policy) -> RoundingPolicy:
-    """Accept a preset name, a ``RoundingPolicy`` or a path to a policy JSON file."""
+    """Accept a preset name, a ``RoundingPolicy`` or the path of a policy JSON file (named in errors)."""
     if isinstance(policy, RoundingPolicy):
         return policy
-    if isinstance(policy, str):
-        if policy in _PRESETS:
-            return _PRESETS[policy][0]
-        if policy.endswith(".json"):
-            with open(policy, encoding="utf-8") as fh:
-                return RoundingPolicy.from_json(fh.read())
-        return get(policy)
+    if isinstance(policy, (str, Path)):
+        text = str(policy)
+        if text in _PRESETS:
+            return _PRESETS[text]
+        if text.endswith(".json"):
+            path = Path(text)
+            if not path.is_file():
+                raise ValueError(f"policy file {text} does not exist")
+            return RoundingPolicy.from_json(path.read_text(encoding="utf-8"), source=text)
+        return get(text)
     raise TypeError(f"policy must be a RoundingPolicy, a preset name or a .json path, got {type(policy).__name__}")

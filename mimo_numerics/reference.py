@@ -48,6 +48,8 @@ from .policy import RoundingPolicy
 from .rounding import round_sum_to_lp, round_to_lp
 from .validation import Dims, validate_inputs
 
+#: The operator whose policy section this reference reads.
+OPERATOR_NAME = "mamba_mimo_bwd_fwd"
 #: Rows per accumulate step of the state GEMM under ``state_update="accumulate_into"`` (the wgmma k16 step).
 STATE_ACCUMULATE_ROWS = 16
 
@@ -57,10 +59,11 @@ class _Rounder:
 
     def __init__(self, policy: RoundingPolicy):
         self.policy = policy
+        self.sites = policy.section(OPERATOR_NAME)
         self.lp = policy.lp_dtype
 
     def __call__(self, site: str, x: torch.Tensor) -> torch.Tensor:
-        return round_to_lp(x, self.lp) if getattr(self.policy, site) else x
+        return round_to_lp(x, self.lp) if self.sites[site] else x
 
     def always(self, x: torch.Tensor) -> torch.Tensor:
         return round_to_lp(x, self.lp)
@@ -91,7 +94,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: Dims, r
 
 def _diagonal_rank_sum(qk: torch.Tensor, psiv: torch.Tensor, policy: RoundingPolicy) -> torch.Tensor:
     """acc[..., r_out, p] = Σ_{r_in ascending} qk[..., r_out, r_in]·psiv[..., r_in, p] under the policy (S26)."""
-    if not policy.diag_accum:
+    if not policy.section(OPERATOR_NAME).diag_accum:
         return qk @ psiv
     acc = None
     for r_in in range(qk.shape[-1]):
@@ -349,11 +352,11 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles,
         zeta = mimo_z.to(md)[None, :, None]  # [1, H, 1, R, P]
         terms = dzz * zeta
         acc = terms[..., 0, :]
-        if policy.dz_accum:
+        if rnd.sites.dz_accum:
             acc = rnd.always(acc)
         for r in range(1, R):
             acc = acc + terms[..., r, :]
-            if policy.dz_accum:
+            if rnd.sites.dz_accum:
                 acc = rnd.always(acc)
         put("dz_accum", acc)
         dz = rnd.output(acc).permute(0, 2, 1, 3).contiguous()  # [B, S, H, P]

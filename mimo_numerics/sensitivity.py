@@ -19,8 +19,13 @@ from . import presets as _presets
 from .inference import (CasesLike, PolicyEvaluator, PolicyLike, as_case_list, as_output_list, lp_dtype_of,
                         run_reference, single_threaded)
 from .outputs import OUTPUT_NAMES
-from .policy import KNOBS, SWITCHES, RoundingPolicy
+from .ops import registry
+from .policy import KNOBS, RoundingPolicy, write_fields
 
+#: The operator studied (the tools take it as a parameter in a later step).
+_OP = registry.DEFAULT_OPERATOR
+#: Its rounding switches, by bare name.
+SWITCHES: Tuple[str, ...] = tuple(registry.site_table(_OP))
 #: Knobs :func:`rank_sites` varies (``lp_dtype`` is fixed by the inputs).
 SENSITIVITY_KNOBS: Tuple[str, ...] = tuple(k for k in KNOBS if k != "lp_dtype")
 #: Baseline name that selects the independent FP64 oracle instead of a reference preset.
@@ -65,7 +70,7 @@ def _errors(evaluator: PolicyEvaluator, policy: RoundingPolicy) -> Dict[str, flo
 
 def all_off(policy: PolicyLike) -> RoundingPolicy:
     """``policy`` with every switch off (its knobs, lp dtype and math dtype kept)."""
-    return _presets.resolve(policy).replace(**{s: False for s in SWITCHES})
+    return _presets.resolve(policy).replace(**{_OP: "none"})
 
 
 @single_threaded
@@ -91,13 +96,8 @@ def output_errors(inputs: CasesLike, policies: Mapping[str, PolicyLike] | Sequen
 
 
 def policy_label(policy: RoundingPolicy, reference: Optional[RoundingPolicy] = None) -> str:
-    """A short label: the preset name, or the fields that differ from ``reference`` (``"custom"`` otherwise)."""
-    name = policy.name
-    if name != "custom" or reference is None:
-        return name
-    base = reference.name
-    changes = ", ".join(f"{k}={b}" for k, (a, b) in reference.diff(policy).items())
-    return f"{base}: {changes}" if changes else base
+    """:func:`presets.label` of ``policy`` on the studied operator, relative to ``reference`` when given."""
+    return _presets.label(policy, operator=_OP, relative_to=reference)
 
 
 # ---------------------------------------------------------------------------------------------- rank_sites
@@ -206,10 +206,10 @@ class SensitivityTable:
 
 def _one_on_policy(floor: RoundingPolicy, site: str, value: Any = None) -> RoundingPolicy:
     if value is None:
-        return floor.replace(**{site: True})
+        return write_fields(floor, _OP, **{site: True})
     if site == "diag_mode":  # a mode of the diag_accum site: it acts only with that site on
-        return floor.replace(diag_accum=True, diag_mode=value)
-    return floor.replace(**{site: value})
+        return write_fields(floor, _OP, diag_accum=True, diag_mode=value)
+    return write_fields(floor, _OP, **{site: value})
 
 
 @single_threaded
@@ -252,7 +252,7 @@ def rank_sites(inputs: CasesLike, policy: PolicyLike = "upstream_sm90", baseline
         score = sum(ratios) / len(ratios) if ratios else 0.0
         return SiteSensitivity(site, kind, value, on, off, added, removed, score)
 
-    rows = [make_row(s, "switch", None, _one_on_policy(floor_policy, s), policy.replace(**{s: False}))
+    rows = [make_row(s, "switch", None, _one_on_policy(floor_policy, s), write_fields(policy, _OP, **{s: False}))
             for s in SWITCHES]
     for knob in SENSITIVITY_KNOBS:
         for value in KNOBS[knob]:
@@ -385,8 +385,8 @@ def attribute_gap(inputs: CasesLike, policy_a: PolicyLike, policy_b: PolicyLike,
     da, db = d(a), d(b)
     outputs = tuple(o for o in OUTPUT_NAMES if o in da)
     rows = []
-    for name, (va, vb) in a.diff(b).items():
-        fwd, bwd = d(a.replace(**{name: vb})), d(b.replace(**{name: va}))
+    for name, (va, vb) in a.diff(b, operator=_OP).items():
+        fwd, bwd = d(write_fields(a, _OP, **{name: vb})), d(write_fields(b, _OP, **{name: va}))
         rows.append(FieldContribution(name, va, vb, {o: da[o] - fwd[o] for o in outputs},
                                       {o: bwd[o] - db[o] for o in outputs}))
     interaction = {o: da[o] - db[o] - sum(r.forward[o] for r in rows) for o in outputs}

@@ -47,6 +47,7 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 import torch
 
 from . import presets as _presets
+from .ops import registry
 from . import tolerances as _tolerances
 from .cases import CaseSpec, as_kwargs, grid, make_inputs
 from .metrics import max_abs, rel_rms
@@ -399,13 +400,8 @@ class CaseResult:
 
 
 def policy_label(policy: RoundingPolicy) -> str:
-    """The preset name of ``policy``, or ``"custom (<closest preset> with <changed fields>)"``."""
-    name = _presets.name_of(policy)
-    if name:
-        return name
-    best = min(_presets.names(), key=lambda n: len(policy.diff(_presets.get(n))))
-    changes = ", ".join(f"{k}={v[0]!r}" for k, v in policy.diff(_presets.get(best)).items())
-    return f"custom ({best} with {changes})"
+    """:func:`mimo_numerics.presets.label` of ``policy`` on the gated operator."""
+    return _presets.label(policy, operator=registry.DEFAULT_OPERATOR)
 
 
 def _fmt(x: float) -> str:

@@ -227,24 +227,44 @@ def load_upstream(source_dir: Optional[PathLike] = None, *, check_hash: bool = T
         except ImportError as exc:
             raise UpstreamUnavailable(f"mamba_ssm is imported but its TileLang kernel does not import: {exc}; "
                                       f"{_INSTALL_HINT}") from exc
+    files = ((UTILS_MODULE, UTILS_RELPATH, None),
+             (KERNEL_MODULE, KERNEL_RELPATH, KERNEL_SHA256 if check_hash else None))
+    return load_upstream_files(files, source_dir)[KERNEL_MODULE]
+
+
+def load_upstream_files(files, source_dir: Optional[PathLike] = None) -> Dict[str, types.ModuleType]:
+    """Execute upstream source files under their dotted names below stub packages (the module docstring says why).
+
+    Args:
+        files: ``(module_name, relpath, sha256 | None)`` in import order (a file's own absolute imports of other
+            listed modules must come after them); a given sha256 must match the file.
+        source_dir: where the source is (see :func:`find_source`).
+
+    Returns:
+        dict: module name -> module. Modules already loaded from the same source are reused.
+
+    Raises:
+        UpstreamUnavailable: as :func:`load_upstream`.
+    """
     root = find_source(source_dir)
-    kernel_path = root / KERNEL_RELPATH
-    if check_hash:
-        digest = _sha256(kernel_path)
-        if digest != KERNEL_SHA256:
-            raise UpstreamUnavailable(f"{kernel_path}: sha256 {digest[:16]}... is not the kernel of "
-                                      f"mamba-ssm=={UPSTREAM_VERSION} ({KERNEL_SHA256[:16]}...); pass "
-                                      "check_hash=False to run it anyway")
-    if _loaded.get("root") == root and _loaded.get("module") is not None:
-        return _loaded["module"]
+    for _, relpath, digest in files:
+        if digest is not None and _sha256(root / relpath) != digest:
+            raise UpstreamUnavailable(f"{root / relpath}: sha256 {_sha256(root / relpath)[:16]}... is not the kernel "
+                                      f"of mamba-ssm=={UPSTREAM_VERSION} ({digest[:16]}...); pass check_hash=False "
+                                      "to run it anyway")
+    if _loaded.get("root") not in (None, root):
+        unload_upstream()
     if _real_package_loaded():
         raise UpstreamUnavailable(f"a real mamba_ssm package is already imported from "
                                   f"{getattr(sys.modules['mamba_ssm'], '__file__', '?')}; load the upstream source "
                                   f"{root} in a fresh process")
-    unload_upstream()
-    registered = []
+    registered = _loaded.setdefault("registered", [])
+    _loaded["root"] = root
+    modules = _loaded.setdefault("modules", {})
     try:
         for name in _STUB_PACKAGES:
+            if name in sys.modules:
+                continue
             stub = types.ModuleType(name, f"stub package registered by mimo_numerics.upstream (source {root}); "
                                           "its __init__.py was not executed")
             stub.__path__ = [str(root.joinpath(*name.split(".")))]
@@ -254,22 +274,22 @@ def load_upstream(source_dir: Optional[PathLike] = None, *, check_hash: bool = T
             if "." in name:
                 parent, _, child = name.rpartition(".")
                 setattr(sys.modules[parent], child, stub)
-        _exec_file(UTILS_MODULE, root / UTILS_RELPATH)
-        registered.append(UTILS_MODULE)
-        module = _exec_file(KERNEL_MODULE, kernel_path)
-        registered.append(KERNEL_MODULE)
+        for name, relpath, _ in files:
+            if name not in modules:
+                modules[name] = _exec_file(name, root / relpath)
+                registered.append(name)
     except ModuleNotFoundError as exc:
-        _unregister(registered)
+        unload_upstream()
         raise UpstreamUnavailable(f"the upstream kernel needs the Python package {exc.name!r}, which is not "
                                   f"installed; {_INSTALL_HINT}") from exc
     except ImportError as exc:
-        _unregister(registered)
+        unload_upstream()
         raise UpstreamUnavailable(f"the upstream kernel failed to import: {exc}; {_INSTALL_HINT}") from exc
     except BaseException:
-        _unregister(registered)
+        unload_upstream()
         raise
-    _loaded.update(root=root, module=module, registered=registered)
-    return module
+    _loaded["module"] = modules.get(KERNEL_MODULE)
+    return {name: modules[name] for name, _, _ in files}
 
 
 def _unregister(names) -> None:

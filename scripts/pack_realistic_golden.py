@@ -13,7 +13,7 @@ import sys
 import torch
 
 from mimo_numerics.bundles import inputs_digest, load_bundle
-from mimo_numerics.cases import make_inputs
+from mimo_numerics.cases import make_inputs, tensor_digests
 
 
 def main(bundle_dir: str, out: str) -> int:
@@ -26,6 +26,7 @@ def main(bundle_dir: str, out: str) -> int:
         if inputs_digest(make_inputs(case.spec)) != digest:
             raise SystemExit(f"{case.name}: make_inputs(spec) does not regenerate the bundle's inputs")
         packed["cases"][case.name] = {"spec": case.spec.to_dict(), "inputs_sha256": digest,
+                                      "tensor_sha256": tensor_digests(case.inputs),
                                       "device_name": case.device_name, "versions": dict(case.versions or {}),
                                       "upstream": case.outputs.as_dict() if hasattr(case.outputs, "as_dict")
                                       else dict(case.outputs)}

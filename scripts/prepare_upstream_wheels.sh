@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare what a CUDA machine without a package registry needs to run the upstream oracle (mimo_numerics.upstream):
-# TileLang 0.1.15 and the runtime dependencies the GPU image lacks, as CPython 3.12 manylinux x86_64 wheels, plus the
+# TileLang 0.1.8 (mamba-ssm 2.3.2.post1's own pin) and the runtime dependencies the GPU image lacks, as CPython 3.12 manylinux x86_64 wheels, plus the
 # mamba-ssm 2.3.2.post1 sdist, packed into ONE xz tarball in a git-ignored folder (default: wheelhouse/).
 #
 # The wheels are stored unpacked inside the tarball because xz compresses the unpacked files far better than the
@@ -9,8 +9,10 @@
 # them with pip --no-index --target.
 #
 # What the GPU image already has, so is NOT downloaded: torch (2.11 cu130), triton (3.6), numpy, cloudpickle,
-# ml-dtypes, psutil, tqdm, typing-extensions. TileLang's Requires-Dist beyond those: apache-tvm-ffi (>=0.1.11,<0.1.13),
-# torch-c-dlpack-ext, z3-solver (>=4.13.0,<4.15.5); the upstream kernel file also imports einops.
+# ml-dtypes, psutil, tqdm, typing-extensions. TileLang 0.1.8's Requires-Dist beyond those: apache-tvm-ffi (~=0.1.0,
+# >=0.1.2; 0.1.8.post2 is the release current with it: newer ones fail to import tilelang 0.1.8), torch-c-dlpack-ext,
+# z3-solver (>=4.13.0,<4.15.5); the upstream kernel files also import einops. (TileLang 0.1.15 runs stage 1 only:
+# stage 2 does not compile under it; docs/workflow.md says how to install it by hand.)
 #
 # Usage: scripts/prepare_upstream_wheels.sh [OUT_DIR]      (run from the repository root, in the project venv: the
 #        mamba-ssm sdist's metadata step imports torch, hence --no-build-isolation)
@@ -21,11 +23,10 @@ PIP=${PIP:-"python -m pip"}
 MAX_BYTES=$((64 * 1024 * 1024))
 TARBALL=upstream_wheels.tar.xz
 
-# Pinned so that every preparation gives the same environment: the newest versions tilelang 0.1.15's
-# Requires-Dist allowed when this script was written.
+# Pinned so that every preparation gives the same environment.
 WHEELS=(
-  "tilelang==0.1.15"
-  "apache-tvm-ffi==0.1.12"
+  "tilelang==0.1.8"
+  "apache-tvm-ffi==0.1.8.post2"
   "torch-c-dlpack-ext==0.1.5"
   "z3-solver==4.15.4.0"
   "einops==0.8.2"

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from mimo_numerics.cases import as_args, as_kwargs
-from mimo_numerics.policy import KNOBS, SWITCHES, RoundingPolicy
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as SWITCHES
+from mimo_numerics.policy import KNOBS, RoundingPolicy
 
 _EXPLORE = bool(os.environ.get("MIMO_RELIABILITY_EXPLORE"))
 _QUIET = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
@@ -56,9 +57,12 @@ def kernels_or_none():
     return kernels if kernels.triton_available() else None
 
 
+STAGE1 = "mamba_mimo_bwd_fwd"
+
+
 def policies(lp_dtype=None, kernel=False):
     """Random policies: every switch and honoured knob; the kernels' subset has FP32 math and rounded outputs."""
-    fields = {name: st.booleans() for name in SWITCHES}
+    fields = {}
     for knob, values in KNOBS.items():
         fields[knob] = st.sampled_from(values)
     if lp_dtype is not None:
@@ -66,7 +70,8 @@ def policies(lp_dtype=None, kernel=False):
     if kernel:
         fields["math_dtype"] = st.just("float32")
         fields["round_outputs"] = st.just(True)
-    return st.builds(RoundingPolicy, **fields)
+    switches = st.fixed_dictionaries({name: st.booleans() for name in SWITCHES})
+    return st.builds(lambda sites, **knobs: RoundingPolicy(sites={STAGE1: sites}, **knobs), switches, **fields)
 
 
 def run_case(fn, inputs, **kw):

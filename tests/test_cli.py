@@ -119,7 +119,7 @@ def test_run_with_a_policy_file(tmp_path, capsys):
     code, _, err = run_cli(capsys, "run", "--backend", "reference", "--policy", str(path), "--case", SMALL, "--out",
                            str(tmp_path / "b"), "--quiet")
     assert code == 0, err
-    assert load_bundle(tmp_path / "b")[0].policy.dz_accum is False
+    assert load_bundle(tmp_path / "b")[0].policy.get("dz_accum") is False
 
 
 def test_run_refuses_an_existing_output(smoke_reference, capsys):

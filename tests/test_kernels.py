@@ -24,7 +24,7 @@ import mimo_numerics as mn
 from mimo_numerics import kernels
 from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs
 from mimo_numerics.outputs import OUTPUT_NAMES
-from mimo_numerics.policy import SWITCHES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as SWITCHES
 from mimo_numerics.rounding import round_sum_to_lp, round_to_lp
 
 pytestmark = pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")

@@ -7,7 +7,7 @@ import mimo_numerics as mn
 from mimo_numerics import tolerances
 from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, grid, make_inputs
 from mimo_numerics.metrics import rel_rms
-from mimo_numerics.policy import SWITCHES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as SWITCHES
 
 # the gate grid plus cases the oracle check must cover beyond it
 ORACLE_CASES = list(grid("gate")) + [

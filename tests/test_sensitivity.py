@@ -5,7 +5,8 @@ import json
 import pytest
 
 from mimo_numerics import cases, golden, presets, sensitivity
-from mimo_numerics.policy import KNOBS, SWITCHES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as SWITCHES
+from mimo_numerics.policy import KNOBS
 
 TINY = cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8, has_z=True, has_d=True)
 NO_Z = cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8, has_d=True)
@@ -114,7 +115,7 @@ def test_attribute_gap_golden_puts_diag_mode_first_on_dz(golden_cases, target):
 
 def test_output_errors_labels_and_baselines(tiny):
     errors = sensitivity.output_errors(tiny, ["upstream_sm90", presets.get("upstream_sm90").replace(out=False)])
-    assert list(errors) == ["upstream_sm90", "upstream_sm90: out=False"]
+    assert list(errors) == ["upstream_sm90", "upstream_sm90 with out=False"]
     own = sensitivity.output_errors(tiny, {"self": "upstream_sm90"},
                                     sensitivity.baseline_outputs(tiny, "upstream_sm90"))
     assert all(v == 0.0 for v in own["self"].values())

@@ -1,0 +1,170 @@
+"""Cases of the whole op ``mamba3_mimo``: its 14 raw inputs and ``dout``, drawn the same on every machine.
+
+:class:`OpCaseSpec` fixes the sizes, branches, dtype, seed and formula; :func:`make_op_inputs` draws the inputs of
+``mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D, Z, chunk_size,
+rotary_dim_divisor)`` plus ``dout``, on the CPU, from ``torch.Generator().manual_seed(seed)``, with the
+machine-independent draws of :mod:`mimo_numerics.exact_random` (the stage-1 formulas of :mod:`mimo_numerics.cases`
+follow the same rule).
+
+Formulas (the one of the whole-op golden data, ``shared/golden/README.md``, under names of their own; its values
+differ from the golden inputs, which were drawn with ``torch.randn`` and are stored, not regenerated):
+
+* ``"whole_op"``: in this order, Q, K ``randn`` lp ``[B, S, R, G, N]``; V ``randn`` lp ``[B, S, H, P]``; Q_bias,
+  K_bias ``randn`` ``[H, R, N]``; MIMO_V ``randn / R`` ``[H, R, P]``; MIMO_Z ``randn`` (Z); MIMO_Out ``randn / R``
+  (reduced output); D ``randn`` ``[H]`` (D); Z ``randn`` lp ``[B, S, H, P]`` (Z); DT ``softplus(randn - 3)``
+  ``[B, H, S]``; ADT ``-DT·(U[0, 1) + 0.5)``; Trap ``randn`` lp ``[B, H, S]``; Angles ``2·U[0, 1)``
+  ``[B, S, H, N / d]``; dout ``randn`` lp (``[B, S, H, P]`` reduced, else ``[B, S, R, H, P]``).
+* ``"whole_op_seed"``: the same draws with the seed test's scales: biases ``/ 8``, MIMO_V, MIMO_Z, MIMO_Out ``/ 4``,
+  D ``/ 8``.
+
+"randn" is :func:`exact_random.normal` rounded to float32 (then to lp for "lp" tensors), "U[0, 1)" is
+:func:`exact_random.uniform`; softplus and the products are formed in float64 and rounded once to float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+
+from ... import exact_random
+
+FORMULAS = ("whole_op", "whole_op_seed")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_TAGS = {"bfloat16": "bf16", "float16": "fp16"}
+#: The 14 inputs of ``mamba3_mimo`` in upstream's positional order.
+OP_INPUT_NAMES = ("Q", "K", "V", "ADT", "DT", "Trap", "Q_bias", "K_bias", "MIMO_V", "MIMO_Z", "MIMO_Out", "Angles",
+                  "D", "Z")
+#: The gradients of the 14 inputs, in the same order.
+OP_GRAD_NAMES = tuple("d" + name for name in OP_INPUT_NAMES)
+
+
+@dataclass(frozen=True)
+class OpCaseSpec:
+    """One input configuration of the whole op.
+
+    Attributes:
+        batch, seqlen, heads, groups (int): B, S, H, G (``heads % groups == 0``).
+        state_dim, value_dim, rank, chunk_size (int): N, P, R, C.
+        reduce_o (bool): give MIMO_Out (output ``[B, S, H, P]``) or not (``[B, S, R, H, P]``).
+        has_z, has_d (bool): give Z with MIMO_Z; give D.
+        formula (str): ``"whole_op"`` or ``"whole_op_seed"`` (module docstring).
+        dtype (str): ``"bfloat16"`` or ``"float16"``: the dtype of Q, K, V, Z, Trap and dout.
+        seed (int): seed of the CPU generator (>= 0).
+        rotary_dim_divisor (int): 2 or 4.
+
+    Raises:
+        ValueError: from ``__post_init__``, naming the offending field.
+    """
+
+    batch: int = 1
+    seqlen: int = 64
+    heads: int = 2
+    groups: int = 1
+    state_dim: int = 64
+    value_dim: int = 64
+    rank: int = 4
+    chunk_size: int = 16
+    reduce_o: bool = True
+    has_z: bool = True
+    has_d: bool = True
+    formula: str = "whole_op"
+    dtype: str = "bfloat16"
+    seed: int = 0
+    rotary_dim_divisor: int = 4
+
+    def __post_init__(self):
+        for name in ("batch", "seqlen", "heads", "groups", "state_dim", "value_dim", "rank", "chunk_size", "seed",
+                     "rotary_dim_divisor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+            if value < (0 if name == "seed" else 1):
+                raise ValueError(f"{name} must be >= {0 if name == 'seed' else 1}, got {value}")
+        for name in ("reduce_o", "has_z", "has_d"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.formula not in FORMULAS:
+            raise ValueError(f"formula must be one of {FORMULAS}, got {self.formula!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if self.rotary_dim_divisor not in (2, 4):
+            raise ValueError(f"rotary_dim_divisor must be 2 or 4, got {self.rotary_dim_divisor}")
+        if self.heads % self.groups:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of groups ({self.groups})")
+        if self.state_dim % (2 * self.rotary_dim_divisor):
+            raise ValueError(f"state_dim ({self.state_dim}) must be a multiple of 2·rotary_dim_divisor "
+                             f"({2 * self.rotary_dim_divisor})")
+
+    @property
+    def lp_dtype(self) -> torch.dtype:
+        """The torch dtype of Q, K, V, Z, Trap and dout."""
+        return DTYPES[self.dtype]
+
+    @property
+    def case_id(self) -> str:
+        """A readable unique id, e.g. ``whole_op_B1_S64_H2_G1_N64_P64_R4_C16_roZD_bf16_s0``."""
+        branches = ("ro" if self.reduce_o else "fo") + ("Z" if self.has_z else "-") + ("D" if self.has_d else "-")
+        text = (f"{self.formula}_B{self.batch}_S{self.seqlen}_H{self.heads}_G{self.groups}_N{self.state_dim}"
+                f"_P{self.value_dim}_R{self.rank}_C{self.chunk_size}_{branches}_{_DTYPE_TAGS[self.dtype]}"
+                f"_s{self.seed}")
+        return text + (f"_rd{self.rotary_dim_divisor}" if self.rotary_dim_divisor != 4 else "")
+
+    def replace(self, **changes) -> "OpCaseSpec":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """The fields by name (JSON-serialisable)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "OpCaseSpec":
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming them."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown OpCaseSpec field(s) {unknown}; valid fields are {sorted(known)}")
+        return cls(**data)
+
+
+def _normal(shape, gen) -> torch.Tensor:
+    return exact_random.normal(shape, gen).to(torch.float32)
+
+
+def make_op_inputs(spec: OpCaseSpec, device: Union[str, torch.device] = "cpu") -> dict:
+    """The 14 inputs of ``mamba3_mimo`` by name (None for absent optional ones), ``dout``, ``chunk_size`` and
+    ``rotary_dim_divisor``, drawn as the module docstring says and then moved to ``device``."""
+    if not isinstance(spec, OpCaseSpec):
+        raise TypeError(f"spec must be an OpCaseSpec, got {type(spec).__name__}")
+    gen = torch.Generator().manual_seed(spec.seed)
+    B, S, H, G, N, P, R = (spec.batch, spec.seqlen, spec.heads, spec.groups, spec.state_dim, spec.value_dim,
+                           spec.rank)
+    lp = spec.lp_dtype
+    seed_scales = spec.formula == "whole_op_seed"
+    bias_scale = 8.0 if seed_scales else 1.0
+    proj_scale = 4.0 if seed_scales else float(R)
+    x = {}
+    x["Q"] = _normal((B, S, R, G, N), gen).to(lp)
+    x["K"] = _normal((B, S, R, G, N), gen).to(lp)
+    x["V"] = _normal((B, S, H, P), gen).to(lp)
+    x["Q_bias"] = _normal((H, R, N), gen) / bias_scale
+    x["K_bias"] = _normal((H, R, N), gen) / bias_scale
+    x["MIMO_V"] = _normal((H, R, P), gen) / proj_scale
+    x["MIMO_Z"] = (_normal((H, R, P), gen) / (4.0 if seed_scales else 1.0)) if spec.has_z else None
+    x["MIMO_Out"] = _normal((H, R, P), gen) / proj_scale if spec.reduce_o else None
+    x["D"] = _normal((H,), gen) / (8.0 if seed_scales else 1.0) if spec.has_d else None
+    x["Z"] = _normal((B, S, H, P), gen).to(lp) if spec.has_z else None
+    dt = exact_random.softplus(_normal((B, H, S), gen).to(torch.float64) - 3.0)
+    x["DT"] = dt.to(torch.float32)
+    x["ADT"] = (-x["DT"].to(torch.float64) * (exact_random.uniform((B, H, S), gen) + 0.5)).to(torch.float32)
+    x["Trap"] = _normal((B, H, S), gen).to(lp)
+    x["Angles"] = (2.0 * exact_random.uniform((B, S, H, N // spec.rotary_dim_divisor), gen)).to(torch.float32)
+    x["dout"] = _normal((B, S, H, P) if spec.reduce_o else (B, S, R, H, P), gen).to(lp)
+    out = {name: (None if x[name] is None else x[name].contiguous().to(device)) for name in OP_INPUT_NAMES}
+    out["dout"] = x["dout"].contiguous().to(device)
+    out["chunk_size"] = spec.chunk_size
+    out["rotary_dim_divisor"] = spec.rotary_dim_divisor
+    return out

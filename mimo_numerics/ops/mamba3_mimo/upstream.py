@@ -1,0 +1,218 @@
+"""Upstream oracle of the whole op: mamba-ssm's own ``mamba3_mimo`` run forward and backward on CUDA, with the
+outputs of every kernel of its chain captured as the chain produces them.
+
+The files are loaded below stub packages exactly as :mod:`mimo_numerics.upstream` loads stage 1 (no
+``mamba_ssm/__init__.py`` is executed; :data:`FILES` lists them with their sha256 in ``mamba-ssm==2.3.2.post1``).
+:func:`run_whole_op` calls ``mamba3_mimo(...)`` and ``Out.backward(dout)`` once; while it runs, the module globals
+through which upstream's chain calls its kernels are wrapped so that each kernel's outputs are copied right after it
+returns (before anything downstream changes them in place, such as ``ddA += ...``):
+
+* ``pre``: ``angle_dt_fwd`` (``angles_cumsum``) and ``compute_dacs_segsum_triton`` (``da_cs``, ``da_cs_rev``,
+  ``segsum``; the backward's recomputation is checked to give the same bits);
+* ``fwd``: ``mamba_mimo_forward`` (``o``);
+* ``bwd_fwd``: the stage-1 TileLang kernel ``mamba_mimo_bwd_fwd`` (``dmimo_o`` and ``dmimo_z`` per batch, ``states``,
+  ``dz``, ``qk_dot``), read from its output buffers;
+* ``bwd_bwd``: the stage-2 kernel ``mamba_mimo_bwd_bwd`` (``dq``, ``dk`` ``[B, S, R, H, N]``, ``dv``, ``dmimo_v``,
+  ``dD``, ``dangles``, ``dfactor``, ``dgamma_diag``, ``ddA``, ``dSSdA``, ``ddA_cs_rev``, ``ddA_cs``), plus
+  ``states_unchanged`` / ``qk_dot_unchanged`` (stage 2 did not write its stage-1 inputs);
+* ``post``: ``bwd_dtrap_ddt_triton`` (``ddt_core``, ``dtrap``), the final ``dADT``, ``angle_dt_bwd``
+  (``dAngles``, ``dDT_angle``) and ``dDT``;
+* ``autograd``: ``Out`` and the 14 input gradients.
+
+This is the format of ``shared/golden/upstream_h200_full_op_cases.pt``. Upstream refusals (a tail S % C != 0 in the
+backward, 1 < G < H, a compile failure) are caught and recorded; with ``backward=False`` only the forward runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from ... import upstream as _stage1_upstream
+from .cases import OP_INPUT_NAMES
+
+_ROOT_T = "mamba_ssm/ops/tilelang/mamba3/"
+_ROOT_TR = "mamba_ssm/ops/triton/mamba3/"
+#: The upstream files of the whole op in import order: (module, path in the sdist, sha256 in 2.3.2.post1).
+FILES = (
+    ("mamba_ssm.ops.triton.mamba3.utils", _ROOT_TR + "utils.py",
+     "9d93fd772c7f256f517e75445261773e469cfeddb8bb76c1f8f16e9feabb3c13"),
+    ("mamba_ssm.ops.triton.mamba3.mamba3_mimo_utils", _ROOT_TR + "mamba3_mimo_utils.py",
+     "efbdd750f53c67fd882ffe7a3af3d51ac4aaa341e764e0efa92ce8ea51c27b7c"),
+    ("mamba_ssm.ops.triton.mamba3.angle_dt", _ROOT_TR + "angle_dt.py",
+     "7d99f8cff37371cfbfe9d4dd36f17a16135fb07f2c6e14add3ad4dd5c0034e2e"),
+    ("mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_fwd", _ROOT_T + "mamba3_mimo_fwd.py",
+     "8bd934f3ebbad4b92df99726c67dec323f3f1ebc54c98fb0b89fc5037901e7a4"),
+    ("mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_fwd_varlen", _ROOT_T + "mamba3_mimo_fwd_varlen.py",
+     "f65c5c576f2043ff9d1411ef696411fcb1efd8976328368fb4d557dfd3d78d73"),
+    ("mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_bwd", _ROOT_T + "mamba3_mimo_bwd.py",
+     "76d0146c3c800f80597bf148c922b3d19cb55c1fe8d67f1c6d0ca8a834c752bd"),
+    ("mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_bwd_varlen", _ROOT_T + "mamba3_mimo_bwd_varlen.py",
+     "3f025e0dc2932fd4db66bae9bb048a50082c7ab65bd70e7d7c03d583c8c424e6"),
+    ("mamba_ssm.ops.tilelang.mamba3.mamba3_mimo", _ROOT_T + "mamba3_mimo.py",
+     "c7b0c9e0073747493f629adbfd76ee892f4785223a7e35e2adc07008cec0d45a"),
+)
+_OP = "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo"
+_BWD = "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_bwd"
+
+# Positions of the buffers in upstream's kernel calls (mamba_mimo_bwd_combined, mamba3_mimo_bwd.py 1221-1310).
+_STAGE1_OUTPUTS = {"dmimo_o": 8, "states": 9, "dz": 12, "dmimo_z": 13, "qk_dot": 20}
+_STAGE2_OUTPUTS = {"dk": 8, "dv": 9, "dmimo_v": 10, "dq": 12, "dfactor": 20, "dgamma_diag": 21, "dangles": 22,
+                   "dD": 24, "ddA": 26, "dSSdA": 27, "ddA_cs_rev": 28, "ddA_cs": 29}
+_STAGE2_INPUTS_KEPT = {"states": 11, "qk_dot": 25}
+
+
+def load(source_dir=None, *, check_hash: bool = True) -> Dict[str, Any]:
+    """The upstream modules of :data:`FILES` by name (see :func:`mimo_numerics.upstream.load_upstream_files`)."""
+    files = tuple((name, path, digest if check_hash else None) for name, path, digest in FILES)
+    return _stage1_upstream.load_upstream_files(files, source_dir)
+
+
+def _cpu(x):
+    return None if x is None else x.detach().to("cpu", copy=True)
+
+
+@contextlib.contextmanager
+def _patched(module, name: str, wrapper_factory: Callable[[Callable], Callable]):
+    original = getattr(module, name)
+    setattr(module, name, wrapper_factory(original))
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def _kernel_capture(record: dict, key: str, outputs: Dict[str, int], kept: Optional[Dict[str, int]] = None,
+                    reshape: Optional[Callable[[str, torch.Tensor], torch.Tensor]] = None):
+    """A wrapper of a TileLang kernel factory whose kernels copy their output buffers into ``record[key]``."""
+    def wrap_factory(factory):
+        def factory_wrapper(*args, **kwargs):
+            kernel = factory(*args, **kwargs)
+
+            def kernel_wrapper(*kargs):
+                before = {n: kargs[i].detach().clone() for n, i in (kept or {}).items()}
+                result = kernel(*kargs)
+                torch.cuda.synchronize()
+                got = {}
+                for n, i in outputs.items():
+                    t = kargs[i]
+                    got[n] = None if t is None else _cpu(reshape(n, t) if reshape else t)
+                for n, t in before.items():
+                    got[f"{n}_unchanged"] = torch.tensor(bool(torch.equal(t, kargs[_STAGE2_INPUTS_KEPT[n]])))
+                record.setdefault(key, got)
+                return result
+            return kernel_wrapper
+        return factory_wrapper
+    return wrap_factory
+
+
+def _call_capture(record: dict, key: str, convert: Callable[[Any], dict]):
+    """A wrapper of a Python-level upstream function that stores ``convert(result)`` in ``record[key]`` (first call;
+    later calls are compared with it and ``record["mismatch"]`` names any that differ)."""
+    def wrap(fn):
+        def wrapper(*args, **kwargs):
+            result = fn(*args, **kwargs)
+            got = {n: _cpu(t) for n, t in convert(result).items()}
+            if key in record:
+                same = all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+                           for a, b in ((record[key].get(n), got[n]) for n in got))
+                if not same:
+                    record.setdefault("mismatch", []).append(key)
+            else:
+                record[key] = got
+            return result
+        return wrapper
+    return wrap
+
+
+def run_whole_op(inputs: Dict[str, Any], *, backward: bool = True, source_dir=None) -> Dict[str, Any]:
+    """Run upstream's ``mamba3_mimo`` on ``inputs`` (a :func:`cases.make_op_inputs` dict or a golden ``inputs``
+    entry, on any device: copied to CUDA) and return the golden-format dict (module docstring) on the CPU.
+
+    Returns:
+        dict: ``autograd``, ``pre``, ``fwd``, ``bwd_fwd``, ``bwd_bwd``, ``post`` (those that ran) and, where upstream
+        refused, ``refused`` (``{"forward" | "backward": message}``).
+    """
+    modules = load(source_dir)
+    op, bwd = modules[_OP], modules[_BWD]
+    dev = torch.device("cuda")
+    x = {n: (None if inputs[n] is None else inputs[n].detach().to(dev).requires_grad_(
+        backward and inputs[n].is_floating_point())) for n in OP_INPUT_NAMES}
+    dout = inputs["dout"].to(dev)
+    C, divisor = int(inputs["chunk_size"]), int(inputs["rotary_dim_divisor"])
+    dtype = x["Q"].dtype
+    record: Dict[str, Any] = {}
+    B, S, R, G, N = x["Q"].shape
+
+    def qk_layout(name, t):
+        return t.reshape(B, S, R, -1, N) if name in ("dq", "dk") else t
+
+    patches = [
+        (op, "angle_dt_fwd", _call_capture(record, "pre_angles", lambda r: {"angles_cumsum": r[0]})),
+        (op, "compute_dacs_segsum_triton", _call_capture(
+            record, "pre_dacs", lambda r: {"da_cs": r[0], "da_cs_rev": r[1], "segsum": r[2]})),
+        (op, "mamba_mimo_forward", _call_capture(record, "fwd", lambda r: {"o": r[0]})),
+        (op, "angle_dt_bwd", _call_capture(record, "post_angles", lambda r: {"dAngles": r[0], "dDT_angle": r[1]})),
+        (op, "mamba_mimo_bwd_combined", _call_capture(
+            record, "post_combined", lambda r: {"dADT": r[3], "ddt_core": r[4], "dtrap": r[5]})),
+        (bwd, "mamba_mimo_bwd_fwd", _kernel_capture(record, "bwd_fwd", _STAGE1_OUTPUTS)),
+        (bwd, "mamba_mimo_bwd_bwd", _kernel_capture(record, "bwd_bwd", _STAGE2_OUTPUTS, _STAGE2_INPUTS_KEPT,
+                                                    qk_layout)),
+    ]
+    refused: Dict[str, str] = {}
+    grads: Dict[str, Optional[torch.Tensor]] = {}
+    with contextlib.ExitStack() as stack:
+        for module, name, factory in patches:
+            stack.enter_context(_patched(module, name, factory))
+        args = [x[n] for n in OP_INPUT_NAMES]
+        try:
+            out = op.mamba3_mimo(*args, C, divisor, dtype)
+            torch.cuda.synchronize()
+        except Exception as exc:  # an upstream refusal or compile failure: recorded, not raised
+            refused["forward"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:2000]}"
+            out = None
+        if out is not None and backward:
+            try:
+                out.backward(dout)
+                torch.cuda.synchronize()
+                grads = {"d" + n: _cpu(x[n].grad) if x[n] is not None else None for n in OP_INPUT_NAMES}
+            except Exception as exc:
+                refused["backward"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:2000]}"
+    result: Dict[str, Any] = {}
+    if out is not None:
+        result["autograd"] = {"Out": _cpu(out), **grads}
+        result["fwd"] = record.get("fwd")
+        result["pre"] = {**record.get("pre_angles", {}), **record.get("pre_dacs", {})}
+    if grads:
+        for key in ("bwd_fwd", "bwd_bwd"):
+            result[key] = record.get(key)
+        post = {**record.get("post_combined", {}), **record.get("post_angles", {})}
+        post["dDT"] = grads.get("dDT")
+        result["post"] = {n: post.get(n) for n in ("ddt_core", "dtrap", "dADT", "dAngles", "dDT_angle", "dDT")}
+    if refused:
+        result["refused"] = refused
+    if record.get("mismatch"):
+        result["recompute_mismatch"] = list(record["mismatch"])
+    return result
+
+
+def identical(a: Any, b: Any) -> List[str]:
+    """Paths of the tensors that differ between two :func:`run_whole_op` results (empty: bit-identical)."""
+    bad = []
+    for section in sorted(set(a) | set(b)):
+        sa, sb = a.get(section), b.get(section)
+        if not isinstance(sa, dict) or not isinstance(sb, dict):
+            if sa != sb:
+                bad.append(section)
+            continue
+        for name in sorted(set(sa) | set(sb)):
+            ta, tb = sa.get(name), sb.get(name)
+            if isinstance(ta, torch.Tensor) and isinstance(tb, torch.Tensor):
+                if ta.dtype != tb.dtype or ta.shape != tb.shape or not torch.equal(
+                        ta.view(-1).view(torch.uint8), tb.view(-1).view(torch.uint8)):
+                    bad.append(f"{section}.{name}")
+            elif ta is not tb and ta != tb:
+                bad.append(f"{section}.{name}")
+    return bad
