@@ -110,13 +110,15 @@ def _resolve_policy(text: str):
         raise CliError(str(exc), "mimo-numerics presets lists the preset names; a file must end in .json") from None
 
 
-def _import_device_support(device: str) -> None:
-    if device.startswith("npu"):
-        try:
-            import torch_npu  # noqa: F401
-        except ImportError:
-            raise CliError(f"--device {device}: torch_npu is not installed",
-                           "on an Ascend machine: pip install 'mimo_numerics[npu]'") from None
+def _check_device(device: str) -> None:
+    """One line naming ``--device`` when torch cannot run on it here (checked once, before any case runs)."""
+    from .testing import DeviceUnavailableError, check_device
+
+    try:
+        check_device(device)
+    except DeviceUnavailableError as exc:
+        hint = exc.hint.replace("run on cpu", "run with --device cpu", 1)
+        raise CliError(f"--device {device}: {exc.reason}", hint) from None
 
 
 class _Progress:
@@ -233,7 +235,6 @@ def cmd_run(args) -> int:
 
     backend = args.backend
     device = args.device or ("cuda" if backend == "upstream" else "cpu")
-    _import_device_support(device)
     if backend == "upstream":
         if args.policy is not None:
             raise CliError("--policy does not apply to --backend upstream (the real kernel has no policy)",
@@ -241,8 +242,10 @@ def cmd_run(args) -> int:
         from . import upstream
 
         upstream.check_cuda(device)
+        _check_device(device)
         base_policy = None
     else:
+        _check_device(device)
         base_policy = _resolve_policy(args.policy or "upstream_sm90")
     out = Path(args.out)
     if out.exists() and not args.overwrite:
