@@ -137,6 +137,28 @@ def test_run_upstream_without_cuda_is_one_line(tmp_path, capsys):
     assert code == 2 and "--policy does not apply" in err
 
 
+def _unusable_devices():
+    import importlib.util
+
+    devices = [("nonsense", "not a torch device"), ("meta", "meta tensors hold no values")]
+    if not torch.cuda.is_available():
+        devices += [("cuda", "torch has no CUDA device here"), ("cuda:1", "torch has no CUDA device here")]
+    if importlib.util.find_spec("torch_npu") is None:
+        devices.append(("npu", "torch_npu is not installed"))
+    return devices
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("device,reason", _unusable_devices())
+def test_run_on_a_device_that_is_not_here_is_one_line_before_any_case(backend, device, reason, tmp_path, capsys):
+    code, out, err = run_cli(capsys, "run", "--backend", backend, "--device", device, "--case", SMALL, "--out",
+                             str(tmp_path / "b"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"mimo-numerics: error: --device {device}: {reason}") and "(hint: " in err
+    assert "Traceback" not in err and "AssertionError" not in err and "1/1" not in err
+    assert not (tmp_path / "b").exists()
+
+
 def test_run_triton_refuses_a_policy_it_cannot_express(tmp_path, capsys):
     if _kernels_unusable():
         pytest.skip(_kernels_unusable())
