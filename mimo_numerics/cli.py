@@ -350,6 +350,63 @@ def _fmt(x: float) -> str:
     return "nan" if isinstance(x, float) and math.isnan(x) else f"{x:.3e}"
 
 
+def _bits(t):
+    import torch
+
+    view = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.detach().contiguous().view(view)
+
+
+def _input_difference(x, y) -> Optional[str]:
+    """Why two stored inputs differ (None when bit-identical): ``"values"``, ``"shape ..."``, ``"dtype ..."``."""
+    import torch
+
+    if x is None or y is None:
+        return None if x is None and y is None else ("absent in A" if x is None else "absent in B")
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        return None if x == y else f"{x!r} vs {y!r}"
+    if tuple(x.shape) != tuple(y.shape):
+        return f"shape {list(x.shape)} vs {list(y.shape)}"
+    if x.dtype != y.dtype:
+        return f"dtype {x.dtype} vs {y.dtype}".replace("torch.", "")
+    return None if torch.equal(_bits(x), _bits(y)) else "values"
+
+
+def _differing_inputs(ca, cb) -> List[str]:
+    """The inputs of one case that differ between two bundles, as ``name`` or ``name (why)``."""
+    from .outputs import INPUT_NAMES
+
+    names = list(INPUT_NAMES) + sorted((set(ca.inputs) | set(cb.inputs)) - set(INPUT_NAMES))
+    found = []
+    for name in names:
+        why = _input_difference(ca.inputs.get(name), cb.inputs.get(name))
+        if why is not None:
+            found.append(name if why == "values" else f"{name} ({why})")
+    return found
+
+
+def _zero_sign_fraction(a, b) -> float:
+    """Fraction of elements where ``a`` and ``b`` are both zero with opposite signs (-0 vs +0); nan if not
+    comparable (other shape or dtype)."""
+    import torch
+
+    if a is None or b is None or a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape) or a.numel() == 0:
+        return math.nan
+    opposite = (a == 0) & (b == 0) & (torch.signbit(a) != torch.signbit(b))
+    return float(opposite.double().mean())
+
+
+def _zero_sign_note(output: str, m: dict) -> Optional[str]:
+    """``note: 0.39 % of dz differ only in the sign of zero ...`` when some elements do, else None."""
+    zero = m.get("zero_sign_fraction", math.nan)
+    if math.isnan(zero) or zero == 0:
+        return None
+    text = f"note: {100 * zero:.2f} % of {output} differ only in the sign of zero (-0 vs +0)"
+    if m["max_abs"] == 0:
+        return text + "; every value is equal (hence rel RMS and max abs 0)"
+    return text + "; the other differing elements differ in value"
+
+
 def cmd_compare(args) -> int:
     from .bundles import load_bundle
     from .metrics import compare_outputs
@@ -364,12 +421,15 @@ def cmd_compare(args) -> int:
     if not common:
         raise CliError("the bundles have no case in common", "compare bundles made from the same grid or inputs")
     differing = [n for n in common if a.case(n).inputs_digest != b.case(n).inputs_digest]
+    differing_tensors = {n: _differing_inputs(a.case(n), b.case(n)) for n in differing}
+    named = "; ".join(f"{n} ({', '.join(differing_tensors[n]) or 'same tensors, other digest'})"
+                      for n in differing[:3]) + ("; ..." if len(differing) > 3 else "")
     if differing and not args.allow_different_inputs:
-        raise CliError(f"inputs differ between the bundles for {len(differing)} case(s), e.g. {differing[0]}",
+        raise CliError(f"inputs differ between the bundles for {len(differing)} case(s): {named}",
                        "the outputs are not comparable; pass --allow-different-inputs to compare anyway")
     report: Dict[str, Any] = {"a": str(a.path), "b": str(b.path), "metric": args.metric,
                               "threshold": args.threshold, "cases": {}, "only_in_a": only_a, "only_in_b": only_b,
-                              "inputs_differ": differing}
+                              "inputs_differ": differing, "inputs_differ_tensors": differing_tensors}
     failures: List[str] = []
     header = f"{'case':<52} {'output':<8} {'rel_rms':>10} {'max_abs':>10} {'max_rel':>10} {'bit_equal':>9}"
     print(header)
@@ -393,6 +453,8 @@ def cmd_compare(args) -> int:
         for output, m in metrics.items():
             if m is None:
                 continue
+            a_out, b_out = getattr(ca.outputs, output), getattr(cb.outputs, output)
+            m["zero_sign_fraction"] = _zero_sign_fraction(b_out, a_out)
             bit = "n/a" if math.isnan(m["bit_equal_fraction"]) else f"{100 * m['bit_equal_fraction']:.2f}%"
             flag = ""
             if args.threshold is not None and not m[args.metric] <= args.threshold:
@@ -400,11 +462,14 @@ def cmd_compare(args) -> int:
                 failures.append(f"{name}/{output}: {args.metric} {_fmt(m[args.metric])}")
             print(f"{name:<52} {output:<8} {_fmt(m['rel_rms']):>10} {_fmt(m['max_abs']):>10} "
                   f"{_fmt(m['max_rel']):>10} {bit:>9}{flag}")
+            note = _zero_sign_note(output, m)
+            if note:
+                print(f"  {note}")
     for side, names in (("A", only_a), ("B", only_b)):
         for n in names:
             print(f"{n:<52} only in {side}")
     if differing:
-        print(f"warning: inputs differ for {len(differing)} case(s) (--allow-different-inputs)")
+        print(f"warning: inputs differ for {len(differing)} case(s) (--allow-different-inputs): {named}")
     missing = (only_a or only_b) and not args.allow_missing
     if missing:
         failures.append(f"{len(only_a) + len(only_b)} case(s) present in only one bundle")

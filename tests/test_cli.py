@@ -206,12 +206,44 @@ def test_compare_refuses_different_inputs(golden_bundle, tmp_path, capsys):
         q.view(-1)[0] = -q.view(-1)[0]
         return case.replace(inputs=dict(case.inputs, q=q))
 
+    def other_q_and_dt(case):
+        case = other_inputs(case)
+        return case.replace(inputs=dict(case.inputs, dt=case.inputs["dt"] * 2))
+
     a = _variant(golden_bundle, tmp_path, "a", lambda c: c)
     b = _variant(golden_bundle, tmp_path, "b", other_inputs)
     code, _, err = run_cli(capsys, "compare", str(a), str(b))
     assert code == 2 and "inputs differ" in err and "--allow-different-inputs" in err
+    assert "for 1 case(s): seed_gqa (q)" in err  # the tensor that differs, not only the case
     code, text, _ = run_cli(capsys, "compare", str(a), str(b), "--allow-different-inputs")
-    assert code == 0 and "warning: inputs differ for 1 case(s)" in text
+    assert code == 0 and "warning: inputs differ for 1 case(s) (--allow-different-inputs): seed_gqa (q)" in text
+    c = _variant(golden_bundle, tmp_path, "c", other_q_and_dt)
+    code, _, err = run_cli(capsys, "compare", str(a), str(c))
+    assert code == 2 and "seed_gqa (q, dt)" in err
+
+
+def test_compare_explains_bits_that_differ_only_in_the_sign_of_zero(golden_bundle, tmp_path, capsys):
+    """-0 against +0: rel RMS and max abs are 0 while the bit-equal fraction is below 100 %; compare says why."""
+    def zeros(sign):
+        def edit(case):
+            dz = case.outputs.dz.clone()
+            dz.view(-1)[:3] = sign * 0.0
+            return case.replace(outputs=case.outputs._replace(dz=dz))
+        return edit
+
+    a = _variant(golden_bundle, tmp_path, "a", zeros(1.0))
+    b = _variant(golden_bundle, tmp_path, "b", zeros(-1.0))
+    code, text, _ = run_cli(capsys, "compare", str(a), str(b), "--json", str(tmp_path / "m.json"))
+    assert code == 0, text
+    numel = load_bundle(a).case("seed_gqa").outputs.dz.numel()
+    row = next(line for line in text.splitlines() if line.startswith("seed_gqa") and " dz " in line)
+    assert "0.000e+00  0.000e+00" in row and "100.00%" not in row
+    assert (f"note: {100 * 3 / numel:.2f} % of dz differ only in the sign of zero (-0 vs +0); every value is equal"
+            in text)
+    assert text.count("sign of zero") == 1  # the other outputs and the other case are bit-equal
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["cases"]["seed_gqa"]["dz"]["zero_sign_fraction"] == pytest.approx(3 / numel)
+    assert metrics["cases"]["seed_gqa"]["states"]["zero_sign_fraction"] == 0
 
 
 def test_compare_reports_skipped_cases(golden_bundle, tmp_path, capsys):
