@@ -674,7 +674,11 @@ def _run_report(argv: Sequence[str]) -> int:
                        "update mimo_numerics (report.py is part of the package)") from None
     parser = argparse.ArgumentParser(prog=f"{PROG} report", description="Write a report (mimo_numerics.report).")
     report.add_report_arguments(parser)
-    return int(report.run_report(parser.parse_args(list(argv))) or 0)
+    args = parser.parse_args(list(argv))
+    try:
+        return int(report.run_report(args) or 0)
+    except report.ReportError as exc:
+        raise CliError(str(exc), exc.hint) from exc
 
 
 def _hint_for(exc: BaseException) -> str:
@@ -690,6 +694,8 @@ def _hint_for(exc: BaseException) -> str:
         return "pass --overwrite or choose another --out"
     if isinstance(exc, FileNotFoundError):
         return "check the path"
+    if isinstance(exc, (NotADirectoryError, IsADirectoryError, PermissionError)):
+        return "check the path and its permissions"
     name = type(exc).__name__
     if name in ("UpstreamUnavailable",):
         return "see docs/workflow.md (upstream on a GPU machine, offline wheel folder)"

@@ -54,6 +54,17 @@ FIGURES = ("fig_drift_by_stage.png", "fig_drift_along_sequence.png", "fig_sensit
            "fig_gap.png", "fig_inference.png")
 
 
+class ReportError(ValueError):
+    """A bad ``report`` argument; ``hint`` says what to give instead (``mimo-numerics: error: ... (hint: ...)``)."""
+
+    def __init__(self, message: str, hint: str = "mimo-numerics report --help describes the options"):
+        super().__init__(message)
+        self.hint = hint
+
+
+_CASE_HINT = "--case takes a golden case name, <grid>:<index>, a grid case_id, or a bundle DIR[::CASE]"
+
+
 @dataclass
 class ReportCase:
     """A case to report on: inputs, the device outputs when known, and where they come from."""
@@ -73,7 +84,8 @@ def _grid_case(name: str):
         if grid_name in _cases.grid_names() and index.isdigit():
             grid = _cases.grid(grid_name)
             if int(index) >= len(grid):
-                raise ValueError(f"grid {grid_name!r} has {len(grid)} cases; index {index} is out of range")
+                raise ReportError(f"--case {name}: grid {grid_name!r} has {len(grid)} cases; index {index} is out "
+                                  "of range", f"use {grid_name}:0 .. {grid_name}:{len(grid) - 1}")
             return grid[int(index)]
     for grid_name in _cases.grid_names():
         for spec in _cases.grid(grid_name):
@@ -95,8 +107,9 @@ def resolve_case(name: str) -> ReportCase:
     if (path / "manifest.json").is_file():
         runs = _drift.bundle_runs(path, bundle_case or None)
         if not runs:
-            raise ValueError(f"bundle {path} has no case with outputs" + (f" named {bundle_case!r}" if bundle_case
-                                                                           else ""))
+            raise ReportError(f"--case {name}: bundle {path} has no case with outputs"
+                              + (f" named {bundle_case!r}" if bundle_case else ""),
+                              "mimo-numerics verify DIR lists its cases; give DIR::CASE of a case with outputs")
         case_name, inputs, run, label = runs[0]
         outputs = {o: run.get(_drift.OUTPUT_PREFIX + o) for o in OUTPUT_NAMES}
         return ReportCase(f"{path.name}_{case_name}", inputs, outputs, label,
@@ -107,8 +120,11 @@ def resolve_case(name: str) -> ReportCase:
 
         return ReportCase(spec.case_id, make_inputs(spec), None, None,
                           f"grid case `{spec.case_id}` (no device outputs: the device is emulated)")
-    raise ValueError(f"unknown case {name!r}: give a golden case ({', '.join(_golden.golden_names())}), "
-                     f"<grid>:<index>, a CaseSpec case_id of a grid, or a bundle directory")
+    if bundle_case or "/" in path_text or path.exists():
+        what = "is not a bundle (no manifest.json)" if path.exists() else "does not exist"
+        raise ReportError(f"--case {name}: {path} {what}", _CASE_HINT)
+    raise ReportError(f"--case {name}: unknown case; golden cases are {', '.join(_golden.golden_names())}",
+                      _CASE_HINT)
 
 
 def default_out_dir(case_name: str, root: Path = Path("reports")) -> Path:
@@ -327,26 +343,35 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """Run the report for parsed ``args`` (from :func:`add_report_arguments`); returns the exit status."""
+    """Run the report for parsed ``args`` (from :func:`add_report_arguments`); returns 0.
+
+    Raises:
+        ReportError: a bad ``--case`` or ``--policies`` (``mimo-numerics`` prints it as its one-line error).
+    """
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise ReportError("--policies is empty", "give comma-separated preset names, e.g. fp32,seed_bf16")
+    for policy in policies:
+        try:
+            _presets.resolve(policy)
+        except (ValueError, TypeError, OSError) as exc:
+            raise ReportError(f"--policies {policy}: {exc}",
+                              "mimo-numerics presets lists the preset names; a policy file must end in .json") \
+                from None
     log = None if args.quiet else (lambda message: print(f"report: {message}", file=sys.stderr, flush=True))
-    try:
-        out = build_report(args.case, args.out, policies, args.baseline, infer=not args.no_inference, log=log)
-    except (ValueError, KeyError, FileNotFoundError) as exc:
-        print(f"report: error: {exc}", file=sys.stderr)
-        return 2
+    out = build_report(args.case, args.out, policies, args.baseline, infer=not args.no_inference, log=log)
     print(out)
     return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m mimo_numerics.report``."""
+    """``python -m mimo_numerics.report``: the same as ``mimo-numerics report`` (errors in its one-line format)."""
     import matplotlib
 
+    from . import cli
+
     matplotlib.use("Agg")
-    parser = argparse.ArgumentParser(prog="python -m mimo_numerics.report", description=__doc__.split("\n\n")[0])
-    add_report_arguments(parser)
-    return run_report(parser.parse_args(argv))
+    return cli.main(["report", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

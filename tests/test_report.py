@@ -66,11 +66,37 @@ def test_report_arguments_and_errors(tmp_path, capsys):
     args = parser.parse_args([])
     assert args.case == report.DEFAULT_CASE and args.out is None and args.baseline == "fp64"
     bad = parser.parse_args(["--case", "no_such_case", "--out", str(tmp_path / "x")])
-    assert report.run_report(bad) == 2
-    assert "unknown case" in capsys.readouterr().err
+    with pytest.raises(report.ReportError, match="unknown case") as excinfo:
+        report.run_report(bad)
+    assert isinstance(excinfo.value, ValueError) and "--case takes" in excinfo.value.hint
     assert report.default_out_dir("seed_gqa").name.endswith("_seed_gqa")
     assert report.resolve_case("gate:0").device_outputs is None
     assert report.resolve_case(cases.grid("smoke")[1].case_id).name == cases.grid("smoke")[1].case_id
+
+
+@pytest.mark.parametrize("argv, message, hint", [
+    (["--case", "no_such_case"], "--case no_such_case: unknown case; golden cases are seed_", "--case takes"),
+    (["--case", "smoke:99"], "--case smoke:99: grid 'smoke' has 3 cases; index 99 is out of range", "smoke:0 .."),
+    (["--case", "missing_dir/b::x"], "--case missing_dir/b::x: missing_dir/b does not exist", "bundle DIR[::CASE]"),
+    (["--policies", "fp32,nope"], "--policies nope: unknown preset 'nope'", "mimo-numerics presets"),
+])
+def test_report_errors_use_the_cli_format(argv, message, hint, tmp_path, capsys, monkeypatch):
+    """``mimo-numerics report`` errors read like every other command's: one line, ``... (hint: ...)``."""
+    from mimo_numerics import cli
+
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["report", "--quiet", "--out", str(tmp_path / "r"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"mimo-numerics: error: {message}") and hint in err.split(" (hint: ", 1)[1]
+    assert not (tmp_path / "r").exists()
+
+
+def test_python_dash_m_report_errors_use_the_cli_format(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "mimo_numerics.report", "--case", "no_such_case", "--out",
+                           str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("mimo-numerics: error: --case no_such_case: unknown case") and "(hint: " in proc.stderr
 
 
 def test_report_case_from_a_bundle(tmp_path):
