@@ -216,6 +216,57 @@ def _backend_fn(backend: str, args):
     return run_upstream
 
 
+def _case_dims(spec, inputs):
+    """The ``Dims`` of a case, from its stored inputs or, for a spec, without drawing them."""
+    import torch
+
+    from .outputs import INPUT_NAMES
+    from .validation import Dims, validate_inputs
+
+    if inputs is not None:
+        return validate_inputs(*(inputs[n] for n in INPUT_NAMES), inputs["chunk_size"], inputs["rotary_dim_divisor"])
+    return Dims(batch=spec.batch, seqlen=spec.seqlen, heads=spec.heads, groups=spec.groups, state_dim=spec.state_dim,
+                value_dim=spec.value_dim, rank=spec.rank, chunk_size=spec.chunk_size, nchunks=spec.nchunks,
+                rotary_dim_divisor=spec.rotary_dim_divisor, reduce_o=spec.reduce_o, has_z=spec.has_z,
+                has_d=spec.has_d, lp_dtype=spec.lp_dtype, device=torch.device("cpu"))
+
+
+def interpreter_estimate(found: Sequence[tuple]) -> tuple:
+    """``(total seconds, [(name, seconds)])``: the Triton interpreter's up-front estimate for every case of a run
+    (``kernels.estimate_interpreter_seconds``). Cases the kernels cannot plan (unsupported sizes; they fail with
+    their own message when run) count 0."""
+    from . import kernels
+
+    per_case = []
+    for name, spec, inputs in found:
+        try:
+            seconds = kernels.estimate_interpreter_seconds(_case_dims(spec, inputs))
+        except (ValueError, TypeError, NotImplementedError):
+            seconds = 0.0
+        per_case.append((name, seconds))
+    return sum(s for _, s in per_case), per_case
+
+
+def _check_interpreter_time(found: Sequence[tuple], args, progress) -> None:
+    """Print the run's interpreter estimate; refuse a run (or a case) above ``INTERPRETER_LIMIT_S`` unless
+    ``--allow-slow-interpreter``."""
+    from . import kernels
+
+    limit = kernels.INTERPRETER_LIMIT_S
+    total, per_case = interpreter_estimate(found)
+    slowest_name, slowest = max(per_case, key=lambda item: item[1])
+    refused = total > limit and not args.allow_slow_interpreter
+    if not args.quiet and not refused:
+        progress.note(f"note: --backend triton on cpu runs in Triton's interpreter: about {total:.0f} s estimated "
+                      f"for {len(found)} case(s) (slowest {slowest_name}: about {slowest:.0f} s)")
+    if refused:
+        raise CliError(f"--backend triton --device cpu: the {len(found)} case(s) would take about {total:.0f} s in "
+                       f"Triton's interpreter (estimate; the limit is {limit:.0f} s per run; slowest {slowest_name}: "
+                       f"about {slowest:.0f} s)",
+                       "pass --allow-slow-interpreter to run anyway, pick fewer cases with --only, or use --device "
+                       "cuda/npu")
+
+
 def _sync(device: str) -> None:
     import torch
 
@@ -262,6 +313,12 @@ def cmd_run(args) -> int:
         extra_meta["upstream_source"] = info
     name_of_device = envinfo.device_name(device)
     progress = _Progress(len(found), enabled=not args.quiet)
+    if backend == "triton":
+        from . import kernels
+
+        kernels.policy_constexprs(base_policy)  # a policy the kernels cannot express: refused before any case
+        if torch.device(device).type == "cpu":
+            _check_interpreter_time(found, args, progress)
     results = []
     adapted = set()
     for name, spec, inputs in found:
@@ -604,7 +661,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict-dtype", action="store_true",
                    help="refuse cases whose dtype differs from the policy's lp_dtype instead of adapting the policy")
     p.add_argument("--allow-slow-interpreter", action="store_true",
-                   help="triton on cpu: run cases the interpreter would take long on")
+                   help="triton on cpu: run even when the interpreter's estimate for the run (sum over its cases) "
+                        "is above the limit (INTERPRETER_LIMIT_S of mimo_numerics.kernels)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
 

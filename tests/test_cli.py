@@ -77,6 +77,7 @@ def test_run_triton_interpreter_smoke_matches_reference(smoke_reference, tmp_pat
     code, _, err = run_cli(capsys, "run", "--backend", "triton", "--policy", "upstream_sm90", "--grid", "smoke",
                            "--out", str(out))
     assert code == 0, err
+    assert "runs in Triton's interpreter: about" in err and "estimated for 3 case(s)" in err
     bundle = load_bundle(out)
     assert {c.backend for c in bundle} == {"triton"} and all(c.outputs is not None for c in bundle)
     code, text, _ = run_cli(capsys, "compare", str(smoke_reference), str(out), "--threshold", "1e-3", "--json",
@@ -157,6 +158,32 @@ def test_run_on_a_device_that_is_not_here_is_one_line_before_any_case(backend, d
     assert err.startswith(f"mimo-numerics: error: --device {device}: {reason}") and "(hint: " in err
     assert "Traceback" not in err and "AssertionError" not in err and "1/1" not in err
     assert not (tmp_path / "b").exists()
+
+
+def test_run_triton_on_cpu_estimates_the_whole_run_and_refuses_it_above_the_limit(tmp_path, capsys, monkeypatch):
+    """The interpreter's estimate applies to the run (sum over cases), not only per case: the sweep grid, whose
+    cases each pass the per-case limit, is refused up front unless --allow-slow-interpreter."""
+    reason = _kernels_unusable()
+    if reason:
+        pytest.skip(f"Triton backend unusable here: {reason}")
+    from mimo_numerics import cases, kernels
+
+    found = [(spec.case_id, spec, None) for spec in cases.grid("sweep")]
+    total, per_case = cli.interpreter_estimate(found)
+    assert all(seconds <= kernels.INTERPRETER_LIMIT_S for _, seconds in per_case)
+    assert total > kernels.INTERPRETER_LIMIT_S
+    assert total == pytest.approx(sum(s for _, s in per_case))
+    # refusal and override, on one small case under a lowered limit (so the test never runs a long case)
+    small_total, _ = cli.interpreter_estimate([("s", cli.parse_case_spec(SMALL), None)])
+    monkeypatch.setattr(kernels, "INTERPRETER_LIMIT_S", small_total / 2)
+    code, _, err = run_cli(capsys, "run", "--backend", "triton", "--case", SMALL, "--out", str(tmp_path / "a"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("mimo-numerics: error: --backend triton --device cpu: the 1 case(s) would take about")
+    assert "--allow-slow-interpreter" in err and "1/1" not in err and not (tmp_path / "a").exists()
+    code, _, err = run_cli(capsys, "run", "--backend", "triton", "--case", SMALL, "--out", str(tmp_path / "b"),
+                           "--allow-slow-interpreter")
+    assert code == 0, err
+    assert "estimated for 1 case(s)" in err and load_bundle(tmp_path / "b")[0].outputs is not None
 
 
 def test_run_triton_refuses_a_policy_it_cannot_express(tmp_path, capsys):
