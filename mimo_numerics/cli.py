@@ -248,8 +248,8 @@ def interpreter_estimate(found: Sequence[tuple]) -> tuple:
 
 
 def _check_interpreter_time(found: Sequence[tuple], args, progress) -> None:
-    """Print the run's interpreter estimate; refuse a run (or a case) above ``INTERPRETER_LIMIT_S`` unless
-    ``--allow-slow-interpreter``."""
+    """Print the run's interpreter estimate (sum over its cases); refuse the run above the kernels'
+    ``INTERPRETER_LIMIT_S`` unless ``--allow-slow-interpreter`` (the limit each case already had, now per run)."""
     from . import kernels
 
     limit = kernels.INTERPRETER_LIMIT_S

@@ -170,8 +170,9 @@ def plot_sensitivity(table: SensitivityTable, output: Optional[str] = None, top:
     With ``output`` None: each site's score (fraction of the policy's error it reproduces alone, mean over
     outputs) on a linear x axis, each bar labelled with its value (scores of 0.07 and 0.44 must not look alike, as
     they do on a log axis). With an output: its one-on and one-off errors (log x, errors span decades), with the
-    all-off floor and the full policy's error as vertical lines. Knob rows at the policy's own value (one-off = the policy itself) are left out unless
-    ``show_policy_values`` (``diag_mode`` is always shown: its one-on turns ``diag_accum`` on).
+    all-off floor and the full policy's error as vertical lines. Knob rows at the policy's own value (one-off = the
+    policy itself) are left out unless ``show_policy_values`` (``diag_mode`` is always shown: its one-on turns
+    ``diag_accum`` on).
     """
     rows = [r for r in table.ranked(output) if show_policy_values or r.kind == "switch" or r.site == "diag_mode"
             or r.value != getattr(table.policy, r.site)]

@@ -160,9 +160,9 @@ def mimo_gate(request, mimo_case, mimo_policy, mimo_device):
     """``mimo_gate(fn, **options)``: gate ``fn`` on this test's case under ``mimo_policy``; returns the report.
 
     Fails the test with the report's table (``report.failure_message()``, no traceback) when a gate fails; skips
-    the test when the gate skips the case. ``options`` go to ``mimo_numerics.testing.check_mamba_mimo_bwd_fwd`` (``alpha``, ``floor``,
-    ``tol_same``, ``noise_factor``, ``pass_policy``, ``dtype_mismatch``; ``policy``/``device`` override the
-    fixtures).
+    the test when the gate skips the case. ``options`` go to ``mimo_numerics.testing.check_mamba_mimo_bwd_fwd``
+    (``alpha``, ``floor``, ``tol_same``, ``noise_factor``, ``pass_policy``, ``dtype_mismatch``; ``policy``/``device``
+    override the fixtures).
     """
 
     def gate(fn, **options):

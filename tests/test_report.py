@@ -141,7 +141,8 @@ def test_python_dash_m_report_errors_use_the_cli_format(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mimo_numerics.report", "--case", "no_such_case", "--out",
                            str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
-    assert proc.stderr.startswith("mimo-numerics: error: --case no_such_case: unknown case") and "(hint: " in proc.stderr
+    assert proc.stderr.startswith("mimo-numerics: error: --case no_such_case: unknown case")
+    assert "(hint: " in proc.stderr
 
 
 def test_report_case_from_a_bundle(tmp_path):
