@@ -110,13 +110,15 @@ def _resolve_policy(text: str):
         raise CliError(str(exc), "mimo-numerics presets lists the preset names; a file must end in .json") from None
 
 
-def _import_device_support(device: str) -> None:
-    if device.startswith("npu"):
-        try:
-            import torch_npu  # noqa: F401
-        except ImportError:
-            raise CliError(f"--device {device}: torch_npu is not installed",
-                           "on an Ascend machine: pip install 'mimo_numerics[npu]'") from None
+def _check_device(device: str) -> None:
+    """One line naming ``--device`` when torch cannot run on it here (checked once, before any case runs)."""
+    from .testing import DeviceUnavailableError, check_device
+
+    try:
+        check_device(device)
+    except DeviceUnavailableError as exc:
+        hint = exc.hint.replace("run on cpu", "run with --device cpu", 1)
+        raise CliError(f"--device {device}: {exc.reason}", hint) from None
 
 
 class _Progress:
@@ -214,6 +216,57 @@ def _backend_fn(backend: str, args):
     return run_upstream
 
 
+def _case_dims(spec, inputs):
+    """The ``Dims`` of a case, from its stored inputs or, for a spec, without drawing them."""
+    import torch
+
+    from .outputs import INPUT_NAMES
+    from .validation import Dims, validate_inputs
+
+    if inputs is not None:
+        return validate_inputs(*(inputs[n] for n in INPUT_NAMES), inputs["chunk_size"], inputs["rotary_dim_divisor"])
+    return Dims(batch=spec.batch, seqlen=spec.seqlen, heads=spec.heads, groups=spec.groups, state_dim=spec.state_dim,
+                value_dim=spec.value_dim, rank=spec.rank, chunk_size=spec.chunk_size, nchunks=spec.nchunks,
+                rotary_dim_divisor=spec.rotary_dim_divisor, reduce_o=spec.reduce_o, has_z=spec.has_z,
+                has_d=spec.has_d, lp_dtype=spec.lp_dtype, device=torch.device("cpu"))
+
+
+def interpreter_estimate(found: Sequence[tuple]) -> tuple:
+    """``(total seconds, [(name, seconds)])``: the Triton interpreter's up-front estimate for every case of a run
+    (``kernels.estimate_interpreter_seconds``). Cases the kernels cannot plan (unsupported sizes; they fail with
+    their own message when run) count 0."""
+    from . import kernels
+
+    per_case = []
+    for name, spec, inputs in found:
+        try:
+            seconds = kernels.estimate_interpreter_seconds(_case_dims(spec, inputs))
+        except (ValueError, TypeError, NotImplementedError):
+            seconds = 0.0
+        per_case.append((name, seconds))
+    return sum(s for _, s in per_case), per_case
+
+
+def _check_interpreter_time(found: Sequence[tuple], args, progress) -> None:
+    """Print the run's interpreter estimate (sum over its cases); refuse the run above the kernels'
+    ``INTERPRETER_LIMIT_S`` unless ``--allow-slow-interpreter`` (the limit each case already had, now per run)."""
+    from . import kernels
+
+    limit = kernels.INTERPRETER_LIMIT_S
+    total, per_case = interpreter_estimate(found)
+    slowest_name, slowest = max(per_case, key=lambda item: item[1])
+    refused = total > limit and not args.allow_slow_interpreter
+    if not args.quiet and not refused:
+        progress.note(f"note: --backend triton on cpu runs in Triton's interpreter: about {total:.0f} s estimated "
+                      f"for {len(found)} case(s) (slowest {slowest_name}: about {slowest:.0f} s)")
+    if refused:
+        raise CliError(f"--backend triton --device cpu: the {len(found)} case(s) would take about {total:.0f} s in "
+                       f"Triton's interpreter (estimate; the limit is {limit:.0f} s per run; slowest {slowest_name}: "
+                       f"about {slowest:.0f} s)",
+                       "pass --allow-slow-interpreter to run anyway, pick fewer cases with --only, or use --device "
+                       "cuda/npu")
+
+
 def _sync(device: str) -> None:
     import torch
 
@@ -233,7 +286,6 @@ def cmd_run(args) -> int:
 
     backend = args.backend
     device = args.device or ("cuda" if backend == "upstream" else "cpu")
-    _import_device_support(device)
     if backend == "upstream":
         if args.policy is not None:
             raise CliError("--policy does not apply to --backend upstream (the real kernel has no policy)",
@@ -241,8 +293,10 @@ def cmd_run(args) -> int:
         from . import upstream
 
         upstream.check_cuda(device)
+        _check_device(device)
         base_policy = None
     else:
+        _check_device(device)
         base_policy = _resolve_policy(args.policy or "upstream_sm90")
     out = Path(args.out)
     if out.exists() and not args.overwrite:
@@ -259,6 +313,12 @@ def cmd_run(args) -> int:
         extra_meta["upstream_source"] = info
     name_of_device = envinfo.device_name(device)
     progress = _Progress(len(found), enabled=not args.quiet)
+    if backend == "triton":
+        from . import kernels
+
+        kernels.policy_constexprs(base_policy)  # a policy the kernels cannot express: refused before any case
+        if torch.device(device).type == "cpu":
+            _check_interpreter_time(found, args, progress)
     results = []
     adapted = set()
     for name, spec, inputs in found:
@@ -347,6 +407,63 @@ def _fmt(x: float) -> str:
     return "nan" if isinstance(x, float) and math.isnan(x) else f"{x:.3e}"
 
 
+def _bits(t):
+    import torch
+
+    view = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.detach().contiguous().view(view)
+
+
+def _input_difference(x, y) -> Optional[str]:
+    """Why two stored inputs differ (None when bit-identical): ``"values"``, ``"shape ..."``, ``"dtype ..."``."""
+    import torch
+
+    if x is None or y is None:
+        return None if x is None and y is None else ("absent in A" if x is None else "absent in B")
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        return None if x == y else f"{x!r} vs {y!r}"
+    if tuple(x.shape) != tuple(y.shape):
+        return f"shape {list(x.shape)} vs {list(y.shape)}"
+    if x.dtype != y.dtype:
+        return f"dtype {x.dtype} vs {y.dtype}".replace("torch.", "")
+    return None if torch.equal(_bits(x), _bits(y)) else "values"
+
+
+def _differing_inputs(ca, cb) -> List[str]:
+    """The inputs of one case that differ between two bundles, as ``name`` or ``name (why)``."""
+    from .outputs import INPUT_NAMES
+
+    names = list(INPUT_NAMES) + sorted((set(ca.inputs) | set(cb.inputs)) - set(INPUT_NAMES))
+    found = []
+    for name in names:
+        why = _input_difference(ca.inputs.get(name), cb.inputs.get(name))
+        if why is not None:
+            found.append(name if why == "values" else f"{name} ({why})")
+    return found
+
+
+def _zero_sign_fraction(a, b) -> float:
+    """Fraction of elements where ``a`` and ``b`` are both zero with opposite signs (-0 vs +0); nan if not
+    comparable (other shape or dtype)."""
+    import torch
+
+    if a is None or b is None or a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape) or a.numel() == 0:
+        return math.nan
+    opposite = (a == 0) & (b == 0) & (torch.signbit(a) != torch.signbit(b))
+    return float(opposite.double().mean())
+
+
+def _zero_sign_note(output: str, m: dict) -> Optional[str]:
+    """``note: 0.39 % of dz differ only in the sign of zero ...`` when some elements do, else None."""
+    zero = m.get("zero_sign_fraction", math.nan)
+    if math.isnan(zero) or zero == 0:
+        return None
+    text = f"note: {100 * zero:.2f} % of {output} differ only in the sign of zero (-0 vs +0)"
+    if m["max_abs"] == 0:
+        return text + "; every value is equal (hence rel RMS and max abs 0)"
+    return text + "; the other differing elements differ in value"
+
+
 def cmd_compare(args) -> int:
     from .bundles import load_bundle
     from .metrics import compare_outputs
@@ -361,12 +478,15 @@ def cmd_compare(args) -> int:
     if not common:
         raise CliError("the bundles have no case in common", "compare bundles made from the same grid or inputs")
     differing = [n for n in common if a.case(n).inputs_digest != b.case(n).inputs_digest]
+    differing_tensors = {n: _differing_inputs(a.case(n), b.case(n)) for n in differing}
+    named = "; ".join(f"{n} ({', '.join(differing_tensors[n]) or 'same tensors, other digest'})"
+                      for n in differing[:3]) + ("; ..." if len(differing) > 3 else "")
     if differing and not args.allow_different_inputs:
-        raise CliError(f"inputs differ between the bundles for {len(differing)} case(s), e.g. {differing[0]}",
+        raise CliError(f"inputs differ between the bundles for {len(differing)} case(s): {named}",
                        "the outputs are not comparable; pass --allow-different-inputs to compare anyway")
     report: Dict[str, Any] = {"a": str(a.path), "b": str(b.path), "metric": args.metric,
                               "threshold": args.threshold, "cases": {}, "only_in_a": only_a, "only_in_b": only_b,
-                              "inputs_differ": differing}
+                              "inputs_differ": differing, "inputs_differ_tensors": differing_tensors}
     failures: List[str] = []
     header = f"{'case':<52} {'output':<8} {'rel_rms':>10} {'max_abs':>10} {'max_rel':>10} {'bit_equal':>9}"
     print(header)
@@ -390,6 +510,8 @@ def cmd_compare(args) -> int:
         for output, m in metrics.items():
             if m is None:
                 continue
+            a_out, b_out = getattr(ca.outputs, output), getattr(cb.outputs, output)
+            m["zero_sign_fraction"] = _zero_sign_fraction(b_out, a_out)
             bit = "n/a" if math.isnan(m["bit_equal_fraction"]) else f"{100 * m['bit_equal_fraction']:.2f}%"
             flag = ""
             if args.threshold is not None and not m[args.metric] <= args.threshold:
@@ -397,11 +519,14 @@ def cmd_compare(args) -> int:
                 failures.append(f"{name}/{output}: {args.metric} {_fmt(m[args.metric])}")
             print(f"{name:<52} {output:<8} {_fmt(m['rel_rms']):>10} {_fmt(m['max_abs']):>10} "
                   f"{_fmt(m['max_rel']):>10} {bit:>9}{flag}")
+            note = _zero_sign_note(output, m)
+            if note:
+                print(f"  {note}")
     for side, names in (("A", only_a), ("B", only_b)):
         for n in names:
             print(f"{n:<52} only in {side}")
     if differing:
-        print(f"warning: inputs differ for {len(differing)} case(s) (--allow-different-inputs)")
+        print(f"warning: inputs differ for {len(differing)} case(s) (--allow-different-inputs): {named}")
     missing = (only_a or only_b) and not args.allow_missing
     if missing:
         failures.append(f"{len(only_a) + len(only_b)} case(s) present in only one bundle")
@@ -536,7 +661,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict-dtype", action="store_true",
                    help="refuse cases whose dtype differs from the policy's lp_dtype instead of adapting the policy")
     p.add_argument("--allow-slow-interpreter", action="store_true",
-                   help="triton on cpu: run cases the interpreter would take long on")
+                   help="triton on cpu: run even when the interpreter's estimate for the run (sum over its cases) "
+                        "is above the limit (INTERPRETER_LIMIT_S of mimo_numerics.kernels)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
 
@@ -606,7 +732,11 @@ def _run_report(argv: Sequence[str]) -> int:
                        "update mimo_numerics (report.py is part of the package)") from None
     parser = argparse.ArgumentParser(prog=f"{PROG} report", description="Write a report (mimo_numerics.report).")
     report.add_report_arguments(parser)
-    return int(report.run_report(parser.parse_args(list(argv))) or 0)
+    args = parser.parse_args(list(argv))
+    try:
+        return int(report.run_report(args) or 0)
+    except report.ReportError as exc:
+        raise CliError(str(exc), exc.hint) from exc
 
 
 def _hint_for(exc: BaseException) -> str:
@@ -622,6 +752,8 @@ def _hint_for(exc: BaseException) -> str:
         return "pass --overwrite or choose another --out"
     if isinstance(exc, FileNotFoundError):
         return "check the path"
+    if isinstance(exc, (NotADirectoryError, IsADirectoryError, PermissionError)):
+        return "check the path and its permissions"
     name = type(exc).__name__
     if name in ("UpstreamUnavailable",):
         return "see docs/workflow.md (upstream on a GPU machine, offline wheel folder)"

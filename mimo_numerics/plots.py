@@ -46,6 +46,27 @@ def _positive_floor(values) -> float:
     return min(finite) / 10.0 if finite else 1e-12
 
 
+#: Where exact zeros sit on a log axis, as a factor below the smallest positive value.
+_ZERO_BAND = 30.0
+ZERO_LABEL = "0 (exact)"
+
+
+def _zero_level(values) -> float:
+    finite = [v for v in values if v is not None and np.isfinite(v) and v > 0]
+    return min(finite) / _ZERO_BAND if finite else 1.0
+
+
+def _mark_zero_level(ax, level: float) -> None:
+    """A dotted line and a ``0 (exact)`` tick at ``level`` of a log y axis, below a gap to the positive values."""
+    ax.autoscale_view()
+    top = ax.get_ylim()[1]
+    decades = [10.0 ** e for e in range(int(np.ceil(np.log10(level * 3))), int(np.floor(np.log10(top))) + 1)]
+    ax.axhline(level, color="gray", linestyle=":", linewidth=0.8)
+    ax.set_yticks(decades + [level], [f"$10^{{{int(round(np.log10(t)))}}}$" for t in decades] + [ZERO_LABEL])
+    ax.minorticks_off()
+    ax.set_ylim(level / 2.5, top)
+
+
 def save_figure(fig: Figure, path: Union[str, Path], dpi: int = 120) -> Path:
     """Write ``fig`` as a PNG (parent directories created) and return the path."""
     path = Path(path)
@@ -64,7 +85,7 @@ def plot_stage_drift(table: DriftTable, metric: str = "rel_rms", ax=None, title:
     stages = table.stages()
     data = table.pivot(metric)
     fig, ax = _axes(ax, (max(8.0, 0.42 * len(stages) + 2), 4.8))
-    floor = _positive_floor([v for run in data.values() for v in run.values()])
+    floor = _zero_level([v for run in data.values() for v in run.values()])
     x = np.arange(len(stages))
     zero_drawn = False
     for i, label in enumerate(table.labels()):
@@ -89,8 +110,9 @@ def plot_stage_drift(table: DriftTable, metric: str = "rel_rms", ax=None, title:
     if zero_drawn:
         from matplotlib.lines import Line2D
 
+        _mark_zero_level(ax, floor)
         handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="none", color="gray"))
-        labels.append("hollow: 0 (exact), drawn at the floor")
+        labels.append(f"hollow, on the {ZERO_LABEL} line: bit-identical")
     _legend_outside(ax, handles, labels)
     ax.set_title(title or "Error by stage")
     return fig
@@ -143,12 +165,14 @@ def plot_sequence_drift(drift: SequenceDrift, stages: Optional[Sequence[str]] = 
 # ---------------------------------------------------------------------------------------------- sensitivity
 def plot_sensitivity(table: SensitivityTable, output: Optional[str] = None, top: Optional[int] = None, ax=None,
                      title: Optional[str] = None, show_policy_values: bool = False) -> Figure:
-    """The sensitivity ranking as horizontal bars (log x).
+    """The sensitivity ranking as horizontal bars.
 
     With ``output`` None: each site's score (fraction of the policy's error it reproduces alone, mean over
-    outputs). With an output: its one-on and one-off errors, with the all-off floor and the full policy's error as
-    vertical lines. Knob rows at the policy's own value (one-off = the policy itself) are left out unless
-    ``show_policy_values`` (``diag_mode`` is always shown: its one-on turns ``diag_accum`` on).
+    outputs) on a linear x axis, each bar labelled with its value (scores of 0.07 and 0.44 must not look alike, as
+    they do on a log axis). With an output: its one-on and one-off errors (log x, errors span decades), with the
+    all-off floor and the full policy's error as vertical lines. Knob rows at the policy's own value (one-off = the
+    policy itself) are left out unless ``show_policy_values`` (``diag_mode`` is always shown: its one-on turns
+    ``diag_accum`` on).
     """
     rows = [r for r in table.ranked(output) if show_policy_values or r.kind == "switch" or r.site == "diag_mode"
             or r.value != getattr(table.policy, r.site)]
@@ -159,20 +183,20 @@ def plot_sensitivity(table: SensitivityTable, output: Optional[str] = None, top:
     y = np.arange(len(rows))
     labels = [r.label for r in rows]
     if output is None:
-        values = np.array([r.score for r in rows])
-        floor = _positive_floor(values)
+        values = np.array([r.score for r in rows], dtype=float)
         colors = ["tab:blue" if r.kind == "switch" else "tab:purple" for r in rows]
-        bars = ax.barh(y, np.where(values > 0, values, floor), color=colors)
-        for bar, v in zip(bars, values):
-            if v <= 0:
-                bar.set_hatch("//")
-                bar.set_facecolor("none")
-        ax.set_xlabel(f"score: fraction of {table.policy.name}'s error the site adds alone (mean over outputs)")
+        ax.barh(y, values, color=colors)
+        span = max(float(np.nanmax(np.abs(values))) if values.size else 0.0, 1e-12)
+        for yi, v in zip(y, values):
+            text = "0 (no effect)" if v == 0 else f"{v:.2g}"
+            ax.text(max(v, 0.0) + 0.01 * span, yi, text, va="center", ha="left", fontsize=7)
+        ax.set_xlim(min(0.0, float(np.nanmin(values)) * 1.1) if values.size else 0.0, 1.15 * span)
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_xlabel(f"score: fraction of {table.policy.name}'s error the site adds alone (mean over outputs; "
+                      "linear)")
         from matplotlib.patches import Patch
 
         handles = [Patch(color="tab:blue", label="switch on alone"), Patch(color="tab:purple", label="knob value")]
-        if (values <= 0).any():
-            handles.append(Patch(facecolor="none", hatch="//", edgecolor="black", label="0 (no effect), at floor"))
         ax.legend(handles=handles, fontsize=8, loc="lower right")
     else:
         on = np.array([r.one_on[output] for r in rows])
@@ -186,7 +210,7 @@ def plot_sensitivity(table: SensitivityTable, output: Optional[str] = None, top:
         ax.axvline(table.policy_error[output], color="black", linestyle=":", label=f"all of {table.policy.name}")
         ax.set_xlabel(f"relative RMS error of {output} vs {table.baseline}")
         _legend_outside(ax)
-    ax.set_xscale("log")
+        ax.set_xscale("log")
     ax.set_yticks(y)
     ax.set_yticklabels(labels, fontsize=8)
     ax.set_ylabel("site (switch, or knob=value)")

@@ -22,7 +22,8 @@ Selection, first match wins:
         ini ``mimo_grid`` > ``"gate"``.
     policy: ``--mimo-policy NAME|FILE.json`` > ``@pytest.mark.mimo_policy(NAME | RoundingPolicy | FILE.json)`` >
         ini ``mimo_policy`` > ``"upstream_sm90"``.
-    device: ``--mimo-device DEV`` > ini ``mimo_device`` > ``"cpu"``.
+    device: ``--mimo-device DEV`` > ini ``mimo_device`` > ``"cpu"``; checked at start-up (a usage error, not a
+        failure per test, when it cannot be used here: no CUDA, no ``torch_npu``, an unknown device).
 """
 
 from __future__ import annotations
@@ -74,6 +75,21 @@ def pytest_configure(config):
             _presets.resolve(policy)
         except (ValueError, TypeError, OSError, NotImplementedError) as exc:
             raise pytest.UsageError(f"--mimo-policy {policy!r}: {exc}") from None
+    _check_device_option(config)
+
+
+def _check_device_option(config) -> None:
+    """A usage error at start-up when the gate device cannot be used here (no CUDA, no torch_npu, a typo)."""
+    option = config.getoption("--mimo-device")
+    where = "--mimo-device" if option is not None else "ini mimo_device"
+    device = option if option is not None else _ini(config, "mimo_device")
+    if device is None:
+        return
+    try:
+        _testing.check_device(device)
+    except _testing.DeviceUnavailableError as exc:
+        hint = exc.hint.replace("run on cpu", "run with --mimo-device cpu", 1)
+        raise pytest.UsageError(f"{where} {device}: {exc.reason} (hint: {hint})") from None
 
 
 def _ini(config, name):
@@ -143,10 +159,10 @@ def mimo_device(request):
 def mimo_gate(request, mimo_case, mimo_policy, mimo_device):
     """``mimo_gate(fn, **options)``: gate ``fn`` on this test's case under ``mimo_policy``; returns the report.
 
-    Raises ``AssertionError`` with the per-output table when a gate fails; skips the test when the gate skips the
-    case. ``options`` go to ``mimo_numerics.testing.check_mamba_mimo_bwd_fwd`` (``alpha``, ``floor``,
-    ``tol_same``, ``noise_factor``, ``pass_policy``, ``dtype_mismatch``; ``policy``/``device`` override the
-    fixtures).
+    Fails the test with the report's table (``report.failure_message()``, no traceback) when a gate fails; skips
+    the test when the gate skips the case. ``options`` go to ``mimo_numerics.testing.check_mamba_mimo_bwd_fwd``
+    (``alpha``, ``floor``, ``tol_same``, ``noise_factor``, ``pass_policy``, ``dtype_mismatch``; ``policy``/``device``
+    override the fixtures).
     """
 
     def gate(fn, **options):
@@ -156,7 +172,8 @@ def mimo_gate(request, mimo_case, mimo_policy, mimo_device):
         request.config.stash[_REPORTS_KEY].append((request.node.nodeid, report))
         if not report.checked and not report.failed_cases:
             pytest.skip(report.cases[0].skipped or "the gate ran no case")
-        report.raise_if_failed()
+        if not report.passed:  # the table alone: no frames of the plugin, no reprs of the fixtures
+            pytest.fail(report.failure_message(), pytrace=False)
         return report
 
     return gate

@@ -2,7 +2,8 @@
 
 Usage::
 
-    mimo-numerics report [--case NAME] [--out DIR] [--baseline fp64|oracle] [--policies a,b,c] [--no-inference]
+    mimo-numerics report [--case NAME] [--out DIR] [--baseline fp64|oracle] [--policies a,b,c] [--claimed P]
+                         [--no-inference]
     python -m mimo_numerics.report [same arguments]
 
 With no arguments it reports on the golden case ``seed_branch_ro1_z1_d1`` (every branch on, real H200 outputs) on
@@ -16,12 +17,14 @@ device is emulated by the Triton kernels, or the reference, under ``seed_bf16``)
 The output directory gets:
 
 * ``summary.md``: what was run, the output errors of every policy and of the device against the FP64 baseline, the
-  agreement of each policy with the device, drift by stage and along the sequence, the sensitivity ranking of
+  agreement of each policy with the device, drift by stage (against FP64, and against the claimed policy, by
+  default ``upstream_sm90``: where each run departs from it) and along the sequence, the sensitivity ranking of
   ``upstream_sm90``, the attribution of the ``seed_bf16`` → ``upstream_sm90`` gap and the policy inferred from the
   device outputs;
 * ``metrics.json``: every number of the summary (NaN/inf written as null/"inf");
-* ``fig_drift_by_stage.png``, ``fig_drift_along_sequence.png``, ``fig_sensitivity.png``, ``fig_output_errors.png``,
-  ``fig_gap.png`` and, with device outputs, ``fig_inference.png``.
+* ``fig_drift_by_stage.png``, ``fig_drift_vs_claimed.png``, ``fig_drift_along_sequence.png``,
+  ``fig_sensitivity.png``, ``fig_output_errors.png``, ``fig_gap.png`` and, with device outputs,
+  ``fig_inference.png``.
 """
 
 from __future__ import annotations
@@ -49,9 +52,25 @@ from .sensitivity import attribute_gap, baseline_outputs, output_errors, rank_si
 DEFAULT_CASE = _golden.DEFAULT_CASE
 #: Policies the report compares by default.
 DEFAULT_POLICIES = ("fp32", "seed_bf16", "upstream_sm90")
+#: The policy the stage drift is also measured against (``--claimed``): the one the device claims to implement.
+DEFAULT_CLAIMED = "upstream_sm90"
+#: Runs left out of the figure against the claimed policy: high-precision runs, whose distance to it is the claimed
+#: policy's own error (already in ``fig_drift_by_stage.png``).
+HIGH_PRECISION_RUNS = ("fp64", "fp32")
 #: Figure file names.
-FIGURES = ("fig_drift_by_stage.png", "fig_drift_along_sequence.png", "fig_sensitivity.png", "fig_output_errors.png",
-           "fig_gap.png", "fig_inference.png")
+FIGURES = ("fig_drift_by_stage.png", "fig_drift_vs_claimed.png", "fig_drift_along_sequence.png",
+           "fig_sensitivity.png", "fig_output_errors.png", "fig_gap.png", "fig_inference.png")
+
+
+class ReportError(ValueError):
+    """A bad ``report`` argument; ``hint`` says what to give instead (``mimo-numerics: error: ... (hint: ...)``)."""
+
+    def __init__(self, message: str, hint: str = "mimo-numerics report --help describes the options"):
+        super().__init__(message)
+        self.hint = hint
+
+
+_CASE_HINT = "--case takes a golden case name, <grid>:<index>, a grid case_id, or a bundle DIR[::CASE]"
 
 
 @dataclass
@@ -73,7 +92,8 @@ def _grid_case(name: str):
         if grid_name in _cases.grid_names() and index.isdigit():
             grid = _cases.grid(grid_name)
             if int(index) >= len(grid):
-                raise ValueError(f"grid {grid_name!r} has {len(grid)} cases; index {index} is out of range")
+                raise ReportError(f"--case {name}: grid {grid_name!r} has {len(grid)} cases; index {index} is out "
+                                  "of range", f"use {grid_name}:0 .. {grid_name}:{len(grid) - 1}")
             return grid[int(index)]
     for grid_name in _cases.grid_names():
         for spec in _cases.grid(grid_name):
@@ -95,8 +115,9 @@ def resolve_case(name: str) -> ReportCase:
     if (path / "manifest.json").is_file():
         runs = _drift.bundle_runs(path, bundle_case or None)
         if not runs:
-            raise ValueError(f"bundle {path} has no case with outputs" + (f" named {bundle_case!r}" if bundle_case
-                                                                           else ""))
+            raise ReportError(f"--case {name}: bundle {path} has no case with outputs"
+                              + (f" named {bundle_case!r}" if bundle_case else ""),
+                              "mimo-numerics verify DIR lists its cases; give DIR::CASE of a case with outputs")
         case_name, inputs, run, label = runs[0]
         outputs = {o: run.get(_drift.OUTPUT_PREFIX + o) for o in OUTPUT_NAMES}
         return ReportCase(f"{path.name}_{case_name}", inputs, outputs, label,
@@ -107,8 +128,11 @@ def resolve_case(name: str) -> ReportCase:
 
         return ReportCase(spec.case_id, make_inputs(spec), None, None,
                           f"grid case `{spec.case_id}` (no device outputs: the device is emulated)")
-    raise ValueError(f"unknown case {name!r}: give a golden case ({', '.join(_golden.golden_names())}), "
-                     f"<grid>:<index>, a CaseSpec case_id of a grid, or a bundle directory")
+    if bundle_case or "/" in path_text or path.exists():
+        what = "is not a bundle (no manifest.json)" if path.exists() else "does not exist"
+        raise ReportError(f"--case {name}: {path} {what}", _CASE_HINT)
+    raise ReportError(f"--case {name}: unknown case; golden cases are {', '.join(_golden.golden_names())}",
+                      _CASE_HINT)
 
 
 def default_out_dir(case_name: str, root: Path = Path("reports")) -> Path:
@@ -144,7 +168,7 @@ def _table(rows: Sequence[Sequence[str]], head: Sequence[str]) -> str:
 
 @single_threaded
 def build_report(case: str = DEFAULT_CASE, out: Optional[Path] = None, policies: Sequence[str] = DEFAULT_POLICIES,
-                 baseline: str = "fp64", infer: bool = True, log=None) -> Path:
+                 baseline: str = "fp64", infer: bool = True, log=None, claimed: str = DEFAULT_CLAIMED) -> Path:
     """Write the report of one case (module docstring) and return its directory.
 
     Args:
@@ -155,6 +179,8 @@ def build_report(case: str = DEFAULT_CASE, out: Optional[Path] = None, policies:
             errors; the stage drift always uses the ``fp64`` preset, the only baseline with stages).
         infer (bool): infer the device's policy (skipped without device outputs).
         log (callable, optional): progress messages (default: none).
+        claimed (str): the policy the stage drift is also measured against (preset name or JSON path; its reference
+            is run when it is not among ``policies``).
     """
     say = log or (lambda message: None)
     started = time.monotonic()
@@ -183,7 +209,16 @@ def build_report(case: str = DEFAULT_CASE, out: Optional[Path] = None, policies:
     if "upstream_sm90" in runs:
         vs_up = _drift.stage_drift(runs, "upstream_sm90", lp)
         departure = {l: vs_up.entry_stage(l) for l in vs_up.labels()}
+    claimed_policy = _presets.resolve(claimed)
+    claimed_label = claimed_policy.name if claimed_policy.name != "custom" else "claimed"
+    if claimed_label not in runs:
+        runs[claimed_label] = _drift.reference_run(inputs, claimed_policy)
+    vs_claimed = _drift.stage_drift({l: r for l, r in runs.items()
+                                     if l == claimed_label or l not in HIGH_PRECISION_RUNS}, claimed_label, lp)
+    metrics["claimed_policy"] = {"label": claimed_label, "policy": claimed_policy.to_dict()}
     metrics["stage_drift"] = stage_table.to_dict()
+    metrics["stage_drift_vs_claimed"] = vs_claimed.to_dict()
+    metrics["entry_stage_vs_claimed"] = {l: vs_claimed.entry_stage(l) for l in vs_claimed.labels()}
     metrics["entry_stage_vs_upstream_sm90"] = departure
     metrics["sequence_drift_token"] = seq.to_dict()
     metrics["sequence_drift_chunk"] = seq_chunk.to_dict()
@@ -230,6 +265,10 @@ def build_report(case: str = DEFAULT_CASE, out: Optional[Path] = None, policies:
     _plots.save_figure(_plots.plot_stage_drift(stage_table, title=f"Error by stage vs fp64: {rc.name}"),
                        out / "fig_drift_by_stage.png")
     figures.append("fig_drift_by_stage.png")
+    _plots.save_figure(_plots.plot_stage_drift(vs_claimed, title=f"Error by stage vs the claimed policy "
+                                                                 f"{claimed_label}: {rc.name}"),
+                       out / "fig_drift_vs_claimed.png")
+    figures.append("fig_drift_vs_claimed.png")
     token_stages = [s for s in ("out", "output.dz", "output.qk_dot") if s in seq.stages()][:2]
     _plots.save_figure(_plots.plot_sequence_drift(seq, token_stages, title=f"Error along the sequence: {rc.name}"),
                        out / "fig_drift_along_sequence.png")
@@ -250,13 +289,14 @@ def build_report(case: str = DEFAULT_CASE, out: Optional[Path] = None, policies:
 
     # ---- summary
     (out / "metrics.json").write_text(json.dumps(_jsonable(metrics), indent=1), encoding="utf-8")
-    (out / "summary.md").write_text(_summary(rc, metrics, stage_table, seq_chunk, errors, agreement, sens, gap,
-                                             inference, figures, baseline), encoding="utf-8")
+    (out / "summary.md").write_text(_summary(rc, metrics, stage_table, vs_claimed, seq_chunk, errors, agreement,
+                                             sens, gap, inference, figures, baseline), encoding="utf-8")
     say(f"wrote {out} in {metrics['seconds']:.1f} s")
     return out
 
 
-def _summary(rc, metrics, stage_table, seq_chunk, errors, agreement, sens, gap, inference, figures, baseline) -> str:
+def _summary(rc, metrics, stage_table, vs_claimed, seq_chunk, errors, agreement, sens, gap, inference, figures,
+             baseline) -> str:
     import torch
 
     from . import __version__
@@ -277,10 +317,16 @@ def _summary(rc, metrics, stage_table, seq_chunk, errors, agreement, sens, gap, 
                                         for o in outputs] for l, a in agreement.items()], ["policy", *outputs]), ""]
     lines += ["## Drift by stage", "", "![drift by stage](fig_drift_by_stage.png)", "",
               stage_table.to_markdown(), ""]
-    if metrics["entry_stage_vs_upstream_sm90"]:
-        lines += ["First stage (pipeline order) where each run departs from `upstream_sm90`: "
-                  + ", ".join(f"`{l}`: {s or 'never'}" for l, s in metrics["entry_stage_vs_upstream_sm90"].items()),
-                  ""]
+    claimed = metrics["claimed_policy"]["label"]
+    lines += [f"## Drift by stage against the claimed policy `{claimed}`", "",
+              "![drift against the claimed policy](fig_drift_vs_claimed.png)", "",
+              f"The same stages against `{claimed}` instead of FP64: a run is bit-identical to it (on the `0 (exact)` "
+              "line) up to the first stage where its rounding semantics differ. High-precision runs ("
+              + ", ".join(f"`{l}`" for l in HIGH_PRECISION_RUNS) + ") are left out: their distance to it is its own "
+              "error, shown above.", "",
+              f"First stage (pipeline order) where each run departs from `{claimed}`: "
+              + ", ".join(f"`{l}`: {s or 'never'}" for l, s in metrics["entry_stage_vs_claimed"].items()), "",
+              vs_claimed.to_markdown(), ""]
     chunk_stages = [s for s in ("state", "out", "output.states", "output.dz") if s in seq_chunk.stages()]
     lines += ["## Drift along the sequence", "", "![drift along the sequence](fig_drift_along_sequence.png)", "",
               "Relative RMS error against fp64 per chunk:", ""]
@@ -321,32 +367,45 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                         help="comma-separated preset names or policy JSON paths to compare "
                              f"(default {','.join(DEFAULT_POLICIES)})")
+    parser.add_argument("--claimed", default=DEFAULT_CLAIMED,
+                        help="policy the stage drift is also measured against: the one the device claims to "
+                             f"implement (default {DEFAULT_CLAIMED})")
     parser.add_argument("--no-inference", action="store_true", help="skip inferring the device's policy")
     parser.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
     return parser
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """Run the report for parsed ``args`` (from :func:`add_report_arguments`); returns the exit status."""
+    """Run the report for parsed ``args`` (from :func:`add_report_arguments`); returns 0.
+
+    Raises:
+        ReportError: a bad ``--case`` or ``--policies`` (``mimo-numerics`` prints it as its one-line error).
+    """
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise ReportError("--policies is empty", "give comma-separated preset names, e.g. fp32,seed_bf16")
+    for option, policy in [("--policies", p) for p in policies] + [("--claimed", args.claimed)]:
+        try:
+            _presets.resolve(policy)
+        except (ValueError, TypeError, OSError) as exc:
+            raise ReportError(f"{option} {policy}: {exc}",
+                              "mimo-numerics presets lists the preset names; a policy file must end in .json") \
+                from None
     log = None if args.quiet else (lambda message: print(f"report: {message}", file=sys.stderr, flush=True))
-    try:
-        out = build_report(args.case, args.out, policies, args.baseline, infer=not args.no_inference, log=log)
-    except (ValueError, KeyError, FileNotFoundError) as exc:
-        print(f"report: error: {exc}", file=sys.stderr)
-        return 2
+    out = build_report(args.case, args.out, policies, args.baseline, infer=not args.no_inference, log=log,
+                       claimed=args.claimed)
     print(out)
     return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m mimo_numerics.report``."""
+    """``python -m mimo_numerics.report``: the same as ``mimo-numerics report`` (errors in its one-line format)."""
     import matplotlib
 
+    from . import cli
+
     matplotlib.use("Agg")
-    parser = argparse.ArgumentParser(prog="python -m mimo_numerics.report", description=__doc__.split("\n\n")[0])
-    add_report_arguments(parser)
-    return run_report(parser.parse_args(argv))
+    return cli.main(["report", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

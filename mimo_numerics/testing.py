@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import textwrap
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ __all__ = [
     "check_mamba_mimo_bwd_fwd", "assert_mamba_mimo_bwd_fwd", "GateReport", "CaseResult", "OutputCheck",
     "GateSettings", "resolve_cases", "case_inputs", "reference_outputs", "oracle_outputs", "self_noise",
     "noise_perturbations", "permute_state_dim", "measure_gate_noise", "clear_cache", "policy_label",
+    "check_device", "DeviceUnavailableError",
 ]
 
 CasesLike = Union[str, CaseSpec, Iterable[CaseSpec]]
@@ -68,6 +70,77 @@ PolicyLike = Union[str, RoundingPolicy]
 #: Outputs rounded to the policy's low-precision dtype by the output store (the rest are FP32 sums).
 LP_OUTPUTS = ("states", "dz", "qk_dot")
 _DTYPE_MISMATCH = ("skip", "adapt")
+
+
+# ---------------------------------------------------------------------------------------------------- devices
+class DeviceUnavailableError(ValueError):
+    """``device`` cannot run anything here (unknown type, no such device, backend package missing).
+
+    Attributes:
+        device (str): the device as given. reason (str): what is wrong. hint (str): what to do about it.
+    """
+
+    def __init__(self, device: str, reason: str, hint: str):
+        super().__init__(f"device {device!r}: {reason} (hint: {hint})")
+        self.device, self.reason, self.hint = device, reason, hint
+
+
+def _device_index_error(text: str, dev: torch.device, count: int) -> Optional[DeviceUnavailableError]:
+    if dev.index is None or dev.index < count:
+        return None
+    return DeviceUnavailableError(text, f"torch sees {count} {dev.type} device(s) here, so index {dev.index} does "
+                                        f"not exist", f"use {dev.type}:0 .. {dev.type}:{count - 1}")
+
+
+def check_device(device: Union[str, torch.device]) -> torch.device:
+    """``device`` as a ``torch.device`` when torch can run on it here; :class:`DeviceUnavailableError` otherwise.
+
+    Checked once, before any case runs, by the CLI, the pytest plugin and :func:`check_mamba_mimo_bwd_fwd`, so an
+    absent CUDA device or a missing ``torch_npu`` is one clear message instead of a torch traceback per case.
+    """
+    text = str(device)
+    if text.split(":")[0] == "npu":
+        try:
+            import torch_npu  # noqa: F401  (registers the npu device type with torch)
+        except ImportError:
+            raise DeviceUnavailableError(text, "torch_npu is not installed (torch knows npu devices only through "
+                                               "it)", "on an Ascend machine: pip install 'mimo_numerics[npu]'") \
+                from None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise DeviceUnavailableError(text, "not a torch device", "use cpu, cuda, cuda:N or npu") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            built = ("this torch build has no CUDA support" if torch.version.cuda is None and
+                     getattr(torch.version, "hip", None) is None else "torch.cuda.is_available() is False")
+            raise DeviceUnavailableError(text, f"torch has no CUDA device here ({built}; torch {torch.__version__})",
+                                         "run on cpu, or on a machine with an NVIDIA GPU and a CUDA build of torch")
+        error = _device_index_error(text, dev, torch.cuda.device_count())
+        if error is not None:
+            raise error
+        return dev
+    if dev.type == "npu":
+        npu = getattr(torch, "npu", None)
+        if npu is None or not npu.is_available():
+            raise DeviceUnavailableError(text, "torch_npu is installed but sees no NPU here",
+                                         "run on cpu, or on an Ascend machine with its driver loaded")
+        error = _device_index_error(text, dev, npu.device_count())
+        if error is not None:
+            raise error
+        return dev
+    if dev.type == "meta":
+        raise DeviceUnavailableError(text, "meta tensors hold no values, so nothing can be compared",
+                                     "use cpu, cuda or npu")
+    try:
+        torch.empty(1, device=dev)
+    except (RuntimeError, AssertionError, NotImplementedError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DeviceUnavailableError(text, f"torch cannot allocate on {dev.type} here ({first})",
+                                     "use cpu, cuda or npu") from None
+    return dev
 
 
 # ---------------------------------------------------------------------------------------------------- settings
@@ -106,10 +179,14 @@ class GateSettings:
             raise ValueError(f"alpha must be >= 1 (a kernel may be as accurate as its policy), got {values['alpha']}")
         return cls(**{k: float(v) for k, v in values.items()})
 
-    def describe(self) -> str:
-        """The two gate formulas with these numbers."""
-        return (f"same-policy: rel_rms(fn, ref[P]) <= max({self.tol_same:.1e}, {self.noise_factor:g}·noise); "
+    def formulas(self) -> Tuple[str, str]:
+        """The two gate formulas with these numbers: ``(same-policy, noise floor)``."""
+        return (f"same-policy: rel_rms(fn, ref[P]) <= max({self.tol_same:.1e}, {self.noise_factor:g}·noise)",
                 f"noise floor: rel_rms(fn, fp64) <= {self.alpha:g}·rel_rms(ref[P], fp64) + {self.floor:.1e}")
+
+    def describe(self) -> str:
+        """The two gate formulas with these numbers, on one line."""
+        return "; ".join(self.formulas())
 
 
 # ---------------------------------------------------------------------------------------------------- cases
@@ -368,6 +445,8 @@ class CaseResult:
         skipped (str | None): why the case was not run.
         traceback (str | None): the traceback when ``fn`` raised.
         seconds (float): wall time of ``fn`` plus moving its results to the CPU.
+        fn_outputs (dict | None): CPU copies of ``fn``'s output tensors, kept for failing cases only (for
+            :meth:`GateReport.nearest_presets`); not part of ``to_dict``.
     """
 
     case: CaseSpec
@@ -377,6 +456,7 @@ class CaseResult:
     skipped: Optional[str] = None
     traceback: Optional[str] = None
     seconds: float = 0.0
+    fn_outputs: Optional[Dict[str, torch.Tensor]] = field(default=None, repr=False, compare=False)
 
     @property
     def case_id(self) -> str:
@@ -402,6 +482,102 @@ class CaseResult:
 def policy_label(policy: RoundingPolicy) -> str:
     """:func:`mimo_numerics.presets.label` of ``policy`` on the gated operator."""
     return _presets.label(policy, operator=registry.DEFAULT_OPERATOR)
+
+
+# ---------------------------------------------------------------------------------------------------- nearest preset
+#: At most this many failing cases (the smallest) are compared with every preset's reference.
+NEAREST_PRESET_MAX_CASES = 3
+#: Failing cases larger than this (B·S·H·max(N, P) elements) are not compared with the presets (CPU cost).
+NEAREST_PRESET_MAX_SIZE = 1 << 20
+#: A preset is named in the failure message only when ``fn`` is at least this many times nearer to it than to the
+#: claimed policy (a hint, not a gate: a kernel broken in another way is about as far from every preset).
+NEAREST_PRESET_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class PresetMatch:
+    """How close ``fn``'s outputs on one failing case are to the claimed policy and to the nearest other preset.
+
+    Attributes:
+        case_id (str): the case.
+        claimed (RoundingPolicy): the policy the case was gated under.
+        claimed_distance (float): mean over outputs of ``rel_rms(fn, reference[claimed])``.
+        nearest (str): label of the nearest other preset (``"seed_bf16"``, or ``"seed_bf16 at lp_dtype=float16"``
+            when the preset was adapted to the case's dtype).
+        nearest_policy (RoundingPolicy): that preset (adapted).
+        nearest_distance (float): mean over outputs of ``rel_rms(fn, reference[nearest])``.
+    """
+
+    case_id: str
+    claimed: RoundingPolicy
+    claimed_distance: float
+    nearest: str
+    nearest_policy: RoundingPolicy
+    nearest_distance: float
+
+    @property
+    def better(self) -> bool:
+        """True when ``fn`` is at least ``NEAREST_PRESET_FACTOR`` times nearer to the other preset than to the
+        claimed policy."""
+        return self.nearest_distance * NEAREST_PRESET_FACTOR <= self.claimed_distance and self.claimed_distance > 0
+
+    def differences(self) -> str:
+        """The fields in which the nearest preset differs from the claimed policy, as ``field=value`` (nearest's)."""
+        return ", ".join(f"{k}={v[0]}" for k, v in self.nearest_policy.diff(self.claimed).items())
+
+
+def _outputs_distance(got: Mapping[str, torch.Tensor], ref: MimoBwdFwdOutputs) -> float:
+    """Mean over the outputs both have (same shape) of ``rel_rms`` on the elements finite in both; nan if none."""
+    values = []
+    for name, tensor in got.items():
+        expected = getattr(ref, name)
+        if expected is None or tuple(expected.shape) != tuple(tensor.shape):
+            continue
+        mask = torch.isfinite(tensor) & torch.isfinite(expected)
+        if bool(mask.any()):
+            values.append(rel_rms(tensor[mask], expected[mask]))
+    return sum(values) / len(values) if values else math.nan
+
+
+def _candidate_presets(policy: RoundingPolicy) -> List[Tuple[str, RoundingPolicy]]:
+    """Every preset other than ``policy``, at ``policy``'s lp_dtype (presets of that dtype first; no duplicates)."""
+    found: List[Tuple[str, RoundingPolicy]] = []
+    seen = {policy}
+    names = sorted(_presets.names(), key=lambda n: _presets.get(n).lp_dtype != policy.lp_dtype)
+    for name in names:
+        preset = _presets.get(name)
+        label = name
+        if preset.lp_dtype != policy.lp_dtype:
+            preset = preset.replace(lp_dtype=policy.lp_dtype)
+            label = f"{name} at lp_dtype={policy.lp_dtype}"
+        if preset not in seen:
+            seen.add(preset)
+            found.append((label, preset))
+    return found
+
+
+def _case_size(case: CaseSpec) -> int:
+    return case.batch * case.seqlen * case.heads * max(case.state_dim, case.value_dim)
+
+
+def nearest_preset(case: CaseSpec, policy: RoundingPolicy, fn_outputs: Mapping[str, torch.Tensor]
+                   ) -> Optional[PresetMatch]:
+    """Compare ``fn``'s outputs on ``case`` with the reference of every preset (CPU, cached per (case, preset)).
+
+    Returns:
+        PresetMatch | None: the nearest other preset by mean rel RMS, None when no output could be compared.
+    """
+    claimed = _outputs_distance(fn_outputs, reference_outputs(case, policy))
+    if math.isnan(claimed):
+        return None
+    best = None
+    for label, candidate in _candidate_presets(policy):
+        distance = _outputs_distance(fn_outputs, reference_outputs(case, candidate))
+        if not math.isnan(distance) and (best is None or distance < best[2]):
+            best = (label, candidate, distance)
+    if best is None:
+        return None
+    return PresetMatch(case.case_id, policy, claimed, best[0], best[1], best[2])
 
 
 def _fmt(x: float) -> str:
@@ -431,6 +607,22 @@ _COLUMNS = ("case", "output", "status", "vs ref[P]", "noise", "tol", "use", "vs 
 _GATE_NAMES = ("same-policy gate", "noise-floor gate")
 
 
+#: Width of :meth:`GateReport.failure_message` (columns).
+FAILURE_WIDTH = 120
+
+
+def _aligned(rows: List[List[str]], rule_after_header: bool, split_last: bool = False):
+    """Rows padded to common column widths, the last column unpadded. ``split_last``: ``(cells, last)`` pairs."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    out = []
+    for row in rows:
+        cells = "  ".join(row[i].ljust(widths[i]) for i in range(len(widths)))
+        out.append((cells, row[-1]) if split_last else ("  ".join([cells, row[-1]])).rstrip())
+    if rule_after_header and not split_last:
+        out.insert(1, "-" * len(out[0]))
+    return out
+
+
 def _short_problem(problem: str) -> str:
     """A gate failure as the gate's name (its numbers are in the table's columns); other problems in full."""
     for gate_name in _GATE_NAMES:
@@ -454,6 +646,8 @@ class GateReport:
     device: str
     settings: GateSettings
     cases: List[CaseResult]
+    _nearest_cache: Dict[tuple, List["PresetMatch"]] = field(default_factory=dict, init=False, repr=False,
+                                                              compare=False)
 
     @property
     def checked(self) -> List[CaseResult]:
@@ -505,14 +699,37 @@ class GateReport:
             text += "; no case was run, so nothing was gated"
         return text
 
-    def table(self, cases: Optional[Sequence[CaseResult]] = None, show_absent: bool = True) -> str:
+    def _output_rows(self, case: CaseResult, show_absent: bool) -> List[List[str]]:
+        """Table cells of one case's outputs (``_COLUMNS`` without ``case``)."""
+        rows = []
+        blank = ["-"] * (len(_COLUMNS) - 4)
+        for o in case.outputs:
+            if o.status == "absent":
+                if show_absent:
+                    rows.append([o.output, "absent"] + blank + ["None in fn and reference (branch off)"])
+                continue
+            notes = [_short_problem(p) for p in o.problems] + list(o.notes)
+            if not o.problems and o.tol_same > self.settings.tol_same:
+                notes.append(f"tol from noise ({o.noise_source})")
+            rows.append([o.output, o.status, _fmt(o.err_same), _fmt(o.noise), _fmt(o.tol_same), _pct(o.same_use),
+                         _fmt(o.err_oracle), _fmt(o.ref_err_oracle), _num(o.oracle_ratio), _num(o.oracle_limit),
+                         "-" if math.isnan(o.bit_equal) else f"{o.bit_equal:.4f}", "; ".join(notes)])
+        return rows
+
+    def table(self, cases: Optional[Sequence[CaseResult]] = None, show_absent: bool = True,
+              width: Optional[int] = None) -> str:
         """The per-case, per-output table (all cases by default); ``docs/gating.md`` explains the columns.
 
         Args:
             cases: the cases to list (default: all).
             show_absent (bool): list outputs that are None in both ``fn`` and the reference.
+            width (int, optional): fit lines into this many columns: the case id goes on a line of its own above
+                its rows (no ``case`` column) and notes that do not fit move to an indented line below their row.
+                Default: one row per case and output, as wide as it takes.
         """
         cases = self.cases if cases is None else list(cases)
+        if width is not None:
+            return self._narrow_table(cases, show_absent, width)
         rows = []
         blank = ["-"] * (len(_COLUMNS) - 4)
         for case in cases:
@@ -522,38 +739,91 @@ class GateReport:
                 continue
             for problem in case.problems:
                 rows.append([cid, "*", "FAIL"] + blank + [problem])
-            for o in case.outputs:
-                if o.status == "absent":
-                    if show_absent:
-                        rows.append([cid, o.output, "absent"] + blank + ["None in fn and reference (branch off)"])
-                    continue
-                notes = [_short_problem(p) for p in o.problems] + list(o.notes)
-                if not o.problems and o.tol_same > self.settings.tol_same:
-                    notes.append(f"tol from noise ({o.noise_source})")
-                rows.append([cid, o.output, o.status, _fmt(o.err_same), _fmt(o.noise), _fmt(o.tol_same),
-                             _pct(o.same_use), _fmt(o.err_oracle), _fmt(o.ref_err_oracle),
-                             _num(o.oracle_ratio), _num(o.oracle_limit),
-                             "-" if math.isnan(o.bit_equal) else f"{o.bit_equal:.4f}", "; ".join(notes)])
-        header = list(_COLUMNS)
-        widths = [max([len(header[i])] + [len(r[i]) for r in rows]) for i in range(len(header) - 1)]
-        lines = []
-        for row in [header] + rows:
-            cells = [row[i].ljust(widths[i]) for i in range(len(widths))] + [row[-1]]
-            lines.append("  ".join(cells).rstrip())
-        lines.insert(1, "-" * len(lines[0]))
+            rows.extend([cid] + row for row in self._output_rows(case, show_absent))
+        return "\n".join(_aligned([list(_COLUMNS)] + rows, rule_after_header=True))
+
+    def _narrow_table(self, cases: Sequence[CaseResult], show_absent: bool, width: int) -> str:
+        header = list(_COLUMNS[1:])
+        groups = [(case, self._output_rows(case, show_absent)) for case in cases]
+        aligned = iter(_aligned([header] + [row for _, rows in groups for row in rows], rule_after_header=False,
+                                split_last=True))
+        head_cells, head_note = next(aligned)
+        lines = [(head_cells + "  " + head_note)[:width].rstrip()]
+        lines.append("-" * len(lines[0]))
+        wrap = functools.partial(textwrap.wrap, width=width, break_long_words=False, break_on_hyphens=False)
+        for case, rows in groups:
+            title = f"case {case.case_id}"
+            if case.policy is not None and case.policy != self.policy:
+                title += f" (gated under {policy_label(case.policy)})"
+            lines.extend(wrap(title + ":", subsequent_indent="    "))
+            if case.skipped is not None:
+                lines.extend(wrap(f"skip: {case.skipped}", initial_indent="  ", subsequent_indent="    "))
+            for problem in case.problems:
+                lines.extend(wrap(f"FAIL: {problem}", initial_indent="  ", subsequent_indent="    "))
+            for _ in rows:
+                cells, note = next(aligned)
+                if not note or len(cells) + 2 + len(note) <= width:
+                    lines.append((cells + "  " + note).rstrip())
+                else:
+                    lines.append(cells.rstrip())
+                    lines.extend(wrap(f"note: {note}", initial_indent="    ", subsequent_indent="      "))
         return "\n".join(lines)
 
-    def failure_message(self) -> str:
-        """The text of the ``AssertionError`` of :func:`assert_mamba_mimo_bwd_fwd`."""
-        parts = [self.summary(), self.settings.describe()]
+    def nearest_presets(self, max_cases: int = NEAREST_PRESET_MAX_CASES,
+                        max_size: int = NEAREST_PRESET_MAX_SIZE) -> List[PresetMatch]:
+        """For the smallest failing cases, the preset whose reference ``fn``'s outputs are nearest to.
+
+        Runs the reference of every preset (at the case's lp dtype) on up to ``max_cases`` failing cases of at most
+        ``max_size`` elements (B·S·H·max(N, P)) whose outputs ``fn`` returned; cached on the report.
+
+        Returns:
+            list of PresetMatch: one per compared case (``match.better``: nearer to that preset than to the claim).
+        """
+        key = (max_cases, max_size)
+        cached = self._nearest_cache
+        if key not in cached:
+            candidates = [c for c in self.failed_cases if c.fn_outputs and _case_size(c.case) <= max_size]
+            candidates.sort(key=lambda c: _case_size(c.case))
+            matches = [nearest_preset(c.case, c.policy, c.fn_outputs) for c in candidates[:max_cases]]
+            cached[key] = [m for m in matches if m is not None]
+        return cached[key]
+
+    def _nearest_preset_lines(self, width: int) -> List[str]:
+        by_preset: Dict[str, List[PresetMatch]] = {}
+        for match in self.nearest_presets():
+            if match.better:
+                by_preset.setdefault(match.nearest, []).append(match)
+        lines = []
+        for label, matches in by_preset.items():
+            first = matches[0]
+            cases = (f"on {first.case_id}" if len(matches) == 1
+                     else f"on {len(matches)} failing cases, e.g. {first.case_id}")
+            near = "0 (bit-exact)" if first.nearest_distance == 0 else _fmt(first.nearest_distance)
+            text = (f"hint: outputs look like preset `{label}` {cases}: mean rel RMS {near} to it vs "
+                    f"{_fmt(first.claimed_distance)} to the claimed {policy_label(first.claimed)} (diff from claimed: "
+                    f"{first.differences()})")
+            lines.extend(textwrap.wrap(text, width=width, subsequent_indent="  ", break_long_words=False,
+                                       break_on_hyphens=False))
+        return lines
+
+    def failure_message(self, width: int = FAILURE_WIDTH) -> str:
+        """The text of the ``AssertionError`` of :func:`assert_mamba_mimo_bwd_fwd` (and of the pytest fixture's
+        failure): summary, gate formulas, the failing cases' table and, when ``fn``'s outputs match another preset
+        better than the claimed policy, that preset and how it differs; lines fit ``width`` columns."""
+        wrap = functools.partial(textwrap.wrap, width=width, subsequent_indent="  ", break_long_words=False,
+                                 break_on_hyphens=False)
+        parts = wrap(self.summary())
+        for formula in self.settings.formulas():
+            parts.extend(wrap(formula))
         failed = self.failed_cases
         if failed:
-            parts.append(self.table(failed, show_absent=False))
+            parts.append(self.table(failed, show_absent=False, width=width))
             n_ok = len(self.checked) - len(failed)
             if n_ok:
                 parts.append(f"({n_ok} other case(s) passed; report.table() lists every case)")
+            parts.extend(self._nearest_preset_lines(width))
         else:
-            parts.append(self.table())
+            parts.append(self.table(width=width))
         for case in failed:
             if case.traceback:
                 parts.append(f"traceback of fn on {case.case_id}:\n{case.traceback}")
@@ -737,7 +1007,21 @@ def _run_case(fn: Callable, case: CaseSpec, policy: RoundingPolicy, device: torc
                 and not torch.equal(moved[n].detach().to("cpu"), inputs[n])]
     if modified:
         result.problems.append(f"fn modified its input(s) {modified} in place")
+    if result.failed:
+        result.fn_outputs = _cpu_copies(outs)
     return result
+
+
+def _cpu_copies(outs: Mapping[str, object]) -> Dict[str, torch.Tensor]:
+    """The real floating tensors of ``outs`` on the CPU (others, and those that cannot be copied, left out)."""
+    copies = {}
+    for name, value in outs.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            try:
+                copies[name] = value.detach().to("cpu")
+            except (RuntimeError, NotImplementedError):
+                continue
+    return copies
 
 
 def check_mamba_mimo_bwd_fwd(fn: Callable, *, policy: PolicyLike, cases: CasesLike = "gate",
@@ -768,7 +1052,8 @@ def check_mamba_mimo_bwd_fwd(fn: Callable, *, policy: PolicyLike, cases: CasesLi
         GateReport: ``report.passed``, ``report.table()``, ``report.failures()``, ``report.to_dict()``.
 
     Raises:
-        TypeError, ValueError: for bad arguments (not for a failing ``fn``).
+        TypeError, ValueError: for bad arguments (not for a failing ``fn``); ``DeviceUnavailableError`` (a
+        ``ValueError``) when ``device`` cannot be used here, before any case runs.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
@@ -777,7 +1062,7 @@ def check_mamba_mimo_bwd_fwd(fn: Callable, *, policy: PolicyLike, cases: CasesLi
     if dtype_mismatch not in _DTYPE_MISMATCH:
         raise ValueError(f"dtype_mismatch must be one of {_DTYPE_MISMATCH}, got {dtype_mismatch!r}")
     settings = GateSettings.from_table(tol_same=tol_same, noise_factor=noise_factor, alpha=alpha, floor=floor)
-    dev = torch.device("cpu" if device is None else device)
+    dev = check_device("cpu" if device is None else device)
     results = [_run_case(fn, case, policy, dev, settings, pass_policy, dtype_mismatch) for case in case_list]
     return GateReport(policy=policy, device=str(dev), settings=settings, cases=results)
 

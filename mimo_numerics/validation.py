@@ -16,6 +16,8 @@ from .outputs import INPUT_NAMES, OPTIONAL_INPUTS
 LOW_PRECISION_DTYPES = (torch.bfloat16, torch.float16)
 LP_INPUTS = ("dout", "q", "k", "v", "z", "trap")
 SUPPORTED_ROTARY_DIVISORS = (2, 4)
+#: The ``chunk_size`` every implementation (reference, oracle, kernels, upstream) assumes when it is not passed.
+DEFAULT_CHUNK_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,17 @@ def _check_tensor(name: str, tensor, shape: tuple, dtype: torch.dtype, device: t
         raise TypeError(f"{name} must have dtype {dtype}, got {tensor.dtype}")
     if tensor.device != device:
         raise ValueError(f"{name} must be on device {device} (the device of q), got {tensor.device}")
+
+
+def _check_segsum_chunk(segsum: torch.Tensor, chunk_size: int) -> None:
+    """Name ``chunk_size`` (and its default) when segsum ``[B, H, nchunks, C, C]`` was made with another C."""
+    if segsum.dim() != 5 or segsum.shape[-1] != segsum.shape[-2] or segsum.shape[-1] == chunk_size:
+        return
+    found = segsum.shape[-1]
+    default = " (the default when chunk_size is not passed)" if chunk_size == DEFAULT_CHUNK_SIZE else ""
+    raise ValueError(f"segsum has chunk size {found} (shape {list(segsum.shape)} = [B, H, nchunks, C, C]) but "
+                     f"chunk_size={chunk_size}{default}: pass chunk_size={found}, or a segsum made with chunk size "
+                     f"{chunk_size}")
 
 
 def validate_inputs(
@@ -148,6 +161,7 @@ def validate_inputs(
     _check_tensor("angles", angles, (batch, seqlen, heads, state_dim // rotary_dim_divisor), torch.float32, device)
     for name in ("da_cs", "da_cs_rev", "dt"):
         _check_tensor(name, values[name], (batch, heads, seqlen), torch.float32, device)
+    _check_segsum_chunk(segsum, chunk_size)
     _check_tensor("segsum", segsum, (batch, heads, nchunks, chunk_size, chunk_size), torch.float32, device)
     if reduce_o:
         _check_tensor("mimo_o", mimo_o, (heads, rank, value_dim), torch.float32, device)

@@ -77,6 +77,7 @@ def test_run_triton_interpreter_smoke_matches_reference(smoke_reference, tmp_pat
     code, _, err = run_cli(capsys, "run", "--backend", "triton", "--policy", "upstream_sm90", "--grid", "smoke",
                            "--out", str(out))
     assert code == 0, err
+    assert "runs in Triton's interpreter: about" in err and "estimated for 3 case(s)" in err
     bundle = load_bundle(out)
     assert {c.backend for c in bundle} == {"triton"} and all(c.outputs is not None for c in bundle)
     code, text, _ = run_cli(capsys, "compare", str(smoke_reference), str(out), "--threshold", "1e-3", "--json",
@@ -137,6 +138,54 @@ def test_run_upstream_without_cuda_is_one_line(tmp_path, capsys):
     assert code == 2 and "--policy does not apply" in err
 
 
+def _unusable_devices():
+    import importlib.util
+
+    devices = [("nonsense", "not a torch device"), ("meta", "meta tensors hold no values")]
+    if not torch.cuda.is_available():
+        devices += [("cuda", "torch has no CUDA device here"), ("cuda:1", "torch has no CUDA device here")]
+    if importlib.util.find_spec("torch_npu") is None:
+        devices.append(("npu", "torch_npu is not installed"))
+    return devices
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("device,reason", _unusable_devices())
+def test_run_on_a_device_that_is_not_here_is_one_line_before_any_case(backend, device, reason, tmp_path, capsys):
+    code, out, err = run_cli(capsys, "run", "--backend", backend, "--device", device, "--case", SMALL, "--out",
+                             str(tmp_path / "b"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"mimo-numerics: error: --device {device}: {reason}") and "(hint: " in err
+    assert "Traceback" not in err and "AssertionError" not in err and "1/1" not in err
+    assert not (tmp_path / "b").exists()
+
+
+def test_run_triton_on_cpu_estimates_the_whole_run_and_refuses_it_above_the_limit(tmp_path, capsys, monkeypatch):
+    """The interpreter's estimate applies to the run (sum over cases), not only per case: the sweep grid, whose
+    cases each pass the per-case limit, is refused up front unless --allow-slow-interpreter."""
+    reason = _kernels_unusable()
+    if reason:
+        pytest.skip(f"Triton backend unusable here: {reason}")
+    from mimo_numerics import cases, kernels
+
+    found = [(spec.case_id, spec, None) for spec in cases.grid("sweep")]
+    total, per_case = cli.interpreter_estimate(found)
+    assert all(seconds <= kernels.INTERPRETER_LIMIT_S for _, seconds in per_case)
+    assert total > kernels.INTERPRETER_LIMIT_S
+    assert total == pytest.approx(sum(s for _, s in per_case))
+    # refusal and override, on one small case under a lowered limit (so the test never runs a long case)
+    small_total, _ = cli.interpreter_estimate([("s", cli.parse_case_spec(SMALL), None)])
+    monkeypatch.setattr(kernels, "INTERPRETER_LIMIT_S", small_total / 2)
+    code, _, err = run_cli(capsys, "run", "--backend", "triton", "--case", SMALL, "--out", str(tmp_path / "a"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("mimo-numerics: error: --backend triton --device cpu: the 1 case(s) would take about")
+    assert "--allow-slow-interpreter" in err and "1/1" not in err and not (tmp_path / "a").exists()
+    code, _, err = run_cli(capsys, "run", "--backend", "triton", "--case", SMALL, "--out", str(tmp_path / "b"),
+                           "--allow-slow-interpreter")
+    assert code == 0, err
+    assert "estimated for 1 case(s)" in err and load_bundle(tmp_path / "b")[0].outputs is not None
+
+
 def test_run_triton_refuses_a_policy_it_cannot_express(tmp_path, capsys):
     if _kernels_unusable():
         pytest.skip(_kernels_unusable())
@@ -184,12 +233,44 @@ def test_compare_refuses_different_inputs(golden_bundle, tmp_path, capsys):
         q.view(-1)[0] = -q.view(-1)[0]
         return case.replace(inputs=dict(case.inputs, q=q))
 
+    def other_q_and_dt(case):
+        case = other_inputs(case)
+        return case.replace(inputs=dict(case.inputs, dt=case.inputs["dt"] * 2))
+
     a = _variant(golden_bundle, tmp_path, "a", lambda c: c)
     b = _variant(golden_bundle, tmp_path, "b", other_inputs)
     code, _, err = run_cli(capsys, "compare", str(a), str(b))
     assert code == 2 and "inputs differ" in err and "--allow-different-inputs" in err
+    assert "for 1 case(s): seed_gqa (q)" in err  # the tensor that differs, not only the case
     code, text, _ = run_cli(capsys, "compare", str(a), str(b), "--allow-different-inputs")
-    assert code == 0 and "warning: inputs differ for 1 case(s)" in text
+    assert code == 0 and "warning: inputs differ for 1 case(s) (--allow-different-inputs): seed_gqa (q)" in text
+    c = _variant(golden_bundle, tmp_path, "c", other_q_and_dt)
+    code, _, err = run_cli(capsys, "compare", str(a), str(c))
+    assert code == 2 and "seed_gqa (q, dt)" in err
+
+
+def test_compare_explains_bits_that_differ_only_in_the_sign_of_zero(golden_bundle, tmp_path, capsys):
+    """-0 against +0: rel RMS and max abs are 0 while the bit-equal fraction is below 100 %; compare says why."""
+    def zeros(sign):
+        def edit(case):
+            dz = case.outputs.dz.clone()
+            dz.view(-1)[:3] = sign * 0.0
+            return case.replace(outputs=case.outputs._replace(dz=dz))
+        return edit
+
+    a = _variant(golden_bundle, tmp_path, "a", zeros(1.0))
+    b = _variant(golden_bundle, tmp_path, "b", zeros(-1.0))
+    code, text, _ = run_cli(capsys, "compare", str(a), str(b), "--json", str(tmp_path / "m.json"))
+    assert code == 0, text
+    numel = load_bundle(a).case("seed_gqa").outputs.dz.numel()
+    row = next(line for line in text.splitlines() if line.startswith("seed_gqa") and " dz " in line)
+    assert "0.000e+00  0.000e+00" in row and "100.00%" not in row
+    assert (f"note: {100 * 3 / numel:.2f} % of dz differ only in the sign of zero (-0 vs +0); every value is equal"
+            in text)
+    assert text.count("sign of zero") == 1  # the other outputs and the other case are bit-equal
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["cases"]["seed_gqa"]["dz"]["zero_sign_fraction"] == pytest.approx(3 / numel)
+    assert metrics["cases"]["seed_gqa"]["states"]["zero_sign_fraction"] == 0
 
 
 def test_compare_reports_skipped_cases(golden_bundle, tmp_path, capsys):

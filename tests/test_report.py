@@ -46,6 +46,51 @@ def test_report_default_case_writes_every_file(default_report):
         assert f"({name})" in summary
 
 
+def test_report_plots_every_policy_against_the_claimed_one(default_report):
+    """The figure that tells the policies apart (notebook 01): seed_bf16 is bit-identical to upstream_sm90 up to
+    the stages where its rounding semantics differ (the diagonal's rank sum), then about 3e-3 away."""
+    _check_png(default_report / "fig_drift_vs_claimed.png")
+    metrics = json.loads((default_report / "metrics.json").read_text())
+    assert metrics["claimed_policy"]["label"] == "upstream_sm90"
+    rows = metrics["stage_drift_vs_claimed"]["rows"]
+    assert metrics["stage_drift_vs_claimed"]["baseline"] == "upstream_sm90"
+    assert {r["label"] for r in rows} == {"seed_bf16", "device: H200 upstream (golden)"}  # no fp64/fp32
+    seed = {r["stage"]: r["rel_rms"] for r in rows if r["label"] == "seed_bf16"}
+    for stage in ("q_biased", "k_biased", "qk_dot", "q_rot", "k_rot", "gamma", "k_scaled", "psiv", "k_state"):
+        assert seed[stage] == 0, stage  # the same roundings, elementwise or in the same reduction code
+    assert seed["diag_accum"] > 1e-3  # measured 3.1e-3 on this case
+    summary = (default_report / "summary.md").read_text()
+    assert "## Drift by stage against the claimed policy `upstream_sm90`" in summary
+    assert "(fig_drift_vs_claimed.png)" in summary
+
+
+def test_stage_plot_shows_exact_zeros_on_their_own_line():
+    from mimo_numerics.drift import DriftRow, DriftTable
+
+    table = DriftTable("upstream_sm90", "bfloat16", [DriftRow("seed_bf16", "q_biased", 0.0, 0.0, 0.0, 4),
+                                                     DriftRow("seed_bf16", "diag_accum", 3e-3, 1e-2, 2.0, 4)])
+    ax = plots.plot_stage_drift(table).axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[-1] == plots.ZERO_LABEL
+    zero_tick = ax.get_yticks()[-1]
+    assert ax.get_ylim()[0] < zero_tick < 3e-3 / 10  # below a gap under the smallest positive value
+
+
+def test_sensitivity_scores_use_a_linear_axis_and_errors_a_log_axis():
+    from mimo_numerics import presets
+    from mimo_numerics.sensitivity import rank_sites
+
+    inputs = cases.make_inputs(cases.CaseSpec(seqlen=8, state_dim=16, value_dim=16, rank=2, chunk_size=4,
+                                              has_z=True))
+    table = rank_sites(inputs, presets.get("upstream_sm90"), "fp64")
+    fig = plots.plot_sensitivity(table)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "linear"
+    shown = {t.get_text() for t in ax.texts}
+    assert f"{table.ranked()[0].score:.2g}" in shown  # every bar carries its value
+    assert plots.plot_sensitivity(table, output="dz").axes[0].get_xscale() == "log"
+
+
 def test_report_cli_end_to_end_on_a_grid_case(tmp_path):
     """``python -m mimo_numerics.report`` on a case without device data (emulated device)."""
     out = tmp_path / "smoke"
@@ -66,11 +111,38 @@ def test_report_arguments_and_errors(tmp_path, capsys):
     args = parser.parse_args([])
     assert args.case == report.DEFAULT_CASE and args.out is None and args.baseline == "fp64"
     bad = parser.parse_args(["--case", "no_such_case", "--out", str(tmp_path / "x")])
-    assert report.run_report(bad) == 2
-    assert "unknown case" in capsys.readouterr().err
+    with pytest.raises(report.ReportError, match="unknown case") as excinfo:
+        report.run_report(bad)
+    assert isinstance(excinfo.value, ValueError) and "--case takes" in excinfo.value.hint
     assert report.default_out_dir("seed_gqa").name.endswith("_seed_gqa")
     assert report.resolve_case("gate:0").device_outputs is None
     assert report.resolve_case(cases.grid("smoke")[1].case_id).name == cases.grid("smoke")[1].case_id
+
+
+@pytest.mark.parametrize("argv, message, hint", [
+    (["--case", "no_such_case"], "--case no_such_case: unknown case; golden cases are seed_", "--case takes"),
+    (["--case", "smoke:99"], "--case smoke:99: grid 'smoke' has 3 cases; index 99 is out of range", "smoke:0 .."),
+    (["--case", "missing_dir/b::x"], "--case missing_dir/b::x: missing_dir/b does not exist", "bundle DIR[::CASE]"),
+    (["--policies", "fp32,nope"], "--policies nope: unknown preset 'nope'", "mimo-numerics presets"),
+])
+def test_report_errors_use_the_cli_format(argv, message, hint, tmp_path, capsys, monkeypatch):
+    """``mimo-numerics report`` errors read like every other command's: one line, ``... (hint: ...)``."""
+    from mimo_numerics import cli
+
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["report", "--quiet", "--out", str(tmp_path / "r"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"mimo-numerics: error: {message}") and hint in err.split(" (hint: ", 1)[1]
+    assert not (tmp_path / "r").exists()
+
+
+def test_python_dash_m_report_errors_use_the_cli_format(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "mimo_numerics.report", "--case", "no_such_case", "--out",
+                           str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("mimo-numerics: error: --case no_such_case: unknown case")
+    assert "(hint: " in proc.stderr
 
 
 def test_report_case_from_a_bundle(tmp_path):

@@ -7,6 +7,7 @@ the real upstream kernel's H200 outputs (replayed from ``tests/data``).
 
 import functools
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -378,10 +379,112 @@ def test_plugin_gate_fixture_passes_fails_and_skips(pytester):
     result = _run(pytester, "-rs")
     result.assert_outcomes(passed=2, failed=2, skipped=2)
     result.stdout.fnmatch_lines([
-        "*AssertionError: mamba_mimo_bwd_fwd gate FAILED: policy upstream_sm90*",
-        "*case*output*status*vs ref?P?*noise*tol*use*vs fp64*ref vs fp64*ratio*limit*bit-eq*note*",
-        "*dz*FAIL*same-policy gate*",
+        "mamba_mimo_bwd_fwd gate FAILED: policy upstream_sm90*",
+        "output*status*vs ref?P?*noise*tol*use*vs fp64*ref vs fp64*ratio*limit*bit-eq*note*",
+        "case seed_*",
+        "dz*FAIL*same-policy gate*",
         "*mimo_numerics gates*",
         "*4 case gate(s) run, 2 failed, 2 skipped*",
         "*SKIPPED*case dtype float16 differs from the policy's lp_dtype bfloat16*",
     ])
+
+
+def _failure_section(result):
+    lines = result.outlines
+    start = next(i for i, line in enumerate(lines) if "= FAILURES =" in line)
+    end = next(i for i, line in enumerate(lines) if "= mimo_numerics gates =" in line)
+    return [line for line in lines[start + 1:end] if not line.startswith("_____")]
+
+
+def test_plugin_gate_failure_is_the_table_alone_and_names_the_nearest_preset(pytester):
+    """A kernel that implements seed_bf16 while claiming upstream_sm90 (the reference under seed_bf16): the failure
+    is the report's table (no plugin frames, no fixture reprs), fits 120 columns and names seed_bf16 and how it
+    differs; a kernel broken otherwise (a skipped rounding) is as far from every preset and gets no such hint."""
+    pytester.makepyfile(test_mimo_plugin_wrong="""
+        import functools, pytest
+        from mimo_numerics import presets, reference
+
+        @pytest.mark.mimo_grid("smoke")
+        def test_seed_semantics(mimo_gate):
+            mimo_gate(functools.partial(reference.mamba_mimo_bwd_fwd, policy=presets.get("seed_bf16")))
+
+        @pytest.mark.mimo_grid("smoke")
+        def test_skipped_rounding(mimo_gate, mimo_policy):
+            mimo_gate(functools.partial(reference.mamba_mimo_bwd_fwd, policy=mimo_policy.replace(out=False)))
+    """)
+    result = _run(pytester, "-k", "seed_semantics")
+    result.assert_outcomes(failed=2, skipped=1)
+    section = _failure_section(result)
+    text = "\n".join(section)
+    assert "gate FAILED" in text and "same-policy gate" in text
+    for unwanted in ("Traceback", "self = GateReport", "mimo_policy = RoundingPolicy", "pytest_plugin.py",
+                     "AssertionError", "raise_if_failed"):
+        assert unwanted not in text, unwanted
+    assert max(len(line) for line in section) <= testing.FAILURE_WIDTH, max(section, key=len)
+    flat = " ".join(text.split())  # the hint is wrapped to the width
+    assert flat.count("hint: outputs look like preset `seed_bf16`") == 2
+    assert "mean rel RMS 0 (bit-exact) to it" in flat and "diag_mode=mul_then_add" in flat
+    result = _run(pytester, "-k", "skipped_rounding")
+    result.assert_outcomes(failed=2, skipped=1)
+    assert "outputs look like preset" not in "\n".join(_failure_section(result))
+
+
+def test_failure_message_of_the_api_fits_and_names_the_nearest_preset():
+    seed = mn.presets.get("seed_bf16")
+    with pytest.raises(AssertionError) as excinfo:
+        assert_mamba_mimo_bwd_fwd(ref_fn(seed), policy="upstream_sm90", cases="smoke")
+    message = str(excinfo.value)
+    assert message.startswith("mamba_mimo_bwd_fwd gate FAILED")
+    assert max(len(line) for line in message.splitlines()) <= testing.FAILURE_WIDTH
+    assert "outputs look like preset `seed_bf16` on 2 failing cases" in " ".join(message.split())
+    report = check_mamba_mimo_bwd_fwd(ref_fn(seed), policy="upstream_sm90", cases="smoke")
+    matches = report.nearest_presets()
+    assert [m.nearest for m in matches] == ["seed_bf16", "seed_bf16"] and all(m.better for m in matches)
+    assert all(m.nearest_distance == 0 and m.claimed_distance > 0 for m in matches)
+    assert "diag_mode=mul_then_add" in matches[0].differences()
+    # the wide table of the programmatic API is unchanged: one row per case and output, with the case column
+    assert report.table().splitlines()[0].startswith("case ")
+    assert report.table(width=100) != report.table()
+    assert "fn_outputs" not in json.dumps(report.to_dict())
+
+
+def test_a_device_that_is_not_here_is_refused_before_any_case_runs():
+    calls = []
+
+    def fn(*args, **kwargs):
+        calls.append(1)
+        return reference.mamba_mimo_bwd_fwd(*args, **kwargs)
+
+    for device, reason in (("cuda", "torch has no CUDA device here"), ("npu", "torch_npu is not installed"),
+                           ("nonsense", "not a torch device"), ("meta", "meta tensors hold no values")):
+        if device == "cuda" and torch.cuda.is_available():
+            continue
+        if device == "npu" and importlib.util.find_spec("torch_npu") is not None:
+            continue
+        with pytest.raises(testing.DeviceUnavailableError, match=reason) as excinfo:
+            check_mamba_mimo_bwd_fwd(fn, policy="upstream_sm90", cases="smoke", device=device)
+        assert isinstance(excinfo.value, ValueError) and excinfo.value.hint
+    assert not calls
+    assert testing.check_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the usage error raised without CUDA")
+def test_plugin_refuses_an_unusable_device_at_start(pytester):
+    pytester.makepyfile(test_mimo_plugin_device="""
+        import functools
+        from mimo_numerics import reference
+
+        def test_kernel(mimo_gate, mimo_policy):
+            mimo_gate(functools.partial(reference.mamba_mimo_bwd_fwd, policy=mimo_policy))
+    """)
+    for args, expected in ((("--mimo-device", "cuda"), "*--mimo-device cuda: torch has no CUDA device here*hint:*"),
+                           (("--mimo-device", "tpu9"), "*--mimo-device tpu9: not a torch device*")):
+        result = _run(pytester, *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([expected])
+        assert "Traceback" not in result.stdout.str() + result.stderr.str()
+        assert "failed" not in result.stdout.str()
+    pytester.makeini("[pytest]\nmimo_device = cuda\n")
+    result = _run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ini mimo_device cuda: torch has no CUDA device here*"])

@@ -94,3 +94,15 @@ def test_reference_accepts_non_contiguous_views():
     got = _call(mn.reference.mamba_mimo_bwd_fwd, inputs, policy="seed_bf16")
     for a, b in zip(got, expected):
         assert torch.equal(a, b)
+
+
+def test_segsum_of_another_chunk_size_names_chunk_size_and_its_default():
+    """C=8 data called without chunk_size: the message says chunk_size defaulted to 16 and what to pass."""
+    inputs = make_inputs(CaseSpec(seqlen=32, state_dim=16, value_dim=16, rank=2, chunk_size=8))
+    args = [inputs[n] for n in mn.INPUT_NAMES]
+    for fn in (mn.reference.mamba_mimo_bwd_fwd, mn.oracle.mamba_mimo_bwd_fwd_oracle):
+        with pytest.raises(ValueError, match=r"segsum has chunk size 8 .* but chunk_size=16 \(the default when "
+                                             r"chunk_size is not passed\): pass chunk_size=8"):
+            fn(*args)
+    with pytest.raises(ValueError, match=r"segsum has chunk size 8 .* but chunk_size=4: pass chunk_size=8"):
+        mn.reference.mamba_mimo_bwd_fwd(*args, chunk_size=4)
