@@ -10,7 +10,8 @@ A bundle is a directory::
 ``manifest.json`` (``schema_version`` 2) holds its own digest ``manifest_sha256`` and, per case: its name, its spec
 (a ``CaseSpec`` dict, or a free-form dict for cases that do not come from ``mimo_numerics.cases``), the rounding
 policy as JSON (``null`` for the upstream kernel and other runs that have no policy), the backend, the torch device
-and its name, package versions (torch/triton/tilelang/CANN... when present), the creation time, ``chunk_size`` and
+and its name, package versions (torch/triton/tilelang/CANN... when present; always ``tilelang`` for a case of the
+upstream kernel), the creation time, ``chunk_size`` and
 ``rotary_dim_divisor``, the dtype and shape of every tensor, content digests of the inputs and of the outputs
 (independent of the file layout; ``compare`` uses the inputs digest to refuse bundles whose inputs differ) and the
 sha256 and size of every tensor file. Its keys, its digest and the older schema version 1 are described in
@@ -59,6 +60,7 @@ import safetensors.torch
 import torch
 
 # BundleError, OldSchemaError, manifest_digest and the schema constants are part of this module's API too
+from . import envinfo
 from .bundle_manifest import (MANIFEST, SCALAR_INPUTS, SCHEMA, SCHEMA_VERSION,  # noqa: F401
                               BundleError, OldSchemaError, manifest_digest, read_manifest, seal)
 from .outputs import INPUT_NAMES, OUTPUT_NAMES, MimoBwdFwdOutputs
@@ -68,6 +70,8 @@ from .validation import Dims, validate_inputs
 INPUTS_SUFFIX = ".inputs.safetensors"
 OUTPUTS_SUFFIX = ".outputs.safetensors"
 
+#: The backend name of the real upstream kernel; its cases always record ``versions["tilelang"]``.
+UPSTREAM_BACKEND = "upstream"
 #: The one safetensors metadata key of a bundle's tensor files; its value is ``{"case": name, "kind": "inputs"}`` as
 #: JSON. (Files of the hand-written codec before it have ``{"format": "pt", "case": ..., "kind": ...}``.)
 FILE_METADATA_KEY = "mimo_numerics.bundle"
@@ -98,7 +102,8 @@ class BundleCase:
         backend (str): ``"reference"``, ``"triton"``, ``"upstream"``, ... (free text).
         device (str): the torch device the run used (``"cpu"``, ``"cuda:0"``, ``"npu:0"``).
         device_name (str | None): e.g. ``"NVIDIA H200 (sm_90)"`` (``envinfo.device_name``).
-        versions (dict): package versions (``envinfo.versions()``).
+        versions (dict): package versions (``envinfo.versions()``). An ``"upstream"`` case saved with ``created``
+            None and no ``tilelang`` key gets this process's TileLang version (``"unknown"`` if none is found).
         created (str | None): ISO-8601 UTC time; ``save_bundle`` fills it in when None.
         skipped (str | None): why there are no outputs (e.g. a shape the upstream kernel refuses).
         meta (dict): free-form JSON metadata (timings, provenance...).
@@ -438,6 +443,16 @@ def _file_metadata(case_name: str, kind: str) -> Dict[str, str]:
     return {FILE_METADATA_KEY: json.dumps({"case": case_name, "kind": kind}, sort_keys=True, separators=(",", ":"))}
 
 
+def _case_versions(case: BundleCase) -> Dict[str, str]:
+    """``case.versions``, plus ``tilelang`` for an upstream case made in this process (``created`` None) that lacks
+    it: the version of this process (:func:`envinfo.tilelang_version`), or ``"unknown"`` when it cannot be found.
+    Cases read from a bundle (``created`` set) keep what they recorded: their run was elsewhere."""
+    versions = dict(case.versions)
+    if case.backend == UPSTREAM_BACKEND and case.created is None and "tilelang" not in versions:
+        versions["tilelang"] = envinfo.tilelang_version() or "unknown"
+    return versions
+
+
 def _case_entry(case: BundleCase, directory: Path) -> dict:
     spec_type, spec = _spec_to_json(case.spec)
     entry: Dict[str, Any] = {
@@ -448,7 +463,7 @@ def _case_entry(case: BundleCase, directory: Path) -> dict:
         "backend": str(case.backend),
         "device": str(case.device),
         "device_name": case.device_name,
-        "versions": dict(case.versions),
+        "versions": _case_versions(case),
         "created": case.created or utc_now(),
         "skipped": case.skipped,
         "meta": json.loads(json.dumps(dict(case.meta))),
