@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CITING = sorted({*ROOT.glob("README.md"), *ROOT.glob("docs/*.md"), *ROOT.glob("reports/*.md"), *ROOT.glob("scripts/*.py"),
-                 *ROOT.glob("scripts/*.sh"), *ROOT.glob("kernels/*.py"), ROOT / "reports" / "bench" / "README.md"})
+CITING = sorted({ROOT / "README.md", ROOT / "reports" / "bench" / "README.md", *ROOT.glob("docs/*.md"),
+                 *ROOT.glob("reports/*.md"), *ROOT.glob("scripts/*.py"), *ROOT.glob("scripts/*.sh"),
+                 *ROOT.glob("kernels/*.py")})
 # a path, possibly ending in a glob (*) or an ellipsis (…) standing for the rest of a file name
 _PATH = re.compile(r"reports/bench/[A-Za-z0-9_./*…-]*")
 
