@@ -473,8 +473,8 @@ def _mimo_state_kernel(
     Grid: 1-D, B·H·n_nt·n_pt programs; program → (b, h, N tile of BN rows, P tile of BP columns), each walking all
     nc chunks in order. The decays exp(da_cs[last valid t of the chunk]) are loaded CB chunks at a time (one
     pipelined loop over all chunks with a per-chunk decay load measured slower on an H200: 0.41 against 0.19 ms at
-    shape (a), reports/bench/20261129_214758_43fe441_kernels.md: Triton pipelines only the loads that feed a dot,
-    and a loaded value carried across its iterations stops it pipelining the operand loads too).
+    shape (a), reports/bench/history/20261129_214758_43fe441_kernels.md: Triton pipelines only the loads that feed a
+    dot, and a loaded value carried across its iterations stops it pipelining the operand loads too).
 
     Inputs: kst [B·H·nc, LP, N] and psiv [B·H·nc, LP, P] from ``_mimo_prep_kernel`` (lp bits when K_STATE / PSIV,
     else FP32; padded rows are 0), or with PSIV_FROM_V v [B, S, H, P] (int16 bits) and mimo_v [H, R, P] (FP32)

@@ -232,7 +232,7 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None) -> Plan:
             BN = 32
         BP3 = min(P, 64)
         # The chunk kernels are latency-bound (dependent loads, small GEMMs): many small resident programs beat
-        # fewer large ones. Measured on an H200 at shapes (a) and (c) (reports/bench/, 20261129_190957): output
+        # fewer large ones. Measured on an H200 at shapes (a) and (c) (reports/bench/history/, 20261129_190957): output
         # kernel rows RBK·TB = 16 with 2 warps, prep programs of 16 fused rows with 2 warps: (a) 1.17 ms against
         # 2.15 ms for 64 rows with 8 warps (which also faulted with Triton 3.6 at N = 128, P = 32).
         TB, RBK = 16, 1

@@ -10,16 +10,23 @@ A bundle is a directory::
 ``manifest.json`` (``schema_version`` 2) holds its own digest ``manifest_sha256`` and, per case: its name, its spec
 (a ``CaseSpec`` dict, or a free-form dict for cases that do not come from ``mimo_numerics.cases``), the rounding
 policy as JSON (``null`` for the upstream kernel and other runs that have no policy), the backend, the torch device
-and its name, package versions (torch/triton/tilelang/CANN... when present), the creation time, ``chunk_size`` and
+and its name, package versions (torch/triton/tilelang/CANN... when present; always ``tilelang`` for a case of the
+upstream kernel), the creation time, ``chunk_size`` and
 ``rotary_dim_divisor``, the dtype and shape of every tensor, content digests of the inputs and of the outputs
 (independent of the file layout; ``compare`` uses the inputs digest to refuse bundles whose inputs differ) and the
 sha256 and size of every tensor file. Its keys, its digest and the older schema version 1 are described in
 :mod:`mimo_numerics.bundle_manifest`; :func:`upgrade_bundle` rewrites a version 1 bundle as version 2.
 
-Tensor files use the safetensors format (https://huggingface.co/docs/safetensors): an 8-byte little-endian header
-length, a JSON header ``{name: {"dtype", "shape", "data_offsets"}}`` and the raw little-endian bytes. This module
-reads and writes that format itself (no ``safetensors`` dependency); the files load with
-``safetensors.torch.load_file`` as well.
+Tensor files are safetensors files (https://huggingface.co/docs/safetensors), written and parsed by the
+``safetensors`` package (``safetensors.torch.save`` / ``load``), whose parser refuses a malformed file: a header
+length past the end, a header that is not UTF-8 JSON of tensor entries, an unknown dtype, a shape that disagrees with
+its byte range, byte ranges that leave gaps, overlap or do not cover the data section exactly (truncated files,
+trailing bytes). The library orders the tensors in a file by dtype alignment, then name, and each file carries one
+metadata key (:data:`FILE_METADATA_KEY`; the library writes several in hash-map order), so a file's bytes depend only
+on its tensors, case name and kind. A file is read whole, once: the bytes that are hashed are the bytes that are
+parsed, and the loaded tensors own their memory (a memory map would follow later in-place rewrites of the file).
+Files written by the hand-written codec of earlier versions are valid safetensors and load unchanged
+(``tests/data/bundle_legacy_codec``).
 
 Writing is atomic: everything goes to a hidden temporary directory next to the target, is fsynced, and is renamed
 into place last, so an interrupted write never leaves a bundle that verifies (the temporary directory has no
@@ -43,16 +50,17 @@ import json
 import os
 import re
 import shutil
-import struct
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+import safetensors.torch
 import torch
 
 # BundleError, OldSchemaError, manifest_digest and the schema constants are part of this module's API too
+from . import envinfo
 from .bundle_manifest import (MANIFEST, SCALAR_INPUTS, SCHEMA, SCHEMA_VERSION,  # noqa: F401
                               BundleError, OldSchemaError, manifest_digest, read_manifest, seal)
 from .outputs import INPUT_NAMES, OUTPUT_NAMES, MimoBwdFwdOutputs
@@ -62,18 +70,17 @@ from .validation import Dims, validate_inputs
 INPUTS_SUFFIX = ".inputs.safetensors"
 OUTPUTS_SUFFIX = ".outputs.safetensors"
 
+#: The backend name of the real upstream kernel; its cases always record ``versions["tilelang"]``.
+UPSTREAM_BACKEND = "upstream"
+#: The one safetensors metadata key of a bundle's tensor files; its value is ``{"case": name, "kind": "inputs"}`` as
+#: JSON. (Files of the hand-written codec before it have ``{"format": "pt", "case": ..., "kind": ...}``.)
+FILE_METADATA_KEY = "mimo_numerics.bundle"
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]{0,199}$")
-_MAX_HEADER = 100 * 1024 * 1024
 
-# safetensors dtype codes
-_ST_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
-_ST_FROM_CODE = {code: dtype for dtype, code in _ST_DTYPES.items()}
-# manifest dtype names
-_DTYPE_NAMES = {dtype: str(dtype).replace("torch.", "") for dtype in _ST_DTYPES}
+#: The dtypes a tensor file may hold (safetensors F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL), by manifest name.
+_DTYPE_NAMES = {dtype: str(dtype).replace("torch.", "") for dtype in (
+    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
+    torch.uint8, torch.bool)}
 _DTYPE_FROM_NAME = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 
 PathLike = Union[str, os.PathLike]
@@ -95,7 +102,8 @@ class BundleCase:
         backend (str): ``"reference"``, ``"triton"``, ``"upstream"``, ... (free text).
         device (str): the torch device the run used (``"cpu"``, ``"cuda:0"``, ``"npu:0"``).
         device_name (str | None): e.g. ``"NVIDIA H200 (sm_90)"`` (``envinfo.device_name``).
-        versions (dict): package versions (``envinfo.versions()``).
+        versions (dict): package versions (``envinfo.versions()``). An ``"upstream"`` case saved with ``created``
+            None and no ``tilelang`` key gets this process's TileLang version (``"unknown"`` if none is found).
         created (str | None): ISO-8601 UTC time; ``save_bundle`` fills it in when None.
         skipped (str | None): why there are no outputs (e.g. a shape the upstream kernel refuses).
         meta (dict): free-form JSON metadata (timings, provenance...).
@@ -266,75 +274,64 @@ def _sha256_file_bytes(data: bytes) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------- safetensors
+def _owning_cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on the CPU, contiguous and alone in its storage (the library refuses tensors that share memory)."""
+    t = tensor.detach().to("cpu").contiguous()
+    if t.storage_offset() != 0 or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()
+    return t
+
+
 def encode_safetensors(tensors: Mapping[str, torch.Tensor], metadata: Optional[Mapping[str, str]] = None) -> bytes:
-    """The safetensors serialisation of ``tensors`` (in the given order), with string ``metadata``."""
+    """The safetensors bytes of ``tensors`` with string ``metadata`` (``safetensors.torch.save``).
+
+    The file orders the tensors by dtype alignment, then name, whatever the order of ``tensors``. With more than one
+    metadata key the library writes the keys in hash-map order, so the bytes then differ from call to call (bundles
+    write one key, :data:`FILE_METADATA_KEY`).
+
+    Raises:
+        TypeError: a tensor whose dtype bundles do not store (see ``_DTYPE_NAMES``).
+    """
     _check_little_endian()
-    header: Dict[str, Any] = {}
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    chunks: List[bytes] = []
-    offset = 0
+    prepared: Dict[str, torch.Tensor] = {}
+    storages = set()
     for name, tensor in tensors.items():
-        if tensor.dtype not in _ST_DTYPES:
-            raise TypeError(f"tensor {name!r} has dtype {tensor.dtype}, which bundles cannot store")
-        data = _tensor_bytes(tensor)
-        header[name] = {"dtype": _ST_DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        chunks.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-len(text) % 8)  # pad so the data starts 8-byte aligned, as the reference writer does
-    return struct.pack("<Q", len(text)) + text + b"".join(chunks)
+        if tensor.dtype not in _DTYPE_NAMES:
+            raise TypeError(f"tensor {name!r} has dtype {tensor.dtype}, which bundles cannot store; expected one of "
+                            f"{sorted(_DTYPE_NAMES.values())}")
+        t = _owning_cpu_copy(tensor)
+        if t.numel() and t.data_ptr() in storages:  # the same tensor under two names
+            t = t.clone()
+        storages.add(t.data_ptr())
+        prepared[name] = t
+    text_metadata = {str(k): str(v) for k, v in metadata.items()} if metadata else None
+    return safetensors.torch.save(prepared, metadata=text_metadata)
 
 
 def decode_safetensors(data: bytes, where: PathLike = "<bytes>") -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
-    """Parse safetensors bytes into ``({name: tensor}, metadata)``; ``BundleError`` naming ``where`` if malformed."""
+    """Parse safetensors bytes into ``({name: tensor}, metadata)`` with ``safetensors.torch.load``.
+
+    Tensors come back by name (sorted), on the CPU, in memory of their own.
+
+    Raises:
+        BundleError: naming ``where``, when the library refuses the bytes (truncated, trailing bytes, bad header...)
+            or a tensor has a dtype bundles do not store.
+    """
     _check_little_endian()
-    if len(data) < 8:
-        raise BundleError(where, f"truncated tensor file: {len(data)} bytes, shorter than the 8-byte header length")
-    (header_len,) = struct.unpack("<Q", data[:8])
-    if header_len > min(_MAX_HEADER, len(data) - 8):
-        raise BundleError(where, f"truncated or corrupt tensor file: header length {header_len} exceeds the "
-                                 f"{len(data) - 8} bytes that follow it")
     try:
-        header = json.loads(data[8:8 + header_len].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(where, f"corrupt tensor file: header is not valid JSON ({exc})") from None
-    if not isinstance(header, dict):
-        raise BundleError(where, "corrupt tensor file: header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    body = data[8 + header_len:]
-    spans = []
-    tensors: Dict[str, torch.Tensor] = {}
-    for name, info in header.items():
-        try:
-            dtype = _ST_FROM_CODE[info["dtype"]]
-            shape = [int(s) for s in info["shape"]]
-            begin, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise BundleError(where, f"corrupt tensor file: bad header entry for {name!r}: {info!r}") from None
-        numel = 1
-        for s in shape:
-            if s < 0:
-                raise BundleError(where, f"corrupt tensor file: negative size in the shape of {name!r}")
-            numel *= s
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        if not 0 <= begin <= end <= len(body) or end - begin != numel * itemsize:
-            raise BundleError(where, f"truncated or corrupt tensor file: tensor {name!r} ({info['dtype']} "
-                                     f"{shape}) needs bytes [{begin}, {end}) of a {len(body)}-byte data section")
-        spans.append((begin, end, name))
-        if numel == 0:
-            tensors[name] = torch.empty(shape, dtype=dtype)
-        else:
-            tensors[name] = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype).reshape(shape)
-    position = 0
-    for begin, end, name in sorted(spans):
-        if begin != position:
-            raise BundleError(where, f"corrupt tensor file: data of {name!r} starts at {begin}, expected {position}")
-        position = end
-    if position != len(body):
-        raise BundleError(where, f"corrupt tensor file: {len(body) - position} trailing bytes after the last tensor")
-    return tensors, {str(k): str(v) for k, v in metadata.items()}
+        tensors = safetensors.torch.load(bytes(data))
+        # the library has checked the header; only its free-form metadata is left to read
+        header_len = int.from_bytes(data[:8], "little")
+        metadata = json.loads(bytes(data[8:8 + header_len]).decode("utf-8")).get("__metadata__") or {}
+    except Exception as exc:  # SafetensorError; KeyError for a dtype code this torch lacks
+        reason = str(exc) if isinstance(exc, safetensors.SafetensorError) else f"{type(exc).__name__}: {exc}"
+        raise BundleError(where, f"truncated or corrupt tensor file ({len(data)} bytes): the safetensors parser "
+                                 f"refused it: {reason}") from None
+    for name, tensor in tensors.items():
+        if tensor.dtype not in _DTYPE_NAMES:
+            raise BundleError(where, f"corrupt tensor file: tensor {name!r} has dtype {tensor.dtype}, which bundles "
+                                     "do not store")
+    return dict(sorted(tensors.items())), {str(k): str(v) for k, v in metadata.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------- checks
@@ -440,6 +437,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _file_metadata(case_name: str, kind: str) -> Dict[str, str]:
+    """The safetensors metadata of a bundle's tensor file: one key, so that the file's bytes are reproducible (the
+    library writes several metadata keys in hash-map order, which changes from one call to the next)."""
+    return {FILE_METADATA_KEY: json.dumps({"case": case_name, "kind": kind}, sort_keys=True, separators=(",", ":"))}
+
+
+def _case_versions(case: BundleCase) -> Dict[str, str]:
+    """``case.versions``, plus ``tilelang`` for an upstream case made in this process (``created`` None) that lacks
+    it: the version of this process (:func:`envinfo.tilelang_version`), or ``"unknown"`` when it cannot be found.
+    Cases read from a bundle (``created`` set) keep what they recorded: their run was elsewhere."""
+    versions = dict(case.versions)
+    if case.backend == UPSTREAM_BACKEND and case.created is None and "tilelang" not in versions:
+        versions["tilelang"] = envinfo.tilelang_version() or "unknown"
+    return versions
+
+
 def _case_entry(case: BundleCase, directory: Path) -> dict:
     spec_type, spec = _spec_to_json(case.spec)
     entry: Dict[str, Any] = {
@@ -450,7 +463,7 @@ def _case_entry(case: BundleCase, directory: Path) -> dict:
         "backend": str(case.backend),
         "device": str(case.device),
         "device_name": case.device_name,
-        "versions": dict(case.versions),
+        "versions": _case_versions(case),
         "created": case.created or utc_now(),
         "skipped": case.skipped,
         "meta": json.loads(json.dumps(dict(case.meta))),
@@ -466,7 +479,7 @@ def _case_entry(case: BundleCase, directory: Path) -> dict:
         groups.append(("outputs", OUTPUTS_SUFFIX, {n: t for n, t in case.outputs._asdict().items() if t is not None}))
     for kind, suffix, tensors in groups:
         file_name = case.name + suffix
-        data = encode_safetensors(tensors, {"format": "pt", "case": case.name, "kind": kind})
+        data = encode_safetensors(tensors, _file_metadata(case.name, kind))
         _write_synced(directory / file_name, data)
         entry["files"][kind] = {"path": file_name, "sha256": _sha256_file_bytes(data), "size": len(data)}
     return entry

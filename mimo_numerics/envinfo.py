@@ -45,6 +45,16 @@ def distribution_version(*names: str) -> Optional[str]:
     return None
 
 
+def tilelang_version() -> Optional[str]:
+    """The TileLang version: from its package metadata, else from an already imported ``tilelang`` module (a source
+    checkout on ``sys.path`` has no metadata); None when neither is there. Never imports ``tilelang``."""
+    version = distribution_version(*DISTRIBUTIONS["tilelang"])
+    if version is None:
+        module = sys.modules.get("tilelang")
+        version = getattr(module, "__version__", None) if module is not None else None
+    return None if version is None else str(version)
+
+
 def cann_version() -> Optional[str]:
     """The Ascend CANN toolkit version, read from its install-info files; None when no toolkit is found."""
     roots = [os.environ.get(k) for k in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")] + list(DEFAULT_CANN_ROOTS)
@@ -70,13 +80,14 @@ def versions() -> Dict[str, str]:
 
     Returns:
         dict: e.g. ``{"python": "3.12.3", "torch": "2.11.0+cu130", "torch_cuda": "13.0", "triton": "3.6.0", ...}``;
-        packages that are not installed are left out. ``cann`` is present when an Ascend toolkit is found.
+        packages that are not installed are left out (``tilelang`` by :func:`tilelang_version`). ``cann`` is present
+        when an Ascend toolkit is found.
     """
     out: Dict[str, str] = {"python": platform.python_version(), "torch": torch.__version__}
     if getattr(torch.version, "cuda", None):
         out["torch_cuda"] = str(torch.version.cuda)
     for key, names in DISTRIBUTIONS.items():
-        version = distribution_version(*names)
+        version = tilelang_version() if key == "tilelang" else distribution_version(*names)
         if version is not None:
             out[key] = version
     if "mimo_numerics" not in out:

@@ -8,7 +8,8 @@ input order. Each worker limits torch to one intra-op thread so ``workers`` proc
 for golden cases, against the real H200 outputs too. Cases are ``CaseSpec`` objects (``mimo_numerics.cases``) or
 golden case names (``mimo_numerics.golden``).
 
-The progress bar is ``tqdm`` when it is installed, else a plain text bar on stderr; ``progress=False`` silences it.
+The progress bar is ``tqdm`` (``tqdm.auto``: a widget in Jupyter, text on stderr elsewhere); ``progress=False`` silences
+it.
 """
 
 from __future__ import annotations
@@ -22,62 +23,21 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
+from tqdm.auto import tqdm
+
 from .cases import CaseSpec
 
 CaseLike = Union[CaseSpec, str]
 
 
 # ---------------------------------------------------------------------------------------------- progress
-class Progress:
-    """A progress bar: ``tqdm`` when importable, else ``desc [#####-----] done/total elapsed`` on a stream.
+def progress_bar(total: int, desc: str = "", enabled: bool = True, stream=None) -> tqdm:
+    """A ``tqdm`` bar over ``total`` items labelled ``desc``, on ``stream`` (default stderr).
 
-    Use as a context manager and call :meth:`update` once per finished item.
+    ``enabled=False`` gives a silent bar (tqdm's ``disable``). Use it as a context manager and call ``update()`` once
+    per finished item.
     """
-
-    def __init__(self, total: int, desc: str = "", enabled: bool = True, stream=None, width: int = 30):
-        self.total, self.desc, self.enabled, self.width = total, desc, enabled, width
-        self.stream = stream if stream is not None else sys.stderr
-        self.done = 0
-        self.start = time.monotonic()
-        self._tqdm = None
-        if enabled:
-            try:
-                from tqdm.auto import tqdm  # optional
-            except ImportError:
-                tqdm = None
-            if tqdm is not None and stream is None:
-                self._tqdm = tqdm(total=total, desc=desc, file=self.stream)
-
-    def __enter__(self) -> "Progress":
-        if self.enabled and self._tqdm is None:
-            self._draw()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _draw(self) -> None:
-        filled = int(self.width * self.done / self.total) if self.total else self.width
-        bar = "#" * filled + "-" * (self.width - filled)
-        elapsed = time.monotonic() - self.start
-        end = "\n" if self.done >= self.total else ""
-        self.stream.write(f"\r{self.desc} [{bar}] {self.done}/{self.total} {elapsed:.1f}s{end}")
-        self.stream.flush()
-
-    def update(self, n: int = 1) -> None:
-        """Count ``n`` more finished items."""
-        self.done += n
-        if not self.enabled:
-            return
-        if self._tqdm is not None:
-            self._tqdm.update(n)
-        else:
-            self._draw()
-
-    def close(self) -> None:
-        if self._tqdm is not None:
-            self._tqdm.close()
-            self._tqdm = None
+    return tqdm(total=total, desc=desc, disable=not enabled, file=stream if stream is not None else sys.stderr)
 
 
 def _init_worker(threads: int) -> None:
@@ -118,7 +78,7 @@ def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: Option
         raise ValueError(f"workers must be >= 1, got {workers}")
     workers = min(workers, max(len(items), 1))
     results: List[Any] = [None] * len(items)
-    with Progress(len(items), desc, enabled=progress) as bar:
+    with progress_bar(len(items), desc, enabled=progress) as bar:
         if workers == 1:
             for i, item in enumerate(items):
                 results[i] = fn(item)

@@ -52,8 +52,9 @@ UPSTREAM_MS = {"a": "6.63, 6.72", "b": "1.75, 1.78", "c": "9.91, 10.07", "d": "3
 VARIANTS = {
     "default": {},
     "emulated": {"native_lp": 0},
-    # session 5 (reports/bench/20261130_02*); those runs also used the names walk32w2 = st32x32w2,
-    # walk32x16w2 = st32x16w2, k3_r168 = pa_r168, k3_s2 = k3s2, walk_s8 = k2s8 (the same settings, listed below)
+    # session 5 (reports/bench/history/20261130_02*, reports/bench/20261130_023552*); those runs also used the names
+    # walk32w2 = st32x32w2, walk32x16w2 = st32x16w2, k3_r168 = pa_r168, k3_s2 = k3s2, walk_s8 = k2s8 (the same
+    # settings, listed below)
     "walk32": {"BN": 32, "BP2": 32},
     "rbk2_w8": {"RBK": 2, "warps_k3": 8},
     "walk_psiv_ws": {"walk_psiv_from_v": 0},

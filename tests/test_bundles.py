@@ -8,7 +8,9 @@ import struct
 from pathlib import Path
 
 import pytest
+import safetensors.torch as st
 import torch
+from safetensors import safe_open
 
 from mimo_numerics import bundle_manifest, bundles, cases, cli, reference
 from mimo_numerics.bundles import (BundleCase, BundleError, bit_identical, cases_from_golden, decode_safetensors,
@@ -149,23 +151,47 @@ def test_round_trip_keeps_policy_free_spec_skips_and_special_values(tmp_path):
 
 
 def test_files_load_with_the_safetensors_library(pair_bundle):
-    st = pytest.importorskip("safetensors.torch", reason="the safetensors package is optional")
+    bundle = load_bundle(pair_bundle)
     for name in PAIR:
-        loaded = st.load_file(str(pair_bundle / f"{name}.outputs.safetensors"))
-        ours = load_bundle(pair_bundle).case(name).outputs
-        for key, tensor in loaded.items():
-            assert bit_identical(tensor, getattr(ours, key))
+        case = bundle.case(name)
+        outputs = st.load_file(str(pair_bundle / f"{name}.outputs.safetensors"))
+        inputs = st.load_file(str(pair_bundle / f"{name}.inputs.safetensors"))
+        assert sorted(outputs) == sorted(n for n in OUTPUT_NAMES if getattr(case.outputs, n) is not None)
+        assert sorted(inputs) == sorted(n for n in INPUT_NAMES if case.inputs[n] is not None)
+        assert all(bit_identical(t, getattr(case.outputs, n)) for n, t in outputs.items())
+        assert all(bit_identical(t, case.inputs[n]) for n, t in inputs.items())
+        with safe_open(str(pair_bundle / f"{name}.outputs.safetensors"), framework="pt") as f:
+            assert json.loads(f.metadata()[bundles.FILE_METADATA_KEY]) == {"case": name, "kind": "outputs"}
+            assert len(f.metadata()) == 1  # one key: several are written in hash-map order, not reproducibly
 
 
 def test_encode_decode_handles_empty_and_odd_sized_tensors():
     tensors = {"a": torch.arange(3, dtype=torch.float16), "b": torch.empty(0, 4), "c": torch.tensor(7, dtype=torch.int64),
-               "d": torch.tensor([True, False])}
+               "d": torch.tensor([True, False]), "e": torch.arange(6.0).reshape(2, 3).t(),  # not contiguous
+               "f": torch.arange(5, dtype=torch.bfloat16)[1:3]}  # a view into a larger storage
     data = encode_safetensors(tensors, {"k": "v"})
     (header_len,) = struct.unpack("<Q", data[:8])
     assert header_len % 8 == 0
     back, meta = decode_safetensors(data)
-    assert meta == {"k": "v"} and list(back) == list(tensors)
+    assert meta == {"k": "v"} and sorted(back) == sorted(tensors)
     assert all(bit_identical(back[k], tensors[k]) for k in tensors)
+    # the library orders the file itself: the bytes do not depend on the order of the dict
+    assert encode_safetensors(dict(reversed(list(tensors.items()))), {"k": "v"}) == data
+
+
+def test_the_same_tensor_under_two_names_is_stored_twice():
+    x = torch.arange(4.0)
+    back, _ = decode_safetensors(encode_safetensors({"a": x, "b": x}))
+    assert bit_identical(back["a"], x) and bit_identical(back["b"], x)
+
+
+def test_decoded_tensors_do_not_follow_the_file(pair_copy):
+    # files are read whole, not memory-mapped: rewriting a file in place leaves what was loaded unchanged
+    case = load_bundle(pair_copy).case(PAIR[0])
+    q = case.inputs["q"].clone()
+    target = pair_copy / f"{PAIR[0]}.inputs.safetensors"
+    target.write_bytes(bytes(b ^ 0xFF for b in target.read_bytes()))
+    assert bit_identical(case.inputs["q"], q)
 
 
 # ---------------------------------------------------------------------------------------------------------- corruption
@@ -181,7 +207,7 @@ def test_truncated_file_is_refused(pair_copy):
 def test_truncated_to_nothing_is_refused(pair_copy):
     target = pair_copy / f"{PAIR[0]}.inputs.safetensors"
     target.write_bytes(b"\x01\x02")
-    with pytest.raises(BundleError, match=rf"{target.name}: truncated tensor file"):
+    with pytest.raises(BundleError, match=rf"{target.name}: truncated or corrupt tensor file \(2 bytes\)"):
         load_bundle(pair_copy, verify=False)
 
 
@@ -475,11 +501,48 @@ def test_save_refuses_inconsistent_cases(tmp_path, golden_cases):
     assert not (tmp_path / "x").exists()
 
 
-def test_decode_rejects_garbage():
-    with pytest.raises(BundleError, match="header length"):
-        decode_safetensors(struct.pack("<Q", 1000) + b"{}", "f")
-    with pytest.raises(BundleError, match="not valid JSON"):
-        decode_safetensors(struct.pack("<Q", 2) + b"{x", "f")
-    data = encode_safetensors({"a": torch.zeros(2)}) + b"junk"
-    with pytest.raises(BundleError, match="trailing bytes"):
-        decode_safetensors(data, "f")
+def _raw_file(header, body=bytes(8)):
+    """A hand-made safetensors file: ``header`` (a dict, or raw bytes) padded to 8 bytes, then ``body``."""
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + body
+
+
+def _entry(dtype="F32", shape=(2,), offsets=(0, 8)):
+    return {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets)}
+
+
+# every malformed file the hand-written codec refused, now refused by the safetensors parser
+GARBAGE = {
+    "shorter_than_the_header_length": b"\x01\x02",
+    "header_length_past_the_end": struct.pack("<Q", 1000) + b"{}",
+    "header_not_json": _raw_file(b"{x"),
+    "header_not_utf8": _raw_file(b'{"\xff": 1}'),
+    "header_not_an_object": _raw_file(b"[1, 2]"),
+    "entry_without_offsets": _raw_file({"a": {"dtype": "F32", "shape": [2]}}),
+    "unknown_dtype_code": _raw_file({"a": _entry(dtype="Q7")}),
+    "shape_not_integers": _raw_file({"a": _entry(shape=("2",))}),
+    "negative_shape": _raw_file({"a": _entry(shape=(-2,))}),
+    "shape_disagrees_with_the_byte_range": _raw_file({"a": _entry(shape=(3,))}),
+    "gap_before_the_data": _raw_file({"a": _entry(shape=(1,), offsets=(4, 8))}),
+    "overlapping_ranges": _raw_file({"a": _entry(), "b": _entry(shape=(1,), offsets=(4, 8))}),
+    "data_shorter_than_the_header_says": _raw_file({"a": _entry(shape=(4,), offsets=(0, 16))}),
+    "trailing_bytes": encode_safetensors({"a": torch.zeros(2)}) + b"junk",
+    "metadata_not_text": _raw_file({"__metadata__": {"k": 1}, "a": _entry()}),
+    "dtype_bundles_do_not_store": _raw_file({"a": _entry(dtype="C64", shape=(1,))}),
+    "unsigned_16_bit": _raw_file({"a": _entry(dtype="U16", shape=(4,))}),
+    "float8": _raw_file({"a": _entry(dtype="F8_E8M0", shape=(8,))}),
+}
+
+
+@pytest.mark.parametrize("name", list(GARBAGE))
+def test_decode_rejects_garbage(name):
+    with pytest.raises(BundleError, match=r"^f: (truncated or )?corrupt tensor file") as info:
+        decode_safetensors(GARBAGE[name], "f")
+    if name == "shorter_than_the_header_length":
+        assert "(2 bytes)" in str(info.value)
+
+
+def test_encode_refuses_dtypes_bundles_do_not_store():
+    with pytest.raises(TypeError, match="tensor 'a' has dtype torch.complex64, which bundles cannot store"):
+        encode_safetensors({"a": torch.zeros(2, dtype=torch.complex64)})

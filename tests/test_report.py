@@ -163,10 +163,10 @@ def _square(x):
 def test_parallel_map_keeps_order_across_spawned_workers():
     stream = io.StringIO()
     assert sweep.parallel_map(_square, range(7), workers=2, progress=False) == [i * i for i in range(7)]
-    with sweep.Progress(3, "t", stream=stream) as bar:
+    with sweep.progress_bar(3, "t", stream=stream) as bar:
         for _ in range(3):
             bar.update()
-    assert "[" in stream.getvalue() and "3/3" in stream.getvalue()
+    assert stream.getvalue().startswith("\rt: ") and "3/3" in stream.getvalue()
     assert sweep.parallel_map(_square, [3], workers=1, progress=False) == [9]
     with pytest.raises(ValueError):
         sweep.parallel_map(_square, [1], workers=0)
