@@ -47,13 +47,19 @@ def test_legacy_bundle_verifies_with_the_digests_the_old_code_wrote():
     assert bundle["legacy_skipped"].outputs is None and bundle["legacy_skipped"].skipped
 
 
-def test_legacy_inputs_are_the_inputs_of_their_spec():
-    bundle = load_bundle(BUNDLE)
+def test_legacy_inputs_have_the_layout_of_their_spec():
+    # written by the generator of 97b53fc (torch.randn draws): the machine-independent generator of today draws
+    # other values, so the inputs are compared by name, shape and dtype, and by their stored digests (verify=True)
+    bundle = load_bundle(BUNDLE, verify=True)
     for case in bundle:
         # the skipped case has a free-form spec; the script gave it the inputs of the bf16 case's spec
         spec = case.spec if isinstance(case.spec, CaseSpec) else bundle["legacy_bf16"].spec
         made = make_inputs(spec)
-        assert all(bit_identical(case.inputs[n], made[n]) for n in INPUT_NAMES), case.name
+        for n in INPUT_NAMES:
+            a, b = case.inputs[n], made[n]
+            assert (a is None) == (b is None), (case.name, n)
+            if a is not None:
+                assert a.shape == b.shape and a.dtype == b.dtype, (case.name, n)
 
 
 @pytest.mark.parametrize("file_name", sorted(p.name for p in BUNDLE.glob("*.safetensors")))
