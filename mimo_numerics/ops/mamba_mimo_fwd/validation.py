@@ -1,0 +1,172 @@
+"""Input validation for ``mamba_mimo_fwd``: argument checks and the policy's forward section.
+
+Every failure raises ``TypeError`` (wrong Python or torch type, wrong dtype) or ``ValueError`` (shape, device,
+pairing, unsupported size) with a message that names the argument and says what was expected. The generic checks
+come from ``mimo_numerics.validation`` (stage 1's module, not modified here).
+
+Beyond upstream: upstream reads an uninitialised ``torch.empty`` placeholder for ``MIMO_Z`` when ``z`` is given
+without ``mimo_z`` (``mamba3_mimo_fwd.py`` L462); here that raises. The forward takes ``z, d, mimo_z`` where stage
+1 of the backward takes ``z, mimo_z`` and ``d`` near the end: a shape error on one of these three says so.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ...validation import Dims, _check_int, _check_tensor
+from .sites import SITES
+from .spec import INPUT_NAMES, OPTIONAL_INPUTS
+
+LOW_PRECISION_DTYPES = (torch.bfloat16, torch.float16)
+SUPPORTED_ROTARY_DIVISORS = (2, 4)
+#: Section of the policy holding this operator's switches.
+POLICY_SECTION = "mamba_mimo_fwd"
+#: Shared policy knobs the reference reads, with their allowed values.
+POLICY_KNOBS = {
+    "lp_dtype": ("bfloat16", "float16"),
+    "math_dtype": ("float32", "float64"),
+    "diag_mode": ("fma", "mul_then_add"),
+    "silu_form": ("tanh", "sigmoid"),
+    "state_update": ("accumulate_into", "separate"),
+    "round_outputs": (True, False),
+}
+_ORDER_HINT = (" (the forward takes z, d, mimo_z in this order; stage 1 of the backward takes z, mimo_z and d "
+               "elsewhere: were the arguments given in the backward's order?)")
+
+
+def forward_switches(policy):
+    """The policy's ``mamba_mimo_fwd`` section, checked: one bool per site of ``SITES``, valid shared knobs.
+
+    Raises:
+        TypeError: the section is missing, or a switch is not a bool.
+        ValueError: a knob has an unknown value.
+    """
+    for knob, allowed in POLICY_KNOBS.items():
+        if not hasattr(policy, knob):
+            raise TypeError(f"policy has no {knob!r} knob: expected a RoundingPolicy-like object with "
+                            f"{list(POLICY_KNOBS)}")
+        value = getattr(policy, knob)
+        if not any(value == a and type(value) is type(a) for a in allowed):
+            raise ValueError(f"policy.{knob}={value!r} is not a known value; expected one of {allowed}")
+    switches = getattr(policy, POLICY_SECTION, None)
+    if switches is None:
+        raise TypeError(f"policy has no {POLICY_SECTION!r} section: expected policy.{POLICY_SECTION} with one bool "
+                        f"switch per site of mimo_numerics.ops.mamba_mimo_fwd.sites.SITES")
+    missing = [site for site in SITES if not hasattr(switches, site)]
+    if missing:
+        raise TypeError(f"policy.{POLICY_SECTION} lacks the switch(es) {missing}")
+    for site in SITES:
+        if not isinstance(getattr(switches, site), bool):
+            raise TypeError(f"policy.{POLICY_SECTION}.{site} must be a bool, got {getattr(switches, site)!r}")
+    return switches
+
+
+def _check_ordered(name: str, tensor, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    """``_check_tensor`` for z, d and mimo_z: a shape error also names the argument-order mistake."""
+    if tuple(tensor.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(tensor.shape)}{_ORDER_HINT}")
+    _check_tensor(name, tensor, shape, dtype, device)
+
+
+def _check_dtype_argument(dtype, lp: torch.dtype) -> None:
+    if dtype is None:
+        return
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype (torch.bfloat16 or torch.float16) or None, got "
+                        f"{type(dtype).__name__} ({dtype!r})")
+    if dtype not in LOW_PRECISION_DTYPES:
+        raise TypeError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+    if dtype != lp:
+        raise TypeError(f"dtype is {dtype} but q has dtype {lp}: upstream declares q, k, v, z, trap with dtype")
+
+
+def validate_inputs(
+    q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum,
+    chunk_size, rotary_dim_divisor, dtype=None, *, lp_dtype: Optional[torch.dtype] = None,
+) -> Dims:
+    """Check the 16 tensors, the two sizes and ``dtype`` of ``mamba_mimo_fwd``; return their dimensions.
+
+    Args:
+        q..segsum: the tensors of the API in upstream's order (shapes and dtypes in ``docs/forward.md``).
+        chunk_size (int): C >= 1. rotary_dim_divisor (int): 2 or 4; N must be even and divisible by it.
+        dtype (torch.dtype | None): upstream's ``dtype`` argument; when given it must equal q's dtype.
+        lp_dtype (torch.dtype, optional): a policy's lp dtype; the low-precision inputs must have it.
+
+    Returns:
+        Dims: the validated sizes and branch flags.
+    """
+    values = dict(zip(INPUT_NAMES, (q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs,
+                                    da_cs_rev, dt, trap, segsum)))
+    for name, value in values.items():
+        if value is None:
+            if name not in OPTIONAL_INPUTS:
+                raise TypeError(f"{name} is required (upstream cannot take None): expected a torch.Tensor, got None")
+        elif not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor{' or None' if name in OPTIONAL_INPUTS else ''}, got "
+                            f"{type(value).__name__}")
+        elif value.layout != torch.strided or value.is_nested:
+            kind = "a nested tensor" if value.is_nested else f"a tensor of layout {value.layout}"
+            raise TypeError(f"{name} must be a dense (strided) torch.Tensor, got {kind}")
+    chunk_size = _check_int("chunk_size", chunk_size, 1)
+    rotary_dim_divisor = _check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
+    if rotary_dim_divisor not in SUPPORTED_ROTARY_DIVISORS:
+        raise ValueError(f"rotary_dim_divisor must be one of {SUPPORTED_ROTARY_DIVISORS}, got {rotary_dim_divisor}")
+
+    if q.dim() != 5:
+        raise ValueError(f"q must have 5 dimensions [B, S, R, G, N], got shape {list(q.shape)}")
+    if v.dim() != 4:
+        raise ValueError(f"v must have 4 dimensions [B, S, H, P], got shape {list(v.shape)}")
+    batch, seqlen, rank, groups, state_dim = q.shape
+    heads, value_dim = v.shape[2], v.shape[3]
+    for dim_name, size, source in (("B", batch, "q"), ("S", seqlen, "q"), ("R", rank, "q"), ("G", groups, "q"),
+                                   ("N", state_dim, "q"), ("H", heads, "v"), ("P", value_dim, "v")):
+        if size == 0:
+            raise ValueError(f"{source} has an empty dimension {dim_name} (shape {list(values[source].shape)}); "
+                             "every dimension must be >= 1")
+    if heads % groups:
+        raise ValueError(f"v has H={heads} heads, which is not a multiple of the G={groups} groups of q "
+                         "(H % G must be 0)")
+    if state_dim % 2 or state_dim % rotary_dim_divisor:
+        raise ValueError(f"q has N={state_dim}, which must be even and divisible by "
+                         f"rotary_dim_divisor={rotary_dim_divisor}")
+
+    device, lp = q.device, q.dtype
+    if lp not in LOW_PRECISION_DTYPES:
+        raise TypeError(f"q must have dtype torch.bfloat16 or torch.float16, got {lp}")
+    _check_dtype_argument(dtype, lp)
+    if lp_dtype is not None and lp != lp_dtype:
+        raise TypeError(f"q has dtype {lp} but the policy's lp_dtype is {lp_dtype}: the low-precision inputs must "
+                        "match the policy")
+    has_z = z is not None
+    if has_z != (mimo_z is not None):
+        got = ("present and mimo_z None (upstream would read an uninitialised placeholder for MIMO_Z)" if has_z
+               else "None and mimo_z present")
+        misplaced = d is not None and d.dim() != 1  # e.g. mimo_z given in d's place
+        raise ValueError(f"z and mimo_z must be given together: got z {got}{_ORDER_HINT if misplaced else ''}")
+    nchunks = -(-seqlen // chunk_size)
+    bshp = (batch, seqlen, heads, value_dim)
+    weight = (heads, rank, value_dim)
+    # z, d, mimo_z first: a call in the backward's argument order fails here with the order hint
+    if has_z:
+        _check_ordered("z", z, bshp, lp, device)
+        _check_ordered("mimo_z", mimo_z, weight, torch.float32, device)
+    if d is not None:
+        _check_ordered("d", d, (heads,), torch.float32, device)
+    _check_tensor("k", k, tuple(q.shape), lp, device)
+    _check_tensor("v", v, bshp, lp, device)
+    _check_tensor("trap", trap, (batch, heads, seqlen), lp, device)
+    for name in ("q_bias", "k_bias"):
+        _check_tensor(name, values[name], (heads, rank, state_dim), torch.float32, device)
+    _check_tensor("mimo_v", mimo_v, weight, torch.float32, device)
+    if mimo_o is not None:
+        _check_tensor("mimo_o", mimo_o, weight, torch.float32, device)
+    _check_tensor("angles", angles, (batch, seqlen, heads, state_dim // rotary_dim_divisor), torch.float32, device)
+    for name in ("da_cs", "da_cs_rev", "dt"):
+        _check_tensor(name, values[name], (batch, heads, seqlen), torch.float32, device)
+    _check_tensor("segsum", segsum, (batch, heads, nchunks, chunk_size, chunk_size), torch.float32, device)
+
+    return Dims(batch=batch, seqlen=seqlen, heads=heads, groups=groups, state_dim=state_dim, value_dim=value_dim,
+                rank=rank, chunk_size=chunk_size, nchunks=nchunks, rotary_dim_divisor=rotary_dim_divisor,
+                reduce_o=mimo_o is not None, has_z=has_z, has_d=d is not None, lp_dtype=lp, device=device)

@@ -1,0 +1,107 @@
+"""Shared set-up of tests/test_fwd_reference.py and scripts/measure_fwd_golden.py: stand-in policies, the golden
+file's path, and calls of the forward reference on golden cases and on ``mimo_numerics.cases`` inputs.
+
+The stand-in policies are ``types.SimpleNamespace`` objects with the shared knobs and a ``mamba_mimo_fwd`` section
+(one bool per site), as the operator contract describes, until the integrator builds the real per-operator
+``RoundingPolicy``.
+"""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import torch
+
+from mimo_numerics.ops.mamba_mimo_fwd.reference import mamba_mimo_fwd
+from mimo_numerics.ops.mamba_mimo_fwd.sites import SITES
+from mimo_numerics.ops.mamba_mimo_fwd.spec import INPUT_NAMES
+
+#: The whole-op golden data (README beside it); the one place its path is written.
+GOLDEN_FULL_OP = Path("/work/shared/golden/upstream_h200_full_op_cases.pt")
+
+_LP = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+_MATH = {"float32": torch.float32, "float64": torch.float64}
+_PRESET_KNOBS = {
+    "upstream_sm90": dict(all_sites=True, lp_dtype="bfloat16", math_dtype="float32", diag_mode="fma",
+                          silu_form="tanh", state_update="accumulate_into", round_outputs=True),
+    "upstream_sm90_fp16": dict(all_sites=True, lp_dtype="float16", math_dtype="float32", diag_mode="fma",
+                               silu_form="tanh", state_update="accumulate_into", round_outputs=True),
+    "fp32": dict(all_sites=False, lp_dtype="bfloat16", math_dtype="float32", diag_mode="mul_then_add",
+                 silu_form="sigmoid", state_update="separate", round_outputs=True),
+    "fp64": dict(all_sites=False, lp_dtype="bfloat16", math_dtype="float64", diag_mode="mul_then_add",
+                 silu_form="sigmoid", state_update="separate", round_outputs=False),
+}
+PRESETS = tuple(_PRESET_KNOBS)
+
+
+def stand_in_policy(preset: str, sites=None, **knobs) -> types.SimpleNamespace:
+    """A stand-in policy: ``preset``'s knobs and switches, then ``sites`` ({site: bool}) and ``knobs`` applied."""
+    spec = dict(_PRESET_KNOBS[preset])
+    all_sites = spec.pop("all_sites")
+    switches = {site: all_sites for site in SITES}
+    unknown = sorted(set(sites or {}) - set(SITES))
+    if unknown:
+        raise ValueError(f"unknown site(s) {unknown}")
+    switches.update(sites or {})
+    spec.update(knobs)
+    return types.SimpleNamespace(**spec, lp_torch_dtype=_LP[spec["lp_dtype"]],
+                                 math_torch_dtype=_MATH[spec["math_dtype"]],
+                                 mamba_mimo_fwd=types.SimpleNamespace(**switches))
+
+
+def load_golden() -> dict:
+    """The golden cases by name (``torch.load(..., weights_only=True)``)."""
+    return torch.load(GOLDEN_FULL_OP, weights_only=True)
+
+
+def golden_args(case: dict) -> dict:
+    """The forward's arguments for a golden case: raw inputs plus upstream's recorded preprocessing (``pre``)."""
+    inputs, pre = case["inputs"], case["pre"]
+    return dict(q=inputs["Q"], k=inputs["K"], v=inputs["V"], q_bias=inputs["Q_bias"], k_bias=inputs["K_bias"],
+                mimo_v=inputs["MIMO_V"], mimo_o=inputs["MIMO_Out"], z=inputs["Z"], d=inputs["D"],
+                mimo_z=inputs["MIMO_Z"], angles=pre["angles_cumsum"], da_cs=pre["da_cs"],
+                da_cs_rev=pre["da_cs_rev"], dt=inputs["DT"], trap=inputs["Trap"], segsum=pre["segsum"],
+                chunk_size=inputs["chunk_size"], rotary_dim_divisor=inputs["rotary_dim_divisor"])
+
+
+def case_args(inputs: dict) -> dict:
+    """The forward's arguments from ``mimo_numerics.cases.make_inputs`` output (stage 1's inputs less dout)."""
+    args = {name: inputs[name] for name in INPUT_NAMES}
+    args.update(chunk_size=inputs["chunk_size"], rotary_dim_divisor=inputs["rotary_dim_divisor"])
+    return args
+
+
+def run_forward(args: dict, policy, **kw):
+    """``mamba_mimo_fwd`` on the keyword arguments ``args`` (those of ``golden_args`` or ``case_args``)."""
+    return mamba_mimo_fwd(**args, policy=policy, **kw)
+
+
+def golden_table(golden: dict) -> list:
+    """Per golden case: rel RMS against upstream's ``fwd.o`` of the reference under ``upstream_sm90``, ``fp32``
+    and ``fp64``, and the fraction of elements bit-equal to upstream under ``upstream_sm90``."""
+    from mimo_numerics.metrics import bit_equal_fraction, rel_rms
+
+    rows = []
+    for name in sorted(golden):
+        args, want = golden_args(golden[name]), golden[name]["fwd"]["o"]
+        row = {"case": name}
+        for preset in ("upstream_sm90", "fp32", "fp64"):
+            got = run_forward(args, stand_in_policy(preset)).o
+            row[preset] = rel_rms(got, want)
+            if preset == "upstream_sm90":
+                row["bit_equal"] = bit_equal_fraction(got, want)
+        rows.append(row)
+    return rows
+
+
+def site_is_live(site: str, kw: dict, inputs: dict) -> bool:
+    """Whether switching ``site`` off alone can change the output of a golden case (its branch runs).
+
+    ``out_accum`` needs R > 2: with ``out_proj`` on, the terms are lp values, the first step ``rnd(0 + x)`` is
+    exact, and at R = 2 the one remaining rounding ``rnd(x0 + x1)`` is the one the output store makes anyway.
+    """
+    reduced, has_z, has_d = inputs["MIMO_Out"] is not None, inputs["Z"] is not None, inputs["D"] is not None
+    live = {"phi_weight": reduced, "out_proj": reduced, "phi_gate": reduced and has_z,
+            "out_accum": reduced and kw["R"] > 2, "gate": has_z, "d_term": has_d}
+    return live.get(site, True)
