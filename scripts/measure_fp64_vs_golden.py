@@ -52,6 +52,20 @@ def _preprocess_table(golden: dict) -> None:
     print()
 
 
+def _tanh_table(golden: dict) -> None:
+    print("### Upstream's tanh.approx.f32 vs torch's fp32 tanh, inferred at t = 0 (signed fp32 ulps)\n")
+    print("| case | elements | min | median abs | max | within 2 ulp |\n|---|---|---|---|---|---|")
+    every = []
+    for name, case in golden.items():
+        offsets = measure.tanh_ulp_offsets_at_first_token(case).flatten()
+        every.append(offsets)
+        print(f"| {name} | {offsets.numel()} | {offsets.min().item()} | {offsets.abs().median().item()} | "
+              f"{offsets.max().item()} | {(offsets.abs() <= 2).sum().item()} |")
+    offsets = torch.cat(every)
+    print(f"\nall: {offsets.numel()} elements, none beyond the 300-ulp search: {bool((offsets.abs() <= 300).all())}, "
+          f"mean {offsets.double().mean().item():.2f} ulp\n")
+
+
 def _golden_tables(golden: dict) -> None:
     grad_names = ["d" + n for n in INPUT_NAMES]
     print("### rel RMS against the golden data\n")
@@ -96,6 +110,7 @@ def main(argv=None) -> None:
     golden = torch.load(args.golden, weights_only=True)
     print(f"torch {torch.__version__}, golden {args.golden}\n")
     _preprocess_table(golden)
+    _tanh_table(golden)
     _golden_tables(golden)
     _grid_table()
 

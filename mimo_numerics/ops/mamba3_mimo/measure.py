@@ -97,3 +97,28 @@ def fwd_oracle_vs_model(inputs: dict, chunk_size: int, rotary_dim_divisor: int) 
     with torch.no_grad():
         model = mamba3_mimo_fp64(*[x[name] for name in INPUT_NAMES], chunk_size, rotary_dim_divisor)
     return rel_rms(oracle, model)
+
+
+def tanh_ulp_offsets_at_first_token(case: dict, search: int = 300) -> torch.Tensor:
+    """How far upstream's ``tanh.approx.f32`` is from torch's fp32 tanh, inferred from the golden angles at t = 0.
+
+    At t = 0 upstream's angle is ``fl(fl(tanh_approx(a) · π₃₂) · dt)`` (state 0, no wrap), so every fp32 ``y`` with
+    ``fl(fl(y · π₃₂) · dt)`` equal to the golden value is a candidate for ``tanh_approx(a)``. Returns, per element,
+    the candidate nearest to ``torch.tanh(a)`` as a signed distance in fp32 ulps (steps of the bit pattern), or
+    ``search + 1`` where none lies within ``search`` ulps.
+
+    Returns:
+        Tensor: int64, ``[B, H, K]`` (the first token's angles).
+    """
+    angles = case["inputs"]["Angles"][:, 0]  # [B, H, K]
+    dt = case["inputs"]["DT"][:, :, :1]  # [B, H, 1]
+    want = case["pre"]["angles_cumsum"][:, 0]
+    base = torch.tanh(angles.to(torch.float32)).view(torch.int32)
+    pi32 = torch.tensor(math.pi, dtype=torch.float32)
+    best = torch.full(base.shape, search + 1, dtype=torch.int64)
+    for distance in range(search + 1):
+        for offset in ((distance, -distance) if distance else (0,)):
+            candidate = (base + offset).view(torch.float32)
+            hit = ((candidate * pi32) * dt == want) & (best > search)
+            best[hit] = offset
+    return best
