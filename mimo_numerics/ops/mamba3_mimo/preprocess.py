@@ -148,7 +148,11 @@ def _butterfly_sum(x: torch.Tensor) -> torch.Tensor:
 
 
 def _mod_two_pi_f32(x: torch.Tensor) -> torch.Tensor:
-    """``x - 2π₃₂ · floor(x / 2π₃₂)`` in float32, the product and difference rounded once (an FMA)."""
+    """``x - 2π₃₂ · floor(x / 2π₃₂)`` in float32, the product and difference rounded once (an FMA).
+
+    The exact ``x - 2π₃₂·k`` is formed in float64 (24-bit times small-integer product, exact there) and rounded
+    once to float32, so this form needs a device with float64 (CPU, CUDA).
+    """
     turns = torch.floor(x / _TWO_PI_F32)
     return (x.double() - _TWO_PI_F32 * turns.double()).float()
 
