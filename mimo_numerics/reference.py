@@ -92,9 +92,15 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: Dims, r
     return out
 
 
-def _diagonal_rank_sum(qk: torch.Tensor, psiv: torch.Tensor, policy: RoundingPolicy) -> torch.Tensor:
-    """acc[..., r_out, p] = Σ_{r_in ascending} qk[..., r_out, r_in]·psiv[..., r_in, p] under the policy (S26)."""
-    if not policy.section(OPERATOR_NAME).diag_accum:
+def _diagonal_rank_sum(qk: torch.Tensor, psiv: torch.Tensor, policy: RoundingPolicy,
+                       accumulate: Optional[bool] = None) -> torch.Tensor:
+    """acc[..., r_out, p] = Σ_{r_in ascending} qk[..., r_out, r_in]·psiv[..., r_in, p] under the policy (S26).
+
+    ``accumulate``: carry the sum in lp (default: this operator's ``diag_accum`` switch; the forward passes its own).
+    """
+    if accumulate is None:
+        accumulate = policy.section(OPERATOR_NAME).diag_accum
+    if not accumulate:
         return qk @ psiv
     acc = None
     for r_in in range(qk.shape[-1]):

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from mamba_mimo_fwd_support import (golden_args, golden_table, load_golden, run_forward,  # noqa: E402
-                                    stand_in_policy)
+                                    fwd_policy)
 from mimo_numerics.metrics import rel_rms  # noqa: E402
 from mimo_numerics.ops.mamba_mimo_fwd import reference as fwd_reference  # noqa: E402
 from mimo_numerics.ops.mamba_mimo_fwd.sites import SITES  # noqa: E402
@@ -38,7 +38,7 @@ def _with_upstream_states(case: dict) -> torch.Tensor:
     original = fwd_reference._state_recurrence
     fwd_reference._state_recurrence = lambda k_state, psiv, decay, policy: states.to(k_state.dtype)
     try:
-        return run_forward(golden_args(case), stand_in_policy("upstream_sm90")).o
+        return run_forward(golden_args(case), fwd_policy("upstream_sm90")).o
     finally:
         fwd_reference._state_recurrence = original
 
@@ -46,7 +46,7 @@ def _with_upstream_states(case: dict) -> torch.Tensor:
 def case_table(golden: dict) -> str:
     lines = ["| case | upstream_sm90 | bit-equal | fp32 | fp64 | fp32 / sm90 | unfused diagonal | upstream states |",
              "|---|---|---|---|---|---|---|---|"]
-    unfused = stand_in_policy("upstream_sm90", diag_mode="mul_then_add")
+    unfused = fwd_policy("upstream_sm90", diag_mode="mul_then_add")
     for row in golden_table(golden):
         case = golden[row["case"]]
         want = case["fwd"]["o"]
@@ -59,13 +59,13 @@ def case_table(golden: dict) -> str:
 
 def site_table(golden: dict) -> str:
     names = sorted(golden)
-    base = {n: run_forward(golden_args(golden[n]), stand_in_policy("upstream_sm90")).o for n in names}
+    base = {n: run_forward(golden_args(golden[n]), fwd_policy("upstream_sm90")).o for n in names}
     lines = ["| site | cases changed | min ratio off/on | max ratio off/on |", "|---|---|---|---|"]
     for site in SITES:
         ratios = []
         for name in names:
             want = golden[name]["fwd"]["o"]
-            off = run_forward(golden_args(golden[name]), stand_in_policy("upstream_sm90", sites={site: False})).o
+            off = run_forward(golden_args(golden[name]), fwd_policy("upstream_sm90", sites={site: False})).o
             if not torch.equal(off, base[name]):
                 ratios.append(rel_rms(off, want) / rel_rms(base[name], want))
         low = f"{min(ratios):.2f}" if ratios else "-"

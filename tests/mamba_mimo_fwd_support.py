@@ -1,53 +1,28 @@
-"""Shared set-up of tests/test_fwd_reference.py and scripts/measure_fwd_golden.py: stand-in policies, the golden
-file's path, and calls of the forward reference on golden cases and on ``mimo_numerics.cases`` inputs.
-
-The stand-in policies are ``types.SimpleNamespace`` objects with the shared knobs and a ``mamba_mimo_fwd`` section
-(one bool per site), as the operator contract describes, until the integrator builds the real per-operator
-``RoundingPolicy``.
-"""
+"""Shared set-up of tests/test_fwd_reference.py and scripts/measure_fwd_golden.py: policies, the golden file's
+path, and calls of the forward reference on golden cases and on ``mimo_numerics.cases`` inputs."""
 
 from __future__ import annotations
 
-import types
 from pathlib import Path
 
 import torch
 
+from mimo_numerics import presets
 from mimo_numerics.ops.mamba_mimo_fwd.reference import mamba_mimo_fwd
 from mimo_numerics.ops.mamba_mimo_fwd.sites import SITES
 from mimo_numerics.ops.mamba_mimo_fwd.spec import INPUT_NAMES
 
-#: The whole-op golden data (README beside it); the one place its path is written.
-GOLDEN_FULL_OP = Path("/work/shared/golden/upstream_h200_full_op_cases.pt")
-
-_LP = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-_MATH = {"float32": torch.float32, "float64": torch.float64}
-_PRESET_KNOBS = {
-    "upstream_sm90": dict(all_sites=True, lp_dtype="bfloat16", math_dtype="float32", diag_mode="fma",
-                          silu_form="tanh", state_update="accumulate_into", round_outputs=True),
-    "upstream_sm90_fp16": dict(all_sites=True, lp_dtype="float16", math_dtype="float32", diag_mode="fma",
-                               silu_form="tanh", state_update="accumulate_into", round_outputs=True),
-    "fp32": dict(all_sites=False, lp_dtype="bfloat16", math_dtype="float32", diag_mode="mul_then_add",
-                 silu_form="sigmoid", state_update="separate", round_outputs=True),
-    "fp64": dict(all_sites=False, lp_dtype="bfloat16", math_dtype="float64", diag_mode="mul_then_add",
-                 silu_form="sigmoid", state_update="separate", round_outputs=False),
-}
-PRESETS = tuple(_PRESET_KNOBS)
+#: The whole-op golden data (tests/data/README.md); the one place its path is written.
+GOLDEN_FULL_OP = Path(__file__).parent / "data" / "upstream_h200_full_op_cases.pt"
+#: The presets the tests run the forward under.
+PRESETS = ("upstream_sm90", "upstream_sm90_fp16", "fp32", "fp64")
+OP = "mamba_mimo_fwd"
 
 
-def stand_in_policy(preset: str, sites=None, **knobs) -> types.SimpleNamespace:
-    """A stand-in policy: ``preset``'s knobs and switches, then ``sites`` ({site: bool}) and ``knobs`` applied."""
-    spec = dict(_PRESET_KNOBS[preset])
-    all_sites = spec.pop("all_sites")
-    switches = {site: all_sites for site in SITES}
-    unknown = sorted(set(sites or {}) - set(SITES))
-    if unknown:
-        raise ValueError(f"unknown site(s) {unknown}")
-    switches.update(sites or {})
-    spec.update(knobs)
-    return types.SimpleNamespace(**spec, lp_torch_dtype=_LP[spec["lp_dtype"]],
-                                 math_torch_dtype=_MATH[spec["math_dtype"]],
-                                 mamba_mimo_fwd=types.SimpleNamespace(**switches))
+def fwd_policy(preset: str, sites=None, **knobs):
+    """``preset`` with ``knobs`` and the forward's ``sites`` ({site: bool}) changed."""
+    policy = presets.get(preset).replace(**knobs) if knobs else presets.get(preset)
+    return policy.with_sites(OP, **sites) if sites else policy
 
 
 def load_golden() -> dict:
@@ -87,7 +62,7 @@ def golden_table(golden: dict) -> list:
         args, want = golden_args(golden[name]), golden[name]["fwd"]["o"]
         row = {"case": name}
         for preset in ("upstream_sm90", "fp32", "fp64"):
-            got = run_forward(args, stand_in_policy(preset)).o
+            got = run_forward(args, fwd_policy(preset)).o
             row[preset] = rel_rms(got, want)
             if preset == "upstream_sm90":
                 row["bit_equal"] = bit_equal_fraction(got, want)

@@ -17,6 +17,9 @@ differ from the golden inputs, which were drawn with ``torch.randn`` and are sto
 * ``"whole_op_seed"``: the same draws with the seed test's scales: biases ``/ 8``, MIMO_V, MIMO_Z, MIMO_Out ``/ 4``,
   D ``/ 8``.
 
+``positive_adt=True`` draws ADT ``= DT·(U[0, 1) - 0.6)`` instead, so that some chunk sums are positive and
+upstream's clamp of the cumulative sums to ``<= 0`` acts (its backward ignores the clamp: ``docs/fp64_model.md``).
+
 "randn" is :func:`exact_random.normal` rounded to float32 (then to lp for "lp" tensors), "U[0, 1)" is
 :func:`exact_random.uniform`; softplus and the products are formed in float64 and rounded once to float32.
 """
@@ -74,6 +77,7 @@ class OpCaseSpec:
     dtype: str = "bfloat16"
     seed: int = 0
     rotary_dim_divisor: int = 4
+    positive_adt: bool = False
 
     def __post_init__(self):
         for name in ("batch", "seqlen", "heads", "groups", "state_dim", "value_dim", "rank", "chunk_size", "seed",
@@ -83,7 +87,7 @@ class OpCaseSpec:
                 raise ValueError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
             if value < (0 if name == "seed" else 1):
                 raise ValueError(f"{name} must be >= {0 if name == 'seed' else 1}, got {value}")
-        for name in ("reduce_o", "has_z", "has_d"):
+        for name in ("reduce_o", "has_z", "has_d", "positive_adt"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.formula not in FORMULAS:
@@ -110,7 +114,8 @@ class OpCaseSpec:
         text = (f"{self.formula}_B{self.batch}_S{self.seqlen}_H{self.heads}_G{self.groups}_N{self.state_dim}"
                 f"_P{self.value_dim}_R{self.rank}_C{self.chunk_size}_{branches}_{_DTYPE_TAGS[self.dtype]}"
                 f"_s{self.seed}")
-        return text + (f"_rd{self.rotary_dim_divisor}" if self.rotary_dim_divisor != 4 else "")
+        return (text + (f"_rd{self.rotary_dim_divisor}" if self.rotary_dim_divisor != 4 else "")
+                + ("_adtpos" if self.positive_adt else ""))
 
     def replace(self, **changes) -> "OpCaseSpec":
         """A copy with some fields changed (validated again)."""
@@ -159,7 +164,9 @@ def make_op_inputs(spec: OpCaseSpec, device: Union[str, torch.device] = "cpu") -
     x["Z"] = _normal((B, S, H, P), gen).to(lp) if spec.has_z else None
     dt = exact_random.softplus(_normal((B, H, S), gen).to(torch.float64) - 3.0)
     x["DT"] = dt.to(torch.float32)
-    x["ADT"] = (-x["DT"].to(torch.float64) * (exact_random.uniform((B, H, S), gen) + 0.5)).to(torch.float32)
+    u = exact_random.uniform((B, H, S), gen)
+    adt = x["DT"].to(torch.float64) * (u - 0.6) if spec.positive_adt else -x["DT"].to(torch.float64) * (u + 0.5)
+    x["ADT"] = adt.to(torch.float32)
     x["Trap"] = _normal((B, H, S), gen).to(lp)
     x["Angles"] = (2.0 * exact_random.uniform((B, S, H, N // spec.rotary_dim_divisor), gen)).to(torch.float32)
     x["dout"] = _normal((B, S, H, P) if spec.reduce_o else (B, S, R, H, P), gen).to(lp)
@@ -168,3 +175,33 @@ def make_op_inputs(spec: OpCaseSpec, device: Union[str, torch.device] = "cpu") -
     out["chunk_size"] = spec.chunk_size
     out["rotary_dim_divisor"] = spec.rotary_dim_divisor
     return out
+
+
+def case_id(spec: OpCaseSpec) -> str:
+    """``spec.case_id``, for ``pytest.mark.parametrize(..., ids=case_id)``."""
+    return spec.case_id
+
+
+def small_case(**fields) -> OpCaseSpec:
+    """A small case (S=32, N=32, P=16, R=2, C=8, H=2, every branch on) with ``fields`` changed."""
+    base = dict(seqlen=32, state_dim=32, value_dim=16, rank=2, chunk_size=8)
+    base.update(fields)
+    return OpCaseSpec(**base)
+
+
+#: Drawn cases on which the forward oracle and the FP64 model are compared: every branch (reduced or not, Z, D),
+#: GQA with G = 1 < H, 1 < G < H and G = H, tails (S % C != 0), R in {1, 2, 4, 8}, N in {32, 64}, both rotary
+#: divisors, fp16 activations, S = 1, and positive ADT (the clamp active).
+ORACLE_GRID = (
+    small_case(),
+    small_case(batch=2, seqlen=20, heads=4, groups=1, state_dim=64, rank=4, has_d=False, seed=1),
+    small_case(seqlen=24, heads=2, groups=2, value_dim=8, rank=8, chunk_size=4, reduce_o=False, seed=2),
+    small_case(seqlen=13, heads=3, groups=3, state_dim=64, value_dim=8, rank=1, chunk_size=4, reduce_o=False,
+               has_z=False, has_d=False, seed=3),
+    small_case(seqlen=19, heads=4, groups=2, value_dim=8, has_z=False, seed=4),
+    small_case(seqlen=16, value_dim=8, rank=4, chunk_size=16, rotary_dim_divisor=2, seed=5),
+    small_case(batch=2, seqlen=21, value_dim=8, chunk_size=4, positive_adt=True, seed=6),
+    small_case(seqlen=1, heads=1, value_dim=8, chunk_size=4, seed=7),
+    small_case(seqlen=40, state_dim=64, rank=4, chunk_size=16, has_z=False, has_d=False, seed=8),
+    small_case(seqlen=17, groups=2, value_dim=8, reduce_o=False, has_d=False, dtype="float16", seed=9),
+)

@@ -33,19 +33,10 @@ from ...rounding import round_to_lp
 from ...validation import Dims
 from .sites import SITES
 from .spec import MambaMimoFwdOutputs
-from .validation import forward_switches, validate_inputs
+from .validation import validate_inputs
 
-
-class _ForwardView:
-    """The policy as stage 1's helpers read it: a site name gives the forward's switch, anything else the knob."""
-
-    def __init__(self, policy, switches):
-        self._policy, self._switches = policy, switches
-
-    def __getattr__(self, name):
-        if name in SITES:
-            return getattr(self._switches, name)
-        return getattr(self._policy, name)
+#: The policy section this reference reads.
+OPERATOR_NAME = "mamba_mimo_fwd"
 
 
 class _SiteRounder:
@@ -70,10 +61,6 @@ class _SiteRounder:
         return x
 
 
-def _resolve_policy(policy):
-    return _presets.resolve(policy) if isinstance(policy, str) else policy
-
-
 @torch.no_grad()
 def mamba_mimo_fwd(
     q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum,
@@ -92,9 +79,9 @@ def mamba_mimo_fwd(
             fp32. trap (Tensor): ``[B, H, S]`` lp. segsum (Tensor): ``[B, H, ceil(S/C), C, C]`` fp32.
         chunk_size (int): C. rotary_dim_divisor (int): d, 2 or 4.
         dtype (torch.dtype | None): upstream's argument; when given, it must be the dtype of the lp inputs.
-        policy: a RoundingPolicy-like object (knobs ``lp_dtype``, ``math_dtype``, ``diag_mode``, ``silu_form``,
-            ``state_update``, ``round_outputs``, section ``mamba_mimo_fwd`` with one bool per site), or a preset
-            name; the lp inputs must have its ``lp_dtype``.
+        policy (RoundingPolicy | str): a policy or a preset name (its ``mamba_mimo_fwd`` section and knobs; a
+            preset that defines no forward semantics, such as ``seed_bf16``, raises ``PolicyUndefined``); the lp
+            inputs must have its ``lp_dtype``.
         record (dict, optional): filled with the stages of ``spec.STAGES`` (math dtype, S tokens).
         return_state, cu_seqlens: upstream's final-state and varlen paths, not implemented (they raise).
 
@@ -107,8 +94,8 @@ def mamba_mimo_fwd(
     if cu_seqlens is not None:
         raise NotImplementedError("cu_seqlens (the varlen kernel mamba3_mimo_fwd_varlen.py) is not implemented "
                                   "by the reference")
-    policy = _resolve_policy(policy)
-    switches = forward_switches(policy)
+    policy = _presets.resolve(policy)
+    switches = policy.section(OPERATOR_NAME)
     dims = validate_inputs(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt,
                            trap, segsum, chunk_size, rotary_dim_divisor, dtype, lp_dtype=policy.lp_torch_dtype)
     # contiguous inputs: torch's reduction order follows the operands' strides
@@ -121,7 +108,6 @@ def mamba_mimo_fwd(
 def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum, *,
              dims: Dims, policy, switches, record) -> MambaMimoFwdOutputs:
     md = policy.math_torch_dtype
-    view = _ForwardView(policy, switches)
     rnd = _SiteRounder(policy, switches)
     B, S, H, R, C, nc = dims.batch, dims.seqlen, dims.heads, dims.rank, dims.chunk_size, dims.nchunks
     Sp, L = dims.padded_seqlen, C * R
@@ -178,7 +164,7 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
         return x.reshape(B, H, Sp, R, x.shape[-1])
 
     psiv_c = chunked(psiv)
-    state = _state_recurrence(chunked(k_state), psiv_c, decay, view)  # [B, H, nc, N, P]
+    state = _state_recurrence(chunked(k_state), psiv_c, decay, policy)  # [B, H, nc, N, P]
     state_operand = rnd("state_operand", state)
     put("state", state), put("state_operand", state_operand)
 
@@ -199,7 +185,7 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
     put("inter", tokens(unchunked(inter))), put("causal_scores", masked), put("intra", tokens(unchunked(intra)))
 
     # ---------------------------------------------------------------- diagonal and D terms (L318-336)
-    diag_acc = _diagonal_rank_sum(qk, psiv, view)  # [B, H, Sp, R, P]
+    diag_acc = _diagonal_rank_sum(qk, psiv, policy, accumulate=switches.diag_accum)  # [B, H, Sp, R, P]
     diag = rnd("diag_gamma", diag_acc * gamma[..., None, None])
     put("diag_accum", tokens(diag_acc)), put("diag", tokens(diag))
     if dims.has_d:

@@ -10,7 +10,7 @@ Not sites: the output store ``O`` (L363, L384; rounded when ``policy.round_outpu
 output stores are), ``TRAP`` (lp input, loaded into fp32 fragments: exact), ``MIMO_Z`` and ``D`` (read as fp32,
 never rounded in the forward), the copies of lp fragments into lp shared memory (exact).
 
-Grouping follows stage 1's ``SWITCHES`` (``mimo_numerics/policy.py``): one switch for both biases, one for both
+Grouping follows stage 1's sites (``mimo_numerics/ops/mamba_mimo_bwd_fwd/sites.py``): one switch for both biases, one for both
 reads of ``DT``, one for the q and k rotations, one for q + b_q and k + b_k.
 """
 
@@ -43,4 +43,26 @@ SITES: Dict[str, str] = {
     "out_proj": "L349-357: round o·Φ' or o·(Φ'·z_exp) (fp32) into lp shared, per rank (reduced output)",
     "out_accum": "L358-362: Σ_r carried in an lp fragment from 0, one lp add per rank step (reduced output)",
     "k_state": "L391-394: round k̂·exp(da_cs_rev) (lp times fp32: fp32 multiply) into an lp fragment",
+}
+
+#: The sites of each preset on the forward. ``seed_bf16`` is the seed PR's stage-1 reference and defines nothing here.
+PRESET_SITES = {
+    "fp64": "none",
+    "fp32": "none",
+    "upstream_sm80": "all",
+    "upstream_sm90": "all",
+    "upstream_sm90_fp16": "all",
+    "upstream_sm80_fp16": "all",
+}
+
+#: Evidence for each preset on the forward.
+PRESET_EVIDENCE = {
+    "fp64": "definition; tests/test_fwd_reference.py checks it against the independent FP64 oracle",
+    "fp32": "definition: FP32 math, only the output store rounded",
+    "upstream_sm80": "the sites of the source with unfused bf16 mul+add pairs (two roundings in the diagonal); "
+                     "unverified on a GPU (no sm_80 run, no sm_80 SASS read)",
+    "upstream_sm90": "the sites read from mamba3_mimo_fwd.py (docs/forward.md); tests/test_fwd_reference.py against "
+                     "the H200 golden fwd.o: <= 4.0e-4 rel RMS, >= 15x closer than fp32",
+    "upstream_sm90_fp16": "the same sites in fp16; tests/test_fwd_reference.py against the H200 fp16 golden case",
+    "upstream_sm80_fp16": "fp16 mul+add pairs are fused on sm_80 too; no sm_80 run",
 }

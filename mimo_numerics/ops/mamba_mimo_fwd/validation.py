@@ -1,4 +1,4 @@
-"""Input validation for ``mamba_mimo_fwd``: argument checks and the policy's forward section.
+"""Input validation for ``mamba_mimo_fwd``: argument checks of the reference and (``wide=True``) of the oracle.
 
 Every failure raises ``TypeError`` (wrong Python or torch type, wrong dtype) or ``ValueError`` (shape, device,
 pairing, unsupported size) with a message that names the argument and says what was expected. The generic checks
@@ -16,58 +16,32 @@ from typing import Optional
 import torch
 
 from ...validation import Dims, _check_int, _check_tensor
-from .sites import SITES
 from .spec import INPUT_NAMES, OPTIONAL_INPUTS
 
 LOW_PRECISION_DTYPES = (torch.bfloat16, torch.float16)
+#: With ``wide=True`` (the FP64 oracle): activations in any of these, and float64 where upstream takes float32.
+WIDE_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+WIDE_DTYPES = (torch.float32, torch.float64)
 SUPPORTED_ROTARY_DIVISORS = (2, 4)
-#: Section of the policy holding this operator's switches.
-POLICY_SECTION = "mamba_mimo_fwd"
-#: Shared policy knobs the reference reads, with their allowed values.
-POLICY_KNOBS = {
-    "lp_dtype": ("bfloat16", "float16"),
-    "math_dtype": ("float32", "float64"),
-    "diag_mode": ("fma", "mul_then_add"),
-    "silu_form": ("tanh", "sigmoid"),
-    "state_update": ("accumulate_into", "separate"),
-    "round_outputs": (True, False),
-}
 _ORDER_HINT = (" (the forward takes z, d, mimo_z in this order; stage 1 of the backward takes z, mimo_z and d "
                "elsewhere: were the arguments given in the backward's order?)")
 
 
-def forward_switches(policy):
-    """The policy's ``mamba_mimo_fwd`` section, checked: one bool per site of ``SITES``, valid shared knobs.
-
-    Raises:
-        TypeError: the section is missing, or a switch is not a bool.
-        ValueError: a knob has an unknown value.
-    """
-    for knob, allowed in POLICY_KNOBS.items():
-        if not hasattr(policy, knob):
-            raise TypeError(f"policy has no {knob!r} knob: expected a RoundingPolicy-like object with "
-                            f"{list(POLICY_KNOBS)}")
-        value = getattr(policy, knob)
-        if not any(value == a and type(value) is type(a) for a in allowed):
-            raise ValueError(f"policy.{knob}={value!r} is not a known value; expected one of {allowed}")
-    switches = getattr(policy, POLICY_SECTION, None)
-    if switches is None:
-        raise TypeError(f"policy has no {POLICY_SECTION!r} section: expected policy.{POLICY_SECTION} with one bool "
-                        f"switch per site of mimo_numerics.ops.mamba_mimo_fwd.sites.SITES")
-    missing = [site for site in SITES if not hasattr(switches, site)]
-    if missing:
-        raise TypeError(f"policy.{POLICY_SECTION} lacks the switch(es) {missing}")
-    for site in SITES:
-        if not isinstance(getattr(switches, site), bool):
-            raise TypeError(f"policy.{POLICY_SECTION}.{site} must be a bool, got {getattr(switches, site)!r}")
-    return switches
-
-
-def _check_ordered(name: str, tensor, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
-    """``_check_tensor`` for z, d and mimo_z: a shape error also names the argument-order mistake."""
+def _check_ordered(name: str, tensor, shape: tuple, dtype, device: torch.device) -> None:
+    """``_check_any`` for z, d and mimo_z: a shape error also names the argument-order mistake."""
     if tuple(tensor.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {list(shape)}, got {list(tensor.shape)}{_ORDER_HINT}")
-    _check_tensor(name, tensor, shape, dtype, device)
+    _check_any(name, tensor, shape, dtype, device)
+
+
+def _check_any(name: str, tensor, shape: tuple, dtypes, device: torch.device) -> None:
+    """``_check_tensor`` accepting one dtype or a tuple of them."""
+    if isinstance(dtypes, torch.dtype):
+        _check_tensor(name, tensor, shape, dtypes, device)
+        return
+    if tensor.dtype not in dtypes:
+        _check_tensor(name, tensor, shape, dtypes[0], device)  # raises, naming the expected dtype
+    _check_tensor(name, tensor, shape, tensor.dtype, device)
 
 
 def _check_dtype_argument(dtype, lp: torch.dtype) -> None:
@@ -84,7 +58,7 @@ def _check_dtype_argument(dtype, lp: torch.dtype) -> None:
 
 def validate_inputs(
     q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum,
-    chunk_size, rotary_dim_divisor, dtype=None, *, lp_dtype: Optional[torch.dtype] = None,
+    chunk_size, rotary_dim_divisor, dtype=None, *, lp_dtype: Optional[torch.dtype] = None, wide: bool = False,
 ) -> Dims:
     """Check the 16 tensors, the two sizes and ``dtype`` of ``mamba_mimo_fwd``; return their dimensions.
 
@@ -93,6 +67,8 @@ def validate_inputs(
         chunk_size (int): C >= 1. rotary_dim_divisor (int): 2 or 4; N must be even and divisible by it.
         dtype (torch.dtype | None): upstream's ``dtype`` argument; when given it must equal q's dtype.
         lp_dtype (torch.dtype, optional): a policy's lp dtype; the low-precision inputs must have it.
+        wide (bool): the FP64 oracle's rule: the activations (q, k, v, z, trap) share any float dtype and the
+            float32 tensors may also be float64 (e.g. FP64 preprocessing).
 
     Returns:
         Dims: the validated sizes and branch flags.
@@ -133,8 +109,9 @@ def validate_inputs(
                          f"rotary_dim_divisor={rotary_dim_divisor}")
 
     device, lp = q.device, q.dtype
-    if lp not in LOW_PRECISION_DTYPES:
-        raise TypeError(f"q must have dtype torch.bfloat16 or torch.float16, got {lp}")
+    allowed = WIDE_ACTIVATION_DTYPES if wide else LOW_PRECISION_DTYPES
+    if lp not in allowed:
+        raise TypeError(f"q must have dtype {' or '.join(str(t) for t in allowed)}, got {lp}")
     _check_dtype_argument(dtype, lp)
     if lp_dtype is not None and lp != lp_dtype:
         raise TypeError(f"q has dtype {lp} but the policy's lp_dtype is {lp_dtype}: the low-precision inputs must "
@@ -148,24 +125,25 @@ def validate_inputs(
     nchunks = -(-seqlen // chunk_size)
     bshp = (batch, seqlen, heads, value_dim)
     weight = (heads, rank, value_dim)
+    f32 = WIDE_DTYPES if wide else torch.float32
     # z, d, mimo_z first: a call in the backward's argument order fails here with the order hint
     if has_z:
         _check_ordered("z", z, bshp, lp, device)
-        _check_ordered("mimo_z", mimo_z, weight, torch.float32, device)
+        _check_ordered("mimo_z", mimo_z, weight, f32, device)
     if d is not None:
-        _check_ordered("d", d, (heads,), torch.float32, device)
-    _check_tensor("k", k, tuple(q.shape), lp, device)
-    _check_tensor("v", v, bshp, lp, device)
-    _check_tensor("trap", trap, (batch, heads, seqlen), lp, device)
+        _check_ordered("d", d, (heads,), f32, device)
+    _check_any("k", k, tuple(q.shape), lp, device)
+    _check_any("v", v, bshp, lp, device)
+    _check_any("trap", trap, (batch, heads, seqlen), lp, device)
     for name in ("q_bias", "k_bias"):
-        _check_tensor(name, values[name], (heads, rank, state_dim), torch.float32, device)
-    _check_tensor("mimo_v", mimo_v, weight, torch.float32, device)
+        _check_any(name, values[name], (heads, rank, state_dim), f32, device)
+    _check_any("mimo_v", mimo_v, weight, f32, device)
     if mimo_o is not None:
-        _check_tensor("mimo_o", mimo_o, weight, torch.float32, device)
-    _check_tensor("angles", angles, (batch, seqlen, heads, state_dim // rotary_dim_divisor), torch.float32, device)
+        _check_any("mimo_o", mimo_o, weight, f32, device)
+    _check_any("angles", angles, (batch, seqlen, heads, state_dim // rotary_dim_divisor), f32, device)
     for name in ("da_cs", "da_cs_rev", "dt"):
-        _check_tensor(name, values[name], (batch, heads, seqlen), torch.float32, device)
-    _check_tensor("segsum", segsum, (batch, heads, nchunks, chunk_size, chunk_size), torch.float32, device)
+        _check_any(name, values[name], (batch, heads, seqlen), f32, device)
+    _check_any("segsum", segsum, (batch, heads, nchunks, chunk_size, chunk_size), f32, device)
 
     return Dims(batch=batch, seqlen=seqlen, heads=heads, groups=groups, state_dim=state_dim, value_dim=value_dim,
                 rank=rank, chunk_size=chunk_size, nchunks=nchunks, rotary_dim_divisor=rotary_dim_divisor,

@@ -1,0 +1,140 @@
+"""FP64 oracle of ``mamba_mimo_fwd``, the forward kernel of the Mamba-3 MIMO op: nothing rounded.
+
+Written from the definitions (``docs/fp64_model.md``; upstream ``ops/tilelang/mamba3/mamba3_mimo_fwd.py``) as
+explicit sums over token pairs: no state recurrence, no chunked GEMM. With, per batch b and head h (group
+``g = h // (H / G)``), token t in chunk ``c_t`` and rank r::
+
+    q̂[t, r] = q[t, r, g] + q_bias[h, r]          k̂ likewise                    (biased, unrotated)
+    q̃, k̃    = q̂, k̂ with columns (a, N/2 + a), a < N / divisor, rotated by angles[t, a]
+    γ[t]     = dt[t] · σ(trap[t])                 γ'[t] = dt[t+1] · σ(-trap[t+1]) (0 at t = S - 1)
+    ΨV[t, r] = v[t] ⊙ mimo_v[h, r]
+    o[t, r]  = Σ_{s < t} w(s, t) · (γ[s] + γ'[s]) · Σ_{r'} (q̃[t, r] · k̃[s, r']) ΨV[s, r']
+             + γ[t] · Σ_{r'} (q̂[t, r] · k̂[t, r']) ΨV[t, r']  +  d[h] · ΨV[t, r]
+
+The same-token term uses the unrotated q̂, k̂ (both tokens rotate by the same angle, so it is the same dot product)
+and γ alone; sources are scaled by the trapezoid factor γ + γ'. The pair weight is, from the kernel's inputs,
+
+* ``w(s, t) = exp(segsum[c_t, t mod C, s mod C])`` for ``c_s = c_t``;
+* ``w(s, t) = exp(da_cs[t] + Σ_{c_s < c < c_t} da_cs[last(c)] + da_cs_rev[s])`` for ``c_s < c_t``, with
+  ``last(c) = min((c + 1)·C, S) - 1``: the state leaves chunk ``c_s`` scaled by ``exp(da_cs_rev[s])``, decays by
+  ``exp(da_cs[last(c)])`` through every chunk in between and is read by token t with ``exp(da_cs[t])``.
+
+The products of exponentials are one ``exp`` of the sum of their arguments. The output is, with the SiLU gate
+``ζ[t, r] = silu(z[t] ⊙ mimo_z[h, r])`` (``x·σ(x)``; upstream's ``g·tanh(g) + g``, ``g = x/2``, is the same
+function) or 1 without z: ``O[t] = Σ_r o[t, r] ⊙ mimo_o[h, r] ⊙ ζ[t, r]`` (reduced, ``[B, S, H, P]``), else
+``O[t, r] = o[t, r] ⊙ ζ[t, r]`` (``[B, S, R, H, P]``). Tokens past S (a tail chunk) are not formed: the kernel reads
+them as zeros (dt = 0, so their trapezoid factor is 0) and stores none of their outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .validation import validate_inputs
+
+_F64 = torch.float64
+
+
+def _rotate_pairs(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """Rotate columns ``(a, N/2 + a)`` of ``x`` by ``theta[..., a]`` for ``a < K``; other columns unchanged.
+
+    Args:
+        x (Tensor): ``[B, H, S, R, N]`` float64. theta (Tensor): ``[B, H, S, 1, K]`` float64.
+    """
+    width, half = theta.shape[-1], x.shape[-1] // 2
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    first, second = x[..., :width], x[..., half:half + width]
+    return torch.cat([cos * first - sin * second, x[..., width:half],
+                      sin * first + cos * second, x[..., half + width:]], dim=-1)
+
+
+def _pair_log_weights(da_cs, da_cs_rev, segsum, chunk_size: int) -> torch.Tensor:
+    """``log w(s, t)`` for every pair ``s < t`` of real tokens (0 elsewhere, masked by the caller).
+
+    Args:
+        da_cs, da_cs_rev (Tensor): ``[B, H, S]`` float64. segsum (Tensor): ``[B, H, nc, C, C]`` float64.
+
+    Returns:
+        Tensor: ``[B, H, S (t), S (s)]`` float64.
+    """
+    B, H, S = da_cs.shape
+    C, nc = chunk_size, segsum.shape[2]
+    last_da = torch.stack([da_cs[..., min((c + 1) * C, S) - 1] for c in range(nc)], dim=-1)  # [B, H, nc]
+    log_w = torch.zeros((B, H, S, S), dtype=_F64, device=da_cs.device)
+    for c_t in range(nc):
+        rows = slice(c_t * C, min((c_t + 1) * C, S))
+        n_rows = rows.stop - rows.start
+        log_w[:, :, rows, rows] = segsum[:, :, c_t, :n_rows, :n_rows]
+        for c_s in range(c_t):
+            cols = slice(c_s * C, (c_s + 1) * C)
+            between = last_da[..., c_s + 1:c_t].sum(dim=-1)  # [B, H]; 0 for adjacent chunks
+            log_w[:, :, rows, cols] = (da_cs[:, :, rows, None] + between[..., None, None]
+                                       + da_cs_rev[:, :, None, cols])
+    return log_w
+
+
+def mamba_mimo_fwd_oracle(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt,
+                          trap, segsum, chunk_size: int = 16, rotary_dim_divisor: int = 4) -> torch.Tensor:
+    """The forward kernel's output in float64 with no rounding (module docstring for the math).
+
+    Args (upstream's ``mamba_mimo_forward`` order):
+        q, k (Tensor): ``[B, S, R, G, N]``. v (Tensor): ``[B, S, H, P]``.
+        q_bias, k_bias (Tensor): ``[H, R, N]``. mimo_v (Tensor): Ψ, ``[H, R, P]``.
+        mimo_o (Tensor | None): Φ, ``[H, R, P]``; None for the non-reduced output.
+        z (Tensor | None): ``[B, S, H, P]`` (with ``mimo_z``). d (Tensor | None): ``[H]``.
+        mimo_z (Tensor | None): ζ, ``[H, R, P]``.
+        angles (Tensor): ``[B, S, H, N / rotary_dim_divisor]``, the cumulative angles (``angle_dt_fwd``'s output).
+        da_cs, da_cs_rev, dt (Tensor): ``[B, H, S]``. trap (Tensor): ``[B, H, S]``, before the sigmoid.
+        segsum (Tensor): ``[B, H, nc, C, C]``.
+        chunk_size (int): C. rotary_dim_divisor (int): 2 or 4.
+        Dtypes: see ``validation.validate_inputs`` (upstream's, or float64).
+
+    Returns:
+        Tensor: float64 on the input device, ``[B, S, H, P]`` with ``mimo_o``, else ``[B, S, R, H, P]``.
+
+    Raises:
+        TypeError, ValueError: from ``validation.validate_inputs``, naming the argument.
+    """
+    dims = validate_inputs(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt,
+                           trap, segsum, chunk_size, rotary_dim_divisor, wide=True)
+    B, S, H, P, R, C = dims.batch, dims.seqlen, dims.heads, dims.value_dim, dims.rank, dims.chunk_size
+
+    def per_head(x):  # [B, S, R, G, N] -> [B, H, S, R, N]
+        return x.to(_F64).repeat_interleave(dims.heads_per_group, dim=3).permute(0, 3, 1, 2, 4)
+
+    q_hat = per_head(q) + q_bias.to(_F64)[None, :, None]
+    k_hat = per_head(k) + k_bias.to(_F64)[None, :, None]
+    theta = angles.to(_F64).permute(0, 2, 1, 3)[:, :, :, None, :]  # [B, H, S, 1, K]
+    q_rot, k_rot = _rotate_pairs(q_hat, theta), _rotate_pairs(k_hat, theta)
+
+    dt64, trap64 = dt.to(_F64), trap.to(_F64)
+    gamma = dt64 * torch.sigmoid(trap64)  # [B, H, S]
+    gamma_next = torch.cat([dt64[..., 1:] * torch.sigmoid(-trap64[..., 1:]),
+                            torch.zeros_like(dt64[..., :1])], dim=-1)
+    trap_scale = gamma + gamma_next
+    psi_v = v.to(_F64).permute(0, 2, 1, 3)[:, :, :, None, :] * mimo_v.to(_F64)[None, :, None]  # [B, H, S, R, P]
+
+    log_w = _pair_log_weights(da_cs.to(_F64), da_cs_rev.to(_F64), segsum.to(_F64), C)
+    token = torch.arange(S, device=dims.device)
+    earlier = token[None, :] < token[:, None]  # [t, s]: s < t
+    zero = torch.zeros((), dtype=_F64, device=dims.device)
+    weight = torch.where(earlier, torch.exp(torch.where(earlier, log_w, zero)), zero)  # [B, H, t, s]
+    source_weight = weight * trap_scale[:, :, None, :]
+
+    out = torch.empty((B, H, S, R, P), dtype=_F64, device=dims.device)
+    for lo in range(0, S, C):  # query rows chunk by chunk, only to bound the memory of the pair scores
+        hi = min(lo + C, S)
+        scores = torch.einsum("bhtrn,bhsun->bhtrsu", q_rot[:, :, lo:hi], k_rot[:, :, :hi])
+        scores = scores * source_weight[:, :, lo:hi, None, :hi, None]
+        out[:, :, lo:hi] = torch.einsum("bhtrsu,bhsup->bhtrp", scores, psi_v[:, :, :hi])
+    same_token = torch.einsum("bhtrn,bhtun->bhtru", q_hat, k_hat)
+    out = out + gamma[..., None, None] * torch.einsum("bhtru,bhtup->bhtrp", same_token, psi_v)
+    if dims.has_d:
+        out = out + d.to(_F64)[None, :, None, None, None] * psi_v
+
+    if dims.has_z:
+        x = z.to(_F64).permute(0, 2, 1, 3)[:, :, :, None, :] * mimo_z.to(_F64)[None, :, None]
+        out = out * (x * torch.sigmoid(x))
+    if dims.reduce_o:
+        return (out * mimo_o.to(_F64)[None, :, None]).sum(dim=3).permute(0, 2, 1, 3).contiguous()
+    return out.permute(0, 2, 3, 1, 4).contiguous()  # [B, H, S, R, P] -> [B, S, R, H, P]

@@ -1,0 +1,138 @@
+"""Upstream's preprocessing (angle_dt_fwd, compute_dacs_segsum_triton) as modelled in torch, against the golden H200
+data and against its definitions."""
+
+import hashlib
+import math
+
+import pytest
+import torch
+
+from mamba3_mimo_support import GOLDEN_FULL_OP, GOLDEN_FULL_OP_SHA256, GOLDEN_NAMES, load_golden_full_op
+from mimo_numerics import tolerances
+from mimo_numerics.metrics import bit_equal_fraction, rel_rms
+from mimo_numerics.ops.mamba3_mimo import measure, preprocess
+from mimo_numerics.ops.mamba3_mimo.preprocess import SCAN_LAYOUTS, angle_cumsum, dacs_segsum
+
+FORMS = [torch.float32, torch.float64]
+
+
+def test_golden_full_op_data_is_the_recorded_file():
+    assert hashlib.sha256(GOLDEN_FULL_OP.read_bytes()).hexdigest() == GOLDEN_FULL_OP_SHA256
+    assert len(GOLDEN_NAMES) == 7
+
+
+@pytest.mark.parametrize("name", GOLDEN_NAMES)
+def test_preprocess_fp32_dacs_segsum_is_bit_exact_on_golden(name):
+    case = load_golden_full_op()[name]
+    ours = measure.preprocess(case, torch.float32)
+    for tensor in ("da_cs", "da_cs_rev", "segsum"):
+        want = case["pre"][tensor]
+        assert ours[tensor].dtype == want.dtype == torch.float32 and ours[tensor].shape == want.shape, tensor
+        assert bit_equal_fraction(ours[tensor], want) >= tolerances.get("mamba3_mimo_pre_fp32_dacs_bit_equal_min")
+
+
+@pytest.mark.parametrize("name", GOLDEN_NAMES)
+def test_preprocess_fp64_dacs_segsum_on_golden(name):
+    case = load_golden_full_op()[name]
+    ours = measure.preprocess(case, torch.float64)
+    for tensor in ("da_cs", "da_cs_rev", "segsum"):
+        assert ours[tensor].dtype == torch.float64
+        assert rel_rms(case["pre"][tensor], ours[tensor]) <= tolerances.get("mamba3_mimo_pre_fp64_dacs_rel_rms")
+
+
+@pytest.mark.parametrize("form", FORMS, ids=str)
+@pytest.mark.parametrize("name", GOLDEN_NAMES)
+def test_preprocess_angles_on_golden(name, form):
+    case = load_golden_full_op()[name]
+    got = angle_cumsum(case["inputs"]["Angles"], case["inputs"]["DT"], case["inputs"]["chunk_size"], math_dtype=form)
+    want = case["pre"]["angles_cumsum"]
+    assert got.dtype == form and got.shape == want.shape
+    assert ((got >= 0) & (got < 2 * math.pi)).all()
+    assert rel_rms(want, got) <= tolerances.get("mamba3_mimo_pre_angles_rel_rms")
+    assert measure.wrapped_max_abs(want, got) <= tolerances.get("mamba3_mimo_pre_angles_max_abs")
+
+
+def _draw(shape, seed, positive_fraction=0.0):
+    gen = torch.Generator().manual_seed(seed)
+    x = -torch.rand(shape, generator=gen, dtype=torch.float64) * 0.2
+    if positive_fraction:
+        x = x + positive_fraction * 0.2
+    return x
+
+
+@pytest.mark.parametrize("seqlen, chunk", [(13, 4), (16, 8), (5, 8), (40, 16)])
+def test_dacs_segsum_fp64_follows_its_definition_including_tails(seqlen, chunk):
+    adt = _draw((2, 3, seqlen), seed=seqlen, positive_fraction=0.6)  # both signs: the clamps are active
+    da_cs, da_cs_rev, segsum = dacs_segsum(adt, chunk, math_dtype=torch.float64)
+    nc = -(-seqlen // chunk)
+    assert da_cs.shape == da_cs_rev.shape == adt.shape and segsum.shape == (2, 3, nc, chunk, chunk)
+    for t in range(seqlen):
+        start, end = (t // chunk) * chunk, min((t // chunk + 1) * chunk, seqlen)
+        inclusive = adt[..., start:t + 1].sum(-1)
+        after = adt[..., t + 1:end].sum(-1)
+        torch.testing.assert_close(da_cs[..., t], inclusive.clamp(max=0), rtol=1e-14, atol=1e-15)
+        torch.testing.assert_close(da_cs_rev[..., t], after.clamp(max=0), rtol=1e-14, atol=1e-15)
+    for c in range(nc):
+        for i in range(chunk):
+            for j in range(chunk):
+                lo, hi = c * chunk + j + 1, min(c * chunk + i + 1, seqlen)  # rows past S: zero padding
+                want = adt[..., lo:hi].sum(-1).clamp(max=0) if i > j else torch.zeros(2, 3, dtype=torch.float64)
+                torch.testing.assert_close(segsum[:, :, c, i, j], want, rtol=1e-14, atol=1e-15)
+
+
+@pytest.mark.parametrize("seqlen, chunk", [(13, 4), (40, 16), (64, 32), (128, 64)])
+def test_dacs_segsum_fp32_agrees_with_fp64(seqlen, chunk):
+    adt = _draw((2, 2, seqlen), seed=seqlen, positive_fraction=0.5).float()
+    for got, want in zip(dacs_segsum(adt, chunk, math_dtype=torch.float32),
+                         dacs_segsum(adt, chunk, math_dtype=torch.float64)):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=2e-7)
+
+
+@pytest.mark.parametrize("kind, size", sorted(SCAN_LAYOUTS) + [("1d", 8), ("2d", 64)])
+def test_triton_scan_layouts_compute_a_prefix_sum(kind, size):
+    x = torch.randn(3, size, generator=torch.Generator().manual_seed(size), dtype=torch.float32)
+    per_thread, lanes = preprocess._scan_layout(kind, size)
+    for reverse in (False, True):
+        got = preprocess._triton_scan(x, per_thread, lanes, reverse=reverse)
+        want = x.double().flip(-1).cumsum(-1).flip(-1) if reverse else x.double().cumsum(-1)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_angle_cumsum_runs_over_the_whole_sequence():
+    gen = torch.Generator().manual_seed(3)
+    angles = 2 * torch.rand(1, 37, 2, 4, generator=gen)
+    dt = torch.rand(1, 2, 37, generator=gen) * 0.5
+    got = angle_cumsum(angles, dt, 8, math_dtype=torch.float64)
+    for t in (0, 7, 8, 20, 36):  # across chunk boundaries: the state is carried, not reset
+        total = [math.fsum(math.pi * math.tanh(angles[0, u, h, a].item()) * dt[0, h, u].item() for u in range(t + 1))
+                 for h in range(2) for a in range(4)]
+        want = torch.tensor(total, dtype=torch.float64).remainder(2 * math.pi).reshape(2, 4)
+        torch.testing.assert_close(got[0, t], want, rtol=0, atol=1e-13)
+    fp32_c8 = angle_cumsum(angles, dt, 8, math_dtype=torch.float32)
+    fp32_c16 = angle_cumsum(angles, dt, 16, math_dtype=torch.float32)
+    assert measure.wrapped_max_abs(fp32_c8, got) < 1e-5 and measure.wrapped_max_abs(fp32_c16, got) < 1e-5
+
+
+_ANGLES = torch.zeros(1, 8, 2, 4)
+_DT = torch.zeros(1, 2, 8)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: angle_cumsum(_ANGLES, _DT, 4, math_dtype=torch.float32, tanh="upstream"), ValueError, "tanh"),
+    (lambda: angle_cumsum(_ANGLES, _DT, 4, math_dtype=torch.float32, tanh="fast"), ValueError, "tanh"),
+    (lambda: angle_cumsum(_ANGLES, _DT, 4, math_dtype=torch.float16), ValueError, "math_dtype"),
+    (lambda: angle_cumsum(_ANGLES.half(), _DT, 4, math_dtype="float32"), TypeError, "angles"),
+    (lambda: angle_cumsum(_ANGLES, _DT[:, :1], 4, math_dtype="float32"), ValueError, "dt"),
+    (lambda: angle_cumsum(_ANGLES[0], _DT, 4, math_dtype="float32"), ValueError, "angles"),
+    (lambda: angle_cumsum(_ANGLES, _DT, 6, math_dtype="float32"), ValueError, "chunk_size"),
+    (lambda: angle_cumsum(_ANGLES, _DT, 4.0, math_dtype="float64"), TypeError, "chunk_size"),
+    (lambda: dacs_segsum(_DT.numpy(), 4, math_dtype="float64"), TypeError, "adt"),
+    (lambda: dacs_segsum(_DT.to(torch.bfloat16), 4, math_dtype="float64"), TypeError, "adt"),
+    (lambda: dacs_segsum(_DT[0], 4, math_dtype="float64"), ValueError, "adt"),
+    (lambda: dacs_segsum(_DT, 0, math_dtype="float64"), ValueError, "chunk_size"),
+    (lambda: dacs_segsum(_DT, 12, math_dtype=torch.float32), ValueError, "chunk_size"),
+], ids=range(13))
+def test_preprocess_rejects_bad_inputs(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
