@@ -203,40 +203,8 @@ def _chunk_log_decays(da_cs: torch.Tensor, dims: Dims):
     return lam, torch.einsum("ckj,bhk->bhcj", between.to(_F64), lam)
 
 
-def mamba_mimo_bwd_bwd_oracle(
-    dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d,
-    qk_dot, segsum, chunk_size: int = 16, rotary_dim_divisor: int = 4,
-) -> Dict[str, Optional[torch.Tensor]]:
-    """Stage 2 of the MIMO backward in float64 with no rounding, from the definitions of the module docstring.
-
-    Args:
-        dout (Tensor): ``[B, S, H, P]`` with ``mimo_o``, else ``[B, S, R, H, P]``.
-        q, k (Tensor): ``[B, S, R, G, N]``.
-        v (Tensor): ``[B, S, H, P]``.
-        q_bias, k_bias (Tensor): ``[H, R, N]``.
-        mimo_v (Tensor): Ψ ``[H, R, P]``. mimo_o (Tensor | None): Φ ``[H, R, P]``.
-        states (Tensor): ``[B, H, nc, N, P]``, the state entering each chunk (stage 1's ``states``).
-        z (Tensor | None): ``[B, S, H, P]``, with mimo_z (Tensor | None): ζ ``[H, R, P]``.
-        angles (Tensor): ``[B, S, H, N / rotary_dim_divisor]``, the cumulative angles.
-        da_cs, da_cs_rev, dt, trap (Tensor): ``[B, H, S]``.
-        d (Tensor | None): ``[H]``.
-        qk_dot (Tensor): ``[B, H, S, R, R]`` (stage 1's ``qk_dot``).
-        segsum (Tensor): ``[B, H, nc, C, C]``.
-        chunk_size (int): C. rotary_dim_divisor (int): 2 or 4.
-        Any real floating dtype; everything is converted to float64 first.
-
-    Returns:
-        dict: float64 tensors on the input device by :data:`OUTPUT_NAMES` (module docstring); ``dD`` is None
-        without ``d``.
-
-    Raises:
-        TypeError, ValueError: from :func:`validate_inputs`, naming the argument.
-    """
-    dims = validate_inputs(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
-                           da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor)
-    f64 = {name: (None if t is None else t.to(_F64).contiguous()) for name, t in zip(
-        INPUT_NAMES, (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev,
-                      dt, trap, d, qk_dot, segsum))}
+def _evaluate(dims: Dims, f64: Dict[str, Optional[torch.Tensor]]):
+    """Every output and the intermediates :func:`mamba_mimo_bwd_bwd_abs_terms` needs (float64)."""
     B, S, H, N, P, R = dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank
     C, nc, width, device = dims.chunk_size, dims.nchunks, N // dims.rotary_dim_divisor, dims.device
 
@@ -343,4 +311,87 @@ def mamba_mimo_bwd_bwd_oracle(
            "dangles": dangles.contiguous(), "dfactor": dfactor.contiguous(), "dgamma_diag": dgamma_diag.contiguous(),
            "ddA": ddA.contiguous(), "dSSdA": dSSdA, "ddA_cs_rev": ddA_cs_rev.contiguous(),
            "ddA_cs": ddA_cs.contiguous()}
-    return {name: out[name] for name in OUTPUT_NAMES}
+    parts = {"grad_o": grad_o, "psi_v": psi_v, "q_rot": q_rot, "states": st, "state_w": state_w,
+             "d_k_rot": d_k_rot, "d_q_rot": d_q_rot, "q_biased": q_biased, "k_biased": k_biased, "theta": theta}
+    return {name: out[name] for name in OUTPUT_NAMES}, parts
+
+
+def mamba_mimo_bwd_bwd_oracle(
+    dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d,
+    qk_dot, segsum, chunk_size: int = 16, rotary_dim_divisor: int = 4,
+) -> Dict[str, Optional[torch.Tensor]]:
+    """Stage 2 of the MIMO backward in float64 with no rounding, from the definitions of the module docstring.
+
+    Args:
+        dout (Tensor): ``[B, S, H, P]`` with ``mimo_o``, else ``[B, S, R, H, P]``.
+        q, k (Tensor): ``[B, S, R, G, N]``.
+        v (Tensor): ``[B, S, H, P]``.
+        q_bias, k_bias (Tensor): ``[H, R, N]``.
+        mimo_v (Tensor): Ψ ``[H, R, P]``. mimo_o (Tensor | None): Φ ``[H, R, P]``.
+        states (Tensor): ``[B, H, nc, N, P]``, the state entering each chunk (stage 1's ``states``).
+        z (Tensor | None): ``[B, S, H, P]``, with mimo_z (Tensor | None): ζ ``[H, R, P]``.
+        angles (Tensor): ``[B, S, H, N / rotary_dim_divisor]``, the cumulative angles.
+        da_cs, da_cs_rev, dt, trap (Tensor): ``[B, H, S]``.
+        d (Tensor | None): ``[H]``.
+        qk_dot (Tensor): ``[B, H, S, R, R]`` (stage 1's ``qk_dot``).
+        segsum (Tensor): ``[B, H, nc, C, C]``.
+        chunk_size (int): C. rotary_dim_divisor (int): 2 or 4.
+        Any real floating dtype; everything is converted to float64 first.
+
+    Returns:
+        dict: float64 tensors on the input device by :data:`OUTPUT_NAMES` (module docstring); ``dD`` is None
+        without ``d``.
+
+    Raises:
+        TypeError, ValueError: from :func:`validate_inputs`, naming the argument.
+    """
+    dims = validate_inputs(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
+                           da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor)
+    tensors = (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt,
+               trap, d, qk_dot, segsum)
+    return _evaluate(dims, _as_f64(tensors))[0]
+
+
+def _as_f64(tensors) -> Dict[str, Optional[torch.Tensor]]:
+    return {name: (None if t is None else t.to(_F64).contiguous()) for name, t in zip(INPUT_NAMES, tensors)}
+
+
+def mamba_mimo_bwd_bwd_abs_terms(
+    dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d,
+    qk_dot, segsum, chunk_size: int = 16, rotary_dim_divisor: int = 4,
+) -> Dict[str, Optional[torch.Tensor]]:
+    """``Σ |terms|`` of the three sums of stage 2 that cancel most, to judge their errors against.
+
+    Each is the output's last sum with every product replaced by its absolute value (float64, arguments as
+    :func:`mamba_mimo_bwd_bwd_oracle`):
+
+    * ``dD`` ``[B, H]``: ``Σ_{t,r,p} |g[t,r,p] ΨV[t,r,p]|``;
+    * ``ddA`` ``[B, H, S]``: ``Σ_{j : c_j > c} w[j, c] Σ_{r,n,p} |q̊[j,r,n] g[j,r,p] states[c][n,p]|``;
+    * ``dangles`` ``[B, S, H, N/d]``: ``Σ_r`` of the four products ``|∂L/∂x̊₁ x₁ sin θ|``, ... of the rotation of
+      ``q`` and of ``k`` (with the gradients w.r.t. the rotated vectors as they are).
+
+    Returns:
+        dict: ``dD`` (None without ``d``), ``ddA``, ``dangles``.
+    """
+    dims = validate_inputs(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
+                           da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor)
+    tensors = (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt,
+               trap, d, qk_dot, segsum)
+    _, parts = _evaluate(dims, _as_f64(tensors))
+    g, q_rot = parts["grad_o"].abs(), parts["q_rot"].abs()
+    chunk_of = torch.arange(dims.seqlen, device=dims.device) // dims.chunk_size
+    x_abs = torch.einsum("bhjrn,bhjrp,bhcnp->bhjc", q_rot, g, parts["states"].abs())
+    width = dims.state_dim // dims.rotary_dim_divisor
+    theta = parts["theta"]
+    cos, sin = torch.cos(theta).abs(), torch.sin(theta).abs()
+
+    def rotation_terms(dy, x):
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :width].abs(), x[..., half:half + width].abs()
+        dy1, dy2 = dy[..., :width].abs(), dy[..., half:half + width].abs()
+        return (dy1 * (x1 * sin + x2 * cos) + dy2 * (x1 * cos + x2 * sin)).sum(dim=3)
+
+    dangles = (rotation_terms(parts["d_k_rot"], parts["k_biased"])
+               + rotation_terms(parts["d_q_rot"], parts["q_biased"])).permute(0, 2, 1, 3).contiguous()
+    return {"dD": (g * parts["psi_v"].abs()).sum(dim=(2, 3, 4)) if dims.has_d else None,
+            "ddA": (parts["state_w"] * x_abs).sum(dim=2)[:, :, chunk_of].contiguous(), "dangles": dangles}
