@@ -1,0 +1,200 @@
+"""An FP64 model of the whole Mamba-3 MIMO op, ``mamba3_mimo``, from its raw inputs; differentiable by autograd.
+
+Written from the definitions (``docs/fp64_model.md``), independently of the forward oracle
+(``ops/mamba_mimo_fwd/oracle.py``, token-pair sums) and of ``preprocess.py``: this is the chunked **state
+recurrence** form, with its own log-decays (triangular-mask sums), angles (``torch.cumsum``) and rotation. Per batch
+b, head h (group ``g = h // (H / G)``) and chunk c of C tokens, in float64:
+
+* angles ``θ[t] = Σ_{u <= t} π·tanh(Angles[u])·DT[u]`` over the whole sequence (upstream stores it mod 2π; cos and
+  sin do not see the difference, and the mod's derivative is 1);
+* log-decays of the chunk, ``x = ADT`` of its tokens: ``A[t] = min(0, Σ_{u <= t} x_u)``, ``A_rev[s] = min(0,
+  Σ_{u > s} x_u)``, ``A_seg[t, s] = min(0, Σ_{s < u <= t} x_u)`` (sums over the chunk);
+* ``q̂ = Q + Q_bias``, ``k̂ = K + K_bias`` (biased per head), ``q̃, k̃`` rotated on columns (a, N/2 + a),
+  a < N / divisor; ``γ[t] = DT[t]·σ(Trap[t])``, ``γ'[t] = DT[t+1]·σ(-Trap[t+1])`` (0 at t = S-1), ``ΨV[t, r] =
+  V[t] ⊙ MIMO_V[h, r]``;
+* the state ``h`` ([N, P], zero before chunk 0) is read, then updated::
+
+      o[t, r] = exp(A[t]) · q̃[t, r] h                                          (earlier chunks)
+              + Σ_{s in c, s < t} exp(A_seg[t, s]) (γ + γ')[s] Σ_{r'} (q̃[t, r]·k̃[s, r']) ΨV[s, r']
+              + γ[t] Σ_{r'} (q̂[t, r]·k̂[t, r']) ΨV[t, r']  +  D[h] ΨV[t, r]
+      h      <- exp(A[last]) · h + Σ_{s in c, r'} exp(A_rev[s]) (γ + γ')[s] k̃[s, r']ᵀ ΨV[s, r']
+
+  (``last`` = the chunk's last real token);
+* ``Out[t] = Σ_r o[t, r] ⊙ MIMO_Out[h, r] ⊙ silu(Z[t] ⊙ MIMO_Z[h, r])`` (gate 1 without Z), ``[B, S, H, P]``; without
+  ``MIMO_Out``: ``Out[t, r] = o[t, r] ⊙ silu(...)``, ``[B, S, R, H, P]``.
+
+**The clamp.** Upstream's forward clamps the three log-decays to ``<= 0`` (``compute_dacs_segsum_triton``,
+``mamba3_mimo_utils.py`` L497, L505, L516) per chunk, as above; its backward (``bwd_dadt_fused_triton`` and the
+stage-2 kernel) differentiates as if there were no clamp. ``clamp_backward="upstream"`` (default) reproduces both:
+the forward value is clamped and the gradient passes through the clamp unchanged (``x - relu(x).detach()``);
+``"exact"`` differentiates the clamped forward (zero gradient where a clamp is active). They agree wherever ADT <= 0
+makes every sum non-positive, as in the golden data.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ...validation import _check_int
+
+_F64 = torch.float64
+#: ``mamba3_mimo``'s 14 tensor arguments, in call order.
+INPUT_NAMES = ("Q", "K", "V", "ADT", "DT", "Trap", "Q_bias", "K_bias", "MIMO_V", "MIMO_Z", "MIMO_Out", "Angles",
+               "D", "Z")
+#: Arguments that may be None (``MIMO_Z`` and ``Z`` together).
+OPTIONAL_INPUTS = ("MIMO_Z", "MIMO_Out", "D", "Z")
+CLAMP_BACKWARDS = ("upstream", "exact")
+SUPPORTED_ROTARY_DIVISORS = (2, 4)
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def _validate(tensors: dict, chunk_size, rotary_dim_divisor, clamp_backward) -> tuple:
+    for name, value in tensors.items():
+        if value is None:
+            if name not in OPTIONAL_INPUTS:
+                raise TypeError(f"{name} is required: expected a torch.Tensor, got None")
+        elif not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor{' or None' if name in OPTIONAL_INPUTS else ''}, "
+                            f"got {type(value).__name__}")
+        elif value.dtype not in _FLOATS:
+            raise TypeError(f"{name} must have a floating dtype (bfloat16, float16, float32, float64), got "
+                            f"{value.dtype}")
+    chunk_size = _check_int("chunk_size", chunk_size, 1)
+    rotary_dim_divisor = _check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
+    if rotary_dim_divisor not in SUPPORTED_ROTARY_DIVISORS:
+        raise ValueError(f"rotary_dim_divisor must be one of {SUPPORTED_ROTARY_DIVISORS}, got {rotary_dim_divisor}")
+    if clamp_backward not in CLAMP_BACKWARDS:
+        raise ValueError(f"clamp_backward must be one of {CLAMP_BACKWARDS}, got {clamp_backward!r}")
+    Q, V = tensors["Q"], tensors["V"]
+    if Q.dim() != 5:
+        raise ValueError(f"Q must have 5 dimensions [B, S, R, G, N], got shape {list(Q.shape)}")
+    if V.dim() != 4:
+        raise ValueError(f"V must have 4 dimensions [B, S, H, P], got shape {list(V.shape)}")
+    B, S, R, G, N = Q.shape
+    H, P = V.shape[2], V.shape[3]
+    if 0 in (B, S, R, G, N, H, P):
+        raise ValueError(f"Q {list(Q.shape)} and V {list(V.shape)} must have no empty dimension")
+    if H % G:
+        raise ValueError(f"V has H={H} heads, which is not a multiple of the G={G} groups of Q (H % G must be 0)")
+    if N % 2 or N % rotary_dim_divisor:
+        raise ValueError(f"Q has N={N}, which must be even and divisible by rotary_dim_divisor={rotary_dim_divisor}")
+    if (tensors["Z"] is None) != (tensors["MIMO_Z"] is None):
+        raise ValueError("Z and MIMO_Z must be given together: got Z "
+                         f"{'None' if tensors['Z'] is None else 'present'} and MIMO_Z "
+                         f"{'None' if tensors['MIMO_Z'] is None else 'present'}")
+    shapes = {"Q": (B, S, R, G, N), "K": (B, S, R, G, N), "V": (B, S, H, P), "ADT": (B, H, S), "DT": (B, H, S),
+              "Trap": (B, H, S), "Q_bias": (H, R, N), "K_bias": (H, R, N), "MIMO_V": (H, R, P),
+              "MIMO_Z": (H, R, P), "MIMO_Out": (H, R, P), "Angles": (B, S, H, N // rotary_dim_divisor),
+              "D": (H,), "Z": (B, S, H, P)}
+    for name, shape in shapes.items():
+        value = tensors[name]
+        if value is None:
+            continue
+        if tuple(value.shape) != shape:
+            raise ValueError(f"{name} must have shape {list(shape)}, got {list(value.shape)}")
+        if value.device != Q.device:
+            raise ValueError(f"{name} must be on device {Q.device} (the device of Q), got {value.device}")
+    return B, S, R, G, N, H, P, chunk_size, rotary_dim_divisor
+
+
+def _clamp_nonpositive(x: torch.Tensor, clamp_backward: str) -> torch.Tensor:
+    if clamp_backward == "exact":
+        return torch.clamp(x, max=0)
+    return x - torch.relu(x).detach()  # value min(x, 0), gradient 1
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the pairs (a, N/2 + a), a < K, of ``x [..., N]`` by angles with ``cos, sin [..., K]``."""
+    width, half = cos.shape[-1], x.shape[-1] // 2
+    x1, x2 = x[..., :width], x[..., half:half + width]
+    return torch.cat([x1 * cos - x2 * sin, x[..., width:half], x1 * sin + x2 * cos, x[..., half + width:]], dim=-1)
+
+
+def _silu(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(x)
+
+
+def mamba3_mimo_fp64(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D, Z,
+                     chunk_size: int = 16, rotary_dim_divisor: int = 4, *,
+                     clamp_backward: str = "upstream") -> torch.Tensor:
+    """``mamba3_mimo``'s output in float64 from its raw inputs (module docstring for the math).
+
+    Args (upstream's ``mamba3_mimo`` order; any floating dtype, computed in float64; give float64 leaves with
+    ``requires_grad`` to take gradients):
+        Q, K (Tensor): ``[B, S, R, G, N]``. V (Tensor): ``[B, S, H, P]``.
+        ADT, DT, Trap (Tensor): ``[B, H, S]`` (A·dt, dt, trap before the sigmoid).
+        Q_bias, K_bias (Tensor): ``[H, R, N]``. MIMO_V (Tensor): ``[H, R, P]``.
+        MIMO_Z (Tensor | None): ``[H, R, P]``, with Z. MIMO_Out (Tensor | None): ``[H, R, P]``; None: non-reduced.
+        Angles (Tensor): ``[B, S, H, N / rotary_dim_divisor]``, raw (before tanh and the cumulative sum).
+        D (Tensor | None): ``[H]``. Z (Tensor | None): ``[B, S, H, P]``.
+        chunk_size (int): C >= 1 (where the clamps apply). rotary_dim_divisor (int): 2 or 4.
+        clamp_backward (str): ``"upstream"`` (gradient through the clamp as if absent, as upstream's backward) or
+            ``"exact"``.
+
+    Returns:
+        Tensor: float64, ``[B, S, H, P]`` with ``MIMO_Out``, else ``[B, S, R, H, P]``; part of the autograd graph.
+
+    Raises:
+        TypeError, ValueError: naming the argument.
+    """
+    tensors = dict(zip(INPUT_NAMES, (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D,
+                                     Z)))
+    B, S, R, G, N, H, P, C, divisor = _validate(tensors, chunk_size, rotary_dim_divisor, clamp_backward)
+    x64 = {name: (None if value is None else value.to(_F64)) for name, value in tensors.items()}
+    device = Q.device
+
+    # ---- per token, layout [B, H, S, ...] ----
+    theta = torch.cumsum(math.pi * torch.tanh(x64["Angles"]) * x64["DT"].permute(0, 2, 1)[..., None], dim=1)
+    theta = theta.permute(0, 2, 1, 3)[:, :, :, None, :]  # [B, H, S, 1, K]
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    group_of_head = torch.arange(H, device=device) // (H // G)
+    q_hat = x64["Q"][:, :, :, group_of_head].permute(0, 3, 1, 2, 4) + x64["Q_bias"][None, :, None]  # [B,H,S,R,N]
+    k_hat = x64["K"][:, :, :, group_of_head].permute(0, 3, 1, 2, 4) + x64["K_bias"][None, :, None]
+    q_rot, k_rot = _rotate(q_hat, cos, sin), _rotate(k_hat, cos, sin)
+    dt, trap = x64["DT"], x64["Trap"]
+    gamma = dt * torch.sigmoid(trap)  # [B, H, S]
+    gamma_next = torch.nn.functional.pad(dt[..., 1:] * torch.sigmoid(-trap[..., 1:]), (0, 1))
+    factor = gamma + gamma_next
+    psi_v = x64["V"].permute(0, 2, 1, 3)[:, :, :, None, :] * x64["MIMO_V"][None, :, None]  # [B, H, S, R, P]
+
+    state = torch.zeros((B, H, N, P), dtype=_F64, device=device)
+    chunks = []
+    for lo in range(0, S, C):
+        hi = min(lo + C, S)
+        n = hi - lo
+        a = x64["ADT"][..., lo:hi]  # [B, H, n]
+        index = torch.arange(n, device=device)
+        upto = (index[:, None] <= index[None, :]).to(_F64)  # upto[u, t]: u <= t
+        log_decay = _clamp_nonpositive(a @ upto, clamp_backward)  # A[t]
+        log_decay_rev = _clamp_nonpositive(a @ (index[:, None] > index[None, :]).to(_F64), clamp_backward)
+        between = (index[None, :, None] < index[None, None, :]) & (index[None, None, :] <= index[:, None, None])
+        # between[t, s, u]: s < u <= t
+        log_seg = _clamp_nonpositive(torch.einsum("bhu,tsu->bhts", a, between.to(_F64)), clamp_backward)
+        causal = index[:, None] > index[None, :]
+        seg_weight = torch.where(causal, torch.exp(torch.where(causal, log_seg, torch.zeros_like(log_seg))),
+                                 torch.zeros_like(log_seg))  # [B, H, t, s]
+
+        qc, kc, vc, fc = q_rot[:, :, lo:hi], k_rot[:, :, lo:hi], psi_v[:, :, lo:hi], factor[:, :, lo:hi]
+        inter = torch.exp(log_decay)[..., None, None] * torch.einsum("bhtrn,bhnp->bhtrp", qc, state)
+        scores = torch.einsum("bhtrn,bhsun->bhtrsu", qc, kc) * (seg_weight * fc[:, :, None, :])[:, :, :, None, :,
+                                                                                                     None]
+        intra = torch.einsum("bhtrsu,bhsup->bhtrp", scores, vc)
+        diag = gamma[:, :, lo:hi, None, None] * torch.einsum(
+            "bhtrn,bhtun,bhtup->bhtrp", q_hat[:, :, lo:hi], k_hat[:, :, lo:hi], vc)
+        o = inter + intra + diag
+        if D is not None:
+            o = o + x64["D"][None, :, None, None, None] * vc
+        chunks.append(o)
+        k_state = kc * (torch.exp(log_decay_rev) * fc)[..., None, None]
+        state = torch.exp(log_decay[..., -1])[..., None, None] * state + torch.einsum("bhsun,bhsup->bhnp", k_state,
+                                                                                       vc)
+    o = torch.cat(chunks, dim=2)  # [B, H, S, R, P]
+
+    if Z is not None:
+        o = o * _silu(x64["Z"].permute(0, 2, 1, 3)[:, :, :, None, :] * x64["MIMO_Z"][None, :, None])
+    if MIMO_Out is not None:
+        return torch.einsum("bhsrp,hrp->bshp", o, x64["MIMO_Out"])
+    return o.permute(0, 2, 3, 1, 4)  # [B, S, R, H, P]

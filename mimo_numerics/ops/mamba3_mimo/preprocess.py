@@ -1,0 +1,251 @@
+"""Upstream's preprocessing of the Mamba-3 MIMO op, in torch, on any device.
+
+``mamba3_mimo`` (mamba-ssm 2.3.2.post1, ``ops/tilelang/mamba3/mamba3_mimo.py`` L71-76 and L93) runs two FP32
+Triton kernels before the forward kernel. Line numbers below are of that sdist.
+
+**Cumulative angles** (``angle_dt_fwd``, ``ops/triton/mamba3/angle_dt.py`` L24-122). One program per (head, batch)
+walks the chunks of the sequence carrying a state, so the sum runs over the whole sequence, not per chunk::
+
+    θ[b, t, h, a] = ( Σ_{u <= t} tanh(angles[b, u, h, a]) · π · dt[b, h, u] )  mod 2π        [B, S, H, K]
+
+with ``K = N / rotary_dim_divisor``. In FP32 upstream evaluates, per chunk of ``C`` tokens (L86-117):
+``vals = fl(fl(tanh_approx(angle) · π₃₂) · dt)`` (L94, L101; ``π₃₂`` = fp32(π)); ``out = chunk_cumsum(vals) +
+state`` (L104-105); ``out = out - 2π₃₂ · floor(out / 2π₃₂)`` (L108); ``state = state + tl.sum(vals)`` then the
+same mod (L115-117). Out-of-range rows load as 0 (L93, L98).
+
+**Chunk log-decays** (``compute_dacs_segsum_triton``, ``ops/triton/mamba3/mamba3_mimo_utils.py`` L453-517,
+L691-731). One program per (batch, head, chunk); with ``x = adt`` of the chunk (rows past ``S`` masked to 0, L494)::
+
+    da_cs[t]       = min(0, Σ_{chunk start <= u <= t} x_u)                 inclusive cumsum, L496-497
+    da_cs_rev[t]   = min(0, Σ_{t < u <= chunk end} x_u)                    reverse inclusive cumsum rolled one
+                                                                           to the left (L499-505; 0 at the
+                                                                           chunk's last row)
+    segsum[c, i, j] = min(0, Σ_{j < u <= i} x_u)   (0 for i <= j)          cumsum over i of where(i > j, x_i, 0),
+                                                                           L512-516
+
+``segsum`` is built from an **unmasked** load (L512): on a tail chunk its rows ``i >= S - c·C`` read whatever
+memory follows the row of ``adt`` (the next (b, h) row, or past the allocation for the last one). Those rows only
+feed outputs of padded tokens, which no kernel stores; here they are computed from zero padding instead (so a row
+past ``S`` repeats the last valid row), and ``da_cs``/``da_cs_rev`` exist for the ``S`` real tokens only.
+
+Upstream does not use the ``chunk_sum - cumsum + x`` form in these forward kernels (it uses it in the backward,
+``angle_dt.py`` L310-312); the clamp ``min(·, 0)`` is applied to each of the three outputs, and upstream's backward
+differentiates as if it were absent (``docs/fp64_model.md``).
+
+**FP32 (``math_dtype=torch.float32``): what is reproduced to the bit.** Triton's ``tl.cumsum`` is a
+Hillis-Steele scan across the lanes that hold the scanned axis, after a sequential scan of the elements each thread
+holds (``_triton_scan``). Measured against the golden H200 data (``upstream_h200_full_op_cases.pt``, Triton of
+torch 2.11): every element of ``da_cs``, ``da_cs_rev`` and ``segsum`` of the 7 cases is bit-equal with the layouts
+of ``SCAN_LAYOUTS`` (1-D scans: one element per lane, C lanes, for C = 16 and 32; ``segsum``'s [C, C] scan: 1 x 16
+at C = 16, 4 elements per thread x 8 lanes at C = 32). Other chunk sizes use one element per lane, which is
+**not verified** (no golden data). For the angles, bits are **not** reproduced: ``tanh_approx`` is the hardware
+``tanh.approx.f32`` (MUFU.TANH, a table approximation, measured tens of fp32 ulps from tanh on the golden inputs)
+and cannot be emulated, so ``tanh="accurate"`` (torch's tanh) is the only form; the rest of the FP32 chain (π₃₂,
+the product order, the chunk scan, a butterfly ``tl.sum``, the mod with ``2π₃₂`` and one rounding of
+``out - 2π₃₂·k`` as an FMA) is modelled but cannot be checked bitwise behind the tanh difference; the exact
+division ``out / 2π₃₂`` stands for Triton's ``div.full.f32`` (they differ only within 2 ulp of a multiple of 2π).
+
+**FP64 (``math_dtype=torch.float64``).** The same definitions evaluated in float64 (``torch.cumsum`` order) with
+the true 2π in the mod. Upstream's mod by ``2π₃₂ = 2π + 1.75e-7`` makes its angle ``k · 1.75e-7`` smaller than
+the exact one after ``k`` wraps; that is an FP32 effect of upstream, modelled by the fp32 form only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Tuple, Union
+
+import torch
+
+from ...validation import _check_int
+
+#: ``tanh`` forms of :func:`angle_cumsum`.
+TANH_FORMS = ("accurate",)
+#: ``(elements per thread, lanes)`` of Triton's scan along an axis of ``C`` elements, by (kind, C). Measured on the
+#: golden H200 data: ("1d", 16), ("1d", 32), ("2d", 16), ("2d", 32). Sizes not listed use (1, C), not verified.
+SCAN_LAYOUTS: Dict[Tuple[str, int], Tuple[int, int]] = {
+    ("1d", 16): (1, 16), ("1d", 32): (1, 32),
+    ("2d", 16): (1, 16), ("2d", 32): (4, 8),
+}
+
+_PI_F32 = torch.tensor(math.pi, dtype=torch.float32).item()  # fp32(π) as a Python float (exact)
+_TWO_PI_F32 = 2.0 * _PI_F32  # = fp32(2π): doubling is exact
+
+DtypeLike = Union[torch.dtype, str]
+
+
+def _resolve_math_dtype(math_dtype: DtypeLike) -> torch.dtype:
+    named = {"float32": torch.float32, "float64": torch.float64}
+    if isinstance(math_dtype, str) and math_dtype in named:
+        return named[math_dtype]
+    if math_dtype in (torch.float32, torch.float64):
+        return math_dtype
+    raise ValueError(f"math_dtype must be torch.float32 or torch.float64 (or 'float32'/'float64'), got {math_dtype!r}")
+
+
+def _check_float_tensor(name: str, x, ndim: int, layout: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"{name} must have dtype torch.float32 (upstream) or torch.float64, got {x.dtype}")
+    if x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions {layout}, got shape {list(x.shape)}")
+    if any(size == 0 for size in x.shape):
+        raise ValueError(f"{name} has an empty dimension (shape {list(x.shape)}); every dimension must be >= 1")
+
+
+def _check_chunk_size(chunk_size, math_dtype: torch.dtype) -> int:
+    chunk_size = _check_int("chunk_size", chunk_size, 1)
+    if math_dtype == torch.float32 and chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a power of 2 for the float32 form (Triton's tl.arange), got {chunk_size}")
+    return chunk_size
+
+
+def _scan_layout(kind: str, chunk_size: int) -> Tuple[int, int]:
+    return SCAN_LAYOUTS.get((kind, chunk_size), (1, chunk_size))
+
+
+def _triton_scan(x: torch.Tensor, per_thread: int, lanes: int, reverse: bool = False) -> torch.Tensor:
+    """Inclusive prefix sum along the last dim in the order of Triton's ``tl.cumsum`` (one warp, one block).
+
+    Each of ``lanes`` threads holds ``per_thread`` consecutive elements: a sequential scan inside the thread, a
+    Hillis-Steele scan of the threads' last elements across lanes (``acc[l] += acc[l - d]`` for d = 1, 2, 4, ...),
+    then every other element adds the inclusive value of the lane before it. ``reverse`` scans from the end (the
+    mirror image; verified for one element per lane only).
+
+    Args:
+        x (Tensor): ``[..., L]`` with ``L = per_thread · lanes``; every addition is done in ``x.dtype``.
+    """
+    if reverse:
+        return _triton_scan(x.flip(-1), per_thread, lanes).flip(-1)
+    if x.shape[-1] != per_thread * lanes:
+        raise ValueError(f"scan layout {per_thread} x {lanes} does not cover an axis of {x.shape[-1]}")
+    v = x.reshape(*x.shape[:-1], lanes, per_thread)
+    partial = [v[..., 0]]
+    for e in range(1, per_thread):
+        partial.append(partial[-1] + v[..., e])
+    last = partial[-1]  # [..., lanes]
+    step = 1
+    while step < lanes:
+        last = torch.cat([last[..., :step], last[..., :-step] + last[..., step:]], dim=-1)
+        step *= 2
+    columns = []
+    previous = torch.cat([torch.zeros_like(last[..., :1]), last[..., :-1]], dim=-1)  # lane l-1's inclusive value
+    for e in range(per_thread - 1):
+        # lane 0 has nothing before it: its partial stays as it is (adding 0 is exact but keeps -0, as upstream)
+        rest = previous[..., 1:] + partial[e][..., 1:]
+        columns.append(torch.cat([partial[e][..., :1], rest], dim=-1))
+    columns.append(last)
+    return torch.stack(columns, dim=-1).reshape(x.shape)
+
+
+def _butterfly_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum along the last dim (a power of 2) in the order of a Triton warp reduction: halves added pairwise."""
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        x = x[..., :half] + x[..., half:]
+    return x[..., 0]
+
+
+def _mod_two_pi_f32(x: torch.Tensor) -> torch.Tensor:
+    """``x - 2π₃₂ · floor(x / 2π₃₂)`` in float32, the product and difference rounded once (an FMA)."""
+    turns = torch.floor(x / _TWO_PI_F32)
+    return (x.double() - _TWO_PI_F32 * turns.double()).float()
+
+
+def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, math_dtype: DtypeLike,
+                 tanh: str = "accurate") -> torch.Tensor:
+    """Cumulative rotary angles of ``angle_dt_fwd``: ``(Σ_{u <= t} π·tanh(angles_u)·dt_u) mod 2π``.
+
+    Args:
+        angles (Tensor): ``[B, S, H, K]`` raw angles (upstream: float32), ``K = N / rotary_dim_divisor``.
+        dt (Tensor): ``[B, H, S]`` (upstream: float32).
+        chunk_size (int): C, the chunk of upstream's walk (float32 form: a power of 2; the float64 result does not
+            depend on it beyond validation).
+        math_dtype (torch.dtype | str): ``torch.float32`` for upstream's FP32 evaluation order (module docstring:
+            not bit-exact, the hardware tanh is not reproducible), ``torch.float64`` for the definition in float64.
+        tanh (str): ``"accurate"``: torch's tanh in the math dtype. (Upstream's ``tanh.approx.f32`` cannot be
+            emulated; asking for ``"upstream"`` raises.)
+
+    Returns:
+        Tensor: ``[B, S, H, K]`` in the math dtype, in ``[0, 2π)``, on the input device.
+
+    Raises:
+        TypeError, ValueError: naming the argument.
+    """
+    math_dtype = _resolve_math_dtype(math_dtype)
+    if tanh == "upstream":
+        raise ValueError("tanh='upstream' is not available: upstream's tanh.approx.f32 (MUFU.TANH) is a hardware "
+                         "table approximation that torch cannot reproduce; use tanh='accurate' (docs/fp64_model.md "
+                         "gives the measured difference)")
+    if tanh not in TANH_FORMS:
+        raise ValueError(f"tanh must be one of {TANH_FORMS}, got {tanh!r}")
+    _check_float_tensor("angles", angles, 4, "[B, S, H, K]")
+    _check_float_tensor("dt", dt, 3, "[B, H, S]")
+    chunk_size = _check_chunk_size(chunk_size, math_dtype)
+    B, S, H, K = angles.shape
+    if tuple(dt.shape) != (B, H, S):
+        raise ValueError(f"dt must have shape {[B, H, S]} ([B, H, S] of angles [B, S, H, K]), got {list(dt.shape)}")
+    if dt.device != angles.device:
+        raise ValueError(f"dt must be on device {angles.device} (the device of angles), got {dt.device}")
+
+    if math_dtype == torch.float64:
+        angles64 = angles.to(torch.float64)
+        increments = math.pi * torch.tanh(angles64) * dt.to(torch.float64).permute(0, 2, 1)[..., None]
+        return torch.remainder(torch.cumsum(increments, dim=1), 2.0 * math.pi)
+
+    vals = (torch.tanh(angles.to(torch.float32)) * _PI_F32) * dt.to(torch.float32).permute(0, 2, 1)[..., None]
+    nc = -(-S // chunk_size)
+    padded = torch.zeros((B, nc * chunk_size, H, K), dtype=torch.float32, device=angles.device)
+    padded[:, :S] = vals
+    chunks = padded.reshape(B, nc, chunk_size, H, K).permute(0, 1, 3, 4, 2)  # [B, nc, H, K, C]: scan axis last
+    per_thread, lanes = _scan_layout("2d", chunk_size)
+    state = torch.zeros((B, H, K), dtype=torch.float32, device=angles.device)
+    out = torch.empty_like(chunks)
+    for c in range(nc):
+        out[:, c] = _mod_two_pi_f32(_triton_scan(chunks[:, c], per_thread, lanes) + state[..., None])
+        state = _mod_two_pi_f32(state + _butterfly_sum(chunks[:, c]))
+    return out.permute(0, 1, 4, 2, 3).reshape(B, nc * chunk_size, H, K)[:, :S].contiguous()
+
+
+def dacs_segsum(adt: torch.Tensor, chunk_size: int, *, math_dtype: DtypeLike
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``da_cs``, ``da_cs_rev`` and ``segsum`` of ``compute_dacs_segsum_triton``, each clamped to ``<= 0``.
+
+    Args:
+        adt (Tensor): ``[B, H, S]`` A·dt (upstream: float32).
+        chunk_size (int): C (float32 form: a power of 2).
+        math_dtype (torch.dtype | str): ``torch.float32``: upstream's Triton scan order, bit-exact where
+            ``SCAN_LAYOUTS`` is measured; ``torch.float64``: the definitions in float64.
+
+    Returns:
+        tuple: ``da_cs [B, H, S]``, ``da_cs_rev [B, H, S]``, ``segsum [B, H, nc, C, C]`` (``segsum[..., i, j]`` is
+        the log-decay from row j to row i of the chunk, 0 for ``i <= j``; rows past ``S`` from zero padding), in
+        the math dtype on the input device.
+
+    Raises:
+        TypeError, ValueError: naming the argument.
+    """
+    math_dtype = _resolve_math_dtype(math_dtype)
+    _check_float_tensor("adt", adt, 3, "[B, H, S]")
+    chunk_size = _check_chunk_size(chunk_size, math_dtype)
+    B, H, S = adt.shape
+    C, nc = chunk_size, -(-S // chunk_size)
+    x = torch.zeros((B, H, nc * C), dtype=math_dtype, device=adt.device)
+    x[..., :S] = adt.to(math_dtype)
+    x = x.reshape(B, H, nc, C)
+    strictly_below = torch.arange(C, device=adt.device)[:, None] > torch.arange(C, device=adt.device)[None, :]
+    masked = torch.where(strictly_below, x[..., :, None], torch.zeros((), dtype=math_dtype, device=adt.device))
+
+    if math_dtype == torch.float64:
+        inclusive = torch.cumsum(x, dim=-1)
+        reverse = torch.cumsum(x.flip(-1), dim=-1).flip(-1)
+        segsum = torch.cumsum(masked, dim=-2)
+    else:
+        inclusive = _triton_scan(x, *_scan_layout("1d", C))
+        reverse = _triton_scan(x, *_scan_layout("1d", C), reverse=True)
+        segsum = _triton_scan(masked.transpose(-1, -2), *_scan_layout("2d", C)).transpose(-1, -2)
+    exclusive_reverse = torch.cat([reverse[..., 1:], torch.zeros_like(reverse[..., :1])], dim=-1)
+    da_cs = torch.clamp(inclusive, max=0).reshape(B, H, nc * C)[..., :S]
+    da_cs_rev = torch.clamp(exclusive_reverse, max=0).reshape(B, H, nc * C)[..., :S]
+    return da_cs.contiguous(), da_cs_rev.contiguous(), torch.clamp(segsum, max=0).contiguous()
