@@ -130,6 +130,19 @@ TOLERANCES: Dict[str, Tolerance] = {
         "FP32 reference vs FP64 oracle on the golden stage-2 outputs, lp outputs compared after rounding the "
         "oracle: max 3.3e-7 (dDT_angle; dAngles 2.8e-7, dADT 9.0e-8), lp outputs bit-equal (2026-12-01, CPU)",
         "tests/test_epilogue.py"),
+    # ------------------------------------------------------------------ the whole FP64 backward chain
+    "fp64_chain_vs_autograd_rel_rms": Tolerance(
+        1e-10,
+        "FP64 preprocessing -> stage-1 oracle -> stage-2 oracle -> FP64 epilogue vs torch autograd of the FP64 "
+        "forward model (ops/mamba3_mimo/fp64_model.py), every input gradient: max 1.2e-15 over the 7 "
+        "covering cases, 3.8e-15 over the 96 slow ones (dADT) (2026-12-01, CPU): FP64 summation order only",
+        "tests/test_epilogue.py::test_fp64_chain_equals_autograd_of_fp64_forward"),
+    "fp64_chain_vs_upstream_autograd_rel_rms": Tolerance(
+        2.5e-2,
+        "golden autograd gradients (BF16 upstream, H200) vs the FP64 chain from the raw inputs: max dAngles 1.81e-2 "
+        "(seedformula), dADT 9.0e-3, dTrap 8.9e-3, dQ_bias 8.4e-3, others <= 8.5e-3 (2026-12-01, CPU); dD (up to "
+        "5.9e-2, a cancelling sum) is gated against its terms by bwd_bwd_oracle_vs_upstream_dD_abs_terms",
+        "tests/test_epilogue.py::test_fp64_chain_vs_upstream_gradients; scripts/measure_stage2_oracle.py --chain"),
 }
 
 

@@ -156,31 +156,31 @@ def validate_inputs(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mi
                 reduce_o=reduce_o, has_z=z is not None, has_d=d is not None, lp_dtype=q.dtype, device=device)
 
 
-def _rotary(x: torch.Tensor, theta: torch.Tensor, width: int) -> torch.Tensor:
-    """``x`` rotated by ``theta`` on the pairs ``(a, N/2 + a)``, ``a < width``; other columns unchanged.
+def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, width: int) -> torch.Tensor:
+    """``x`` rotated by θ (``cos θ``, ``sin θ``) on the pairs ``(a, N/2 + a)``, ``a < width``; other columns unchanged.
 
     Args:
-        x (Tensor): ``[B, H, S, R, N]`` float64. theta (Tensor): ``[B, H, S, 1, width]`` float64.
+        x (Tensor): ``[B, H, S, R, N]`` float64. cos, sin (Tensor): ``[B, H, S, 1, width]`` float64.
     """
     half = x.shape[-1] // 2
     x1, x2 = x[..., :width], x[..., half:half + width]
-    cos, sin = torch.cos(theta), torch.sin(theta)
     out = x.clone()
     out[..., :width] = cos * x1 - sin * x2
     out[..., half:half + width] = sin * x1 + cos * x2
     return out
 
 
-def _rotary_transpose(dy: torch.Tensor, theta: torch.Tensor, width: int) -> torch.Tensor:
-    """The adjoint of :func:`_rotary`: ``∂L/∂x`` from ``∂L/∂(rotated x)`` (rotation by ``-theta``)."""
-    return _rotary(dy, -theta, width)
+def _rotary_transpose(dy: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, width: int) -> torch.Tensor:
+    """The adjoint of :func:`_rotary`: ``∂L/∂x`` from ``∂L/∂(rotated x)`` (the rotation by -θ)."""
+    return _rotary(dy, cos, -sin, width)
 
 
-def _rotary_angle_grad(dy: torch.Tensor, x: torch.Tensor, theta: torch.Tensor, width: int) -> torch.Tensor:
+def _rotary_angle_grad(dy: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                       width: int) -> torch.Tensor:
     """``Σ_r ∂L/∂θ`` of the rotation of ``x``: ``dy₁·(-x₁ sin θ - x₂ cos θ) + dy₂·(x₁ cos θ - x₂ sin θ)``.
 
     Args:
-        dy, x (Tensor): ``[B, H, S, R, N]``. theta (Tensor): ``[B, H, S, 1, width]``.
+        dy, x (Tensor): ``[B, H, S, R, N]``. cos, sin (Tensor): ``[B, H, S, 1, width]``.
 
     Returns:
         Tensor: ``[B, H, S, width]``.
@@ -188,7 +188,6 @@ def _rotary_angle_grad(dy: torch.Tensor, x: torch.Tensor, theta: torch.Tensor, w
     half = x.shape[-1] // 2
     x1, x2 = x[..., :width], x[..., half:half + width]
     dy1, dy2 = dy[..., :width], dy[..., half:half + width]
-    cos, sin = torch.cos(theta), torch.sin(theta)
     return (dy1 * (-x1 * sin - x2 * cos) + dy2 * (x1 * cos - x2 * sin)).sum(dim=3)
 
 
@@ -215,8 +214,9 @@ def _evaluate(dims: Dims, f64: Dict[str, Optional[torch.Tensor]]):
     q_biased = per_head(f64["q"]) + f64["q_bias"][None, :, None]
     k_biased = per_head(f64["k"]) + f64["k_bias"][None, :, None]
     theta = f64["angles"].permute(0, 2, 1, 3)[:, :, :, None, :]  # [B, H, S, 1, width]
-    q_rot = _rotary(q_biased, theta, width)
-    k_rot = _rotary(k_biased, theta, width)
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    q_rot = _rotary(q_biased, cos, sin, width)
+    k_rot = _rotary(k_biased, cos, sin, width)
     dt64, trap64 = f64["dt"], f64["trap"]
     gamma = dt64 * torch.sigmoid(trap64)  # [B, H, S]
     gamma_next = torch.zeros_like(gamma)
@@ -284,10 +284,10 @@ def _evaluate(dims: Dims, f64: Dict[str, Optional[torch.Tensor]]):
 
     dfactor = (k_rot * d_k_hat).sum(dim=(3, 4))
     d_k_rot = d_k_hat * factor[..., None, None]
-    dk = _rotary_transpose(d_k_rot, theta, width) + torch.einsum("bhtoi,bhton->bhtin", d_qk, q_biased)
-    dq = _rotary_transpose(d_q_rot, theta, width) + torch.einsum("bhtoi,bhtin->bhton", d_qk, k_biased)
-    dangles = (_rotary_angle_grad(d_k_rot, k_biased, theta, width)
-               + _rotary_angle_grad(d_q_rot, q_biased, theta, width)).permute(0, 2, 1, 3)
+    dk = _rotary_transpose(d_k_rot, cos, sin, width) + torch.einsum("bhtoi,bhton->bhtin", d_qk, q_biased)
+    dq = _rotary_transpose(d_q_rot, cos, sin, width) + torch.einsum("bhtoi,bhtin->bhton", d_qk, k_biased)
+    dangles = (_rotary_angle_grad(d_k_rot, k_biased, cos, sin, width)
+               + _rotary_angle_grad(d_q_rot, q_biased, cos, sin, width)).permute(0, 2, 1, 3)
 
     # ---- decay derivatives ----
     # X[j, c] = Σ_{r,n,p} q̊[j,r,n] g[j,r,p] states[c][n,p]
@@ -312,7 +312,7 @@ def _evaluate(dims: Dims, f64: Dict[str, Optional[torch.Tensor]]):
            "ddA": ddA.contiguous(), "dSSdA": dSSdA, "ddA_cs_rev": ddA_cs_rev.contiguous(),
            "ddA_cs": ddA_cs.contiguous()}
     parts = {"grad_o": grad_o, "psi_v": psi_v, "q_rot": q_rot, "states": st, "state_w": state_w,
-             "d_k_rot": d_k_rot, "d_q_rot": d_q_rot, "q_biased": q_biased, "k_biased": k_biased, "theta": theta}
+             "d_k_rot": d_k_rot, "d_q_rot": d_q_rot, "q_biased": q_biased, "k_biased": k_biased, "cos": cos, "sin": sin}
     return {name: out[name] for name in OUTPUT_NAMES}, parts
 
 
@@ -382,8 +382,7 @@ def mamba_mimo_bwd_bwd_abs_terms(
     chunk_of = torch.arange(dims.seqlen, device=dims.device) // dims.chunk_size
     x_abs = torch.einsum("bhjrn,bhjrp,bhcnp->bhjc", q_rot, g, parts["states"].abs())
     width = dims.state_dim // dims.rotary_dim_divisor
-    theta = parts["theta"]
-    cos, sin = torch.cos(theta).abs(), torch.sin(theta).abs()
+    cos, sin = parts["cos"].abs(), parts["sin"].abs()
 
     def rotation_terms(dy, x):
         half = x.shape[-1] // 2
