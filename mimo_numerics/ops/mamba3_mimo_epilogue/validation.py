@@ -98,7 +98,8 @@ def validate_inputs(dq, dk, dv, dmimo_v, dD, dangles, dfactor, dgamma_diag, ddA,
                          "bwd_dadt_fused_triton asserts it (and bwd_dtrap_ddt_triton would skip the tail)")
     if (dz is None) != (dmimo_z is None):
         raise ValueError("dz and dmimo_z must be given together: got dz "
-                         f"{'None' if dz is None else 'present'} and dmimo_z {'None' if dmimo_z is None else 'present'}")
+                         f"{'None' if dz is None else 'present'} and dmimo_z "
+                         f"{'None' if dmimo_z is None else 'present'}")
     nchunks = seqlen // chunk_size
     lp = dq.dtype
     if strict_dtypes and lp not in LOW_PRECISION_DTYPES:

@@ -238,7 +238,7 @@ def _evaluate(dims: Dims, f64: Dict[str, Optional[torch.Tensor]]):
 
     # ---- token-pair weights ----
     da, da_rev, seg = f64["da_cs"], f64["da_cs_rev"], f64["segsum"]
-    lam, between = _chunk_log_decays(da, dims)
+    lam, between = _chunk_log_decays(da, dims)  # Λ [B, H, nc], M [B, H, nc, nc]
     tok = torch.arange(S, device=device)
     chunk_of, local_of = tok // C, tok % C
     later = tok[:, None] > tok[None, :]  # [j, i]: j after i
@@ -301,7 +301,7 @@ def _evaluate(dims: Dims, f64: Dict[str, Optional[torch.Tensor]]):
     ddA_cs_rev = (inter_w * pair).sum(dim=2)
     dSSdA = torch.zeros((B, H, nc, C, C), dtype=_F64, device=device)
     # dSSdA[c, i mod C, j mod C] = pair[j, i] for i, j in chunk c
-    src, dst = torch.nonzero(same_chunk, as_tuple=True)[1], torch.nonzero(same_chunk, as_tuple=True)[0]
+    dst, src = torch.nonzero(same_chunk, as_tuple=True)
     dSSdA[:, :, chunk_of[src], local_of[src], local_of[dst]] = pair[:, :, dst, src]
 
     def to_bsrhn(x):  # [B, H, S, R, N] -> [B, S, R, H, N]
