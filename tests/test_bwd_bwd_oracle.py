@@ -180,3 +180,26 @@ def test_bwd_bwd_oracle_rejects_heads_not_a_multiple_of_groups():
     inputs = _small_inputs(heads=3, groups=2)
     with pytest.raises(ValueError, match="H % G"):
         _run_small(inputs)
+
+
+def test_bwd_bwd_oracle_with_a_tail_chunk_gives_the_gradients():
+    """S % C != 0 (the kernel accepts tails; upstream's epilogue does not): the raw outputs that are gradients of the
+    op's inputs (dq, dk summed over heads; dv; dmimo_v, dD summed over B) equal autograd of the FP64 forward."""
+    import chain_support as chain
+
+    inputs = chain.draw_inputs(chain.ChainCase(rank=2, state_dim=32, dtype="bfloat16", reduce_o=True, has_z=True,
+                                               has_d=True, batch=2, seed=11))
+    S = 10  # chunks of 4: 4 + 4 + a tail of 2
+    for name in ("Q", "K", "V", "Z", "dout", "Angles"):
+        inputs[name] = inputs[name][:, :S].contiguous()
+    for name in ("ADT", "DT", "Trap"):
+        inputs[name] = inputs[name][..., :S].contiguous()
+    pre = chain.fp64_pre(inputs)
+    stage1 = support.stage1_oracle_fp64(*support.stage1_args(inputs, pre), chunk_size=4, rotary_dim_divisor=4)
+    got = mamba_mimo_bwd_bwd_oracle(*support.stage2_args(inputs, pre, stage1.as_dict()), chunk_size=4,
+                                    rotary_dim_divisor=4)
+    want = chain.autograd_fp64(inputs)
+    pairs = {"dQ": got["dq"].sum(dim=3, keepdim=True), "dK": got["dk"].sum(dim=3, keepdim=True), "dV": got["dv"],
+             "dMIMO_V": got["dmimo_v"].sum(dim=0), "dD": got["dD"].sum(dim=0)}
+    for name, value in pairs.items():
+        assert rel_rms(value, want[name]) <= tolerances.get("fp64_chain_vs_autograd_rel_rms"), name
