@@ -24,7 +24,7 @@ b, head h (group ``g = h // (H / G)``) and chunk c of C tokens, in float64:
   ``MIMO_Out``: ``Out[t, r] = o[t, r] ⊙ silu(...)``, ``[B, S, R, H, P]``.
 
 **The clamp.** Upstream's forward clamps the three log-decays to ``<= 0`` (``compute_dacs_segsum_triton``,
-``mamba3_mimo_utils.py`` L497, L505, L516) per chunk, as above; its backward (``bwd_dadt_fused_triton`` and the
+``mamba3_mimo_utils.py`` L487, L495, L508) per chunk, as above; its backward (``bwd_dadt_fused_triton`` and the
 stage-2 kernel) differentiates as if there were no clamp. ``clamp_backward="upstream"`` (default) reproduces both:
 the forward value is clamped and the gradient passes through the clamp unchanged (``x - relu(x).detach()``);
 ``"exact"`` differentiates the clamped forward (zero gradient where a clamp is active). They agree wherever ADT <= 0

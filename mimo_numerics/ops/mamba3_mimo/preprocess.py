@@ -13,17 +13,17 @@ with ``K = N / rotary_dim_divisor``. In FP32 upstream evaluates, per chunk of ``
 state`` (L104-105); ``out = out - 2π₃₂ · floor(out / 2π₃₂)`` (L108); ``state = state + tl.sum(vals)`` then the
 same mod (L115-117). Out-of-range rows load as 0 (L93, L98).
 
-**Chunk log-decays** (``compute_dacs_segsum_triton``, ``ops/triton/mamba3/mamba3_mimo_utils.py`` L453-517,
-L691-731). One program per (batch, head, chunk); with ``x = adt`` of the chunk (rows past ``S`` masked to 0, L494)::
+**Chunk log-decays** (``compute_dacs_segsum_triton``, ``ops/triton/mamba3/mamba3_mimo_utils.py`` L444-513,
+L691-731). One program per (batch, head, chunk); with ``x = adt`` of the chunk (rows past ``S`` masked to 0, L484)::
 
-    da_cs[t]       = min(0, Σ_{chunk start <= u <= t} x_u)                 inclusive cumsum, L496-497
+    da_cs[t]       = min(0, Σ_{chunk start <= u <= t} x_u)                 inclusive cumsum, L486-487
     da_cs_rev[t]   = min(0, Σ_{t < u <= chunk end} x_u)                    reverse inclusive cumsum rolled one
-                                                                           to the left (L499-505; 0 at the
+                                                                           to the left (L489-495; 0 at the
                                                                            chunk's last row)
     segsum[c, i, j] = min(0, Σ_{j < u <= i} x_u)   (0 for i <= j)          cumsum over i of where(i > j, x_i, 0),
-                                                                           L512-516
+                                                                           L503-508
 
-``segsum`` is built from an **unmasked** load (L512): on a tail chunk its rows ``i >= S - c·C`` read whatever
+``segsum`` is built from an **unmasked** load (L503): on a tail chunk its rows ``i >= S - c·C`` read whatever
 memory follows the row of ``adt`` (the next (b, h) row, or past the allocation for the last one). Those rows only
 feed outputs of padded tokens, which no kernel stores; here they are computed from zero padding instead (so a row
 past ``S`` repeats the last valid row), and ``da_cs``/``da_cs_rev`` exist for the ``S`` real tokens only.
@@ -39,8 +39,8 @@ torch 2.11): every element of ``da_cs``, ``da_cs_rev`` and ``segsum`` of the 7 c
 of ``SCAN_LAYOUTS`` (1-D scans: one element per lane, C lanes, for C = 16 and 32; ``segsum``'s [C, C] scan: 1 x 16
 at C = 16, 4 elements per thread x 8 lanes at C = 32). Other chunk sizes use one element per lane, which is
 **not verified** (no golden data). For the angles, bits are **not** reproduced: ``tanh_approx`` is the hardware
-``tanh.approx.f32`` (MUFU.TANH, a table approximation, measured tens of fp32 ulps from tanh on the golden inputs)
-and cannot be emulated, so ``tanh="accurate"`` (torch's tanh) is the only form; the rest of the FP32 chain (π₃₂,
+``tanh.approx.f32`` (MUFU.TANH, a hardware approximation: on the golden inputs median 35, up to 118 fp32 ulps
+from torch's tanh, unbiased; ``measure.tanh_ulp_offsets_at_first_token``) and cannot be emulated, so ``tanh="accurate"`` (torch's tanh) is the only form; the rest of the FP32 chain (π₃₂,
 the product order, the chunk scan, a butterfly ``tl.sum``, the mod with ``2π₃₂`` and one rounding of
 ``out - 2π₃₂·k`` as an FMA) is modelled but cannot be checked bitwise behind the tanh difference; the exact
 division ``out / 2π₃₂`` stands for Triton's ``div.full.f32`` (they differ only within 2 ulp of a multiple of 2π).
@@ -148,7 +148,11 @@ def _butterfly_sum(x: torch.Tensor) -> torch.Tensor:
 
 
 def _mod_two_pi_f32(x: torch.Tensor) -> torch.Tensor:
-    """``x - 2π₃₂ · floor(x / 2π₃₂)`` in float32, the product and difference rounded once (an FMA)."""
+    """``x - 2π₃₂ · floor(x / 2π₃₂)`` in float32, the product and difference rounded once (an FMA).
+
+    The exact ``x - 2π₃₂·k`` is formed in float64 (24-bit times small-integer product, exact there) and rounded
+    once to float32, so this form needs a device with float64 (CPU, CUDA).
+    """
     turns = torch.floor(x / _TWO_PI_F32)
     return (x.double() - _TWO_PI_F32 * turns.double()).float()
 
