@@ -1,0 +1,220 @@
+"""FP32 reference of the chain after stage 2, computed as upstream computes it (mamba-ssm 2.3.2.post1).
+
+Steps and source lines (``docs/stage2_oracle.md`` has the formulas):
+
+1. torch sums in ``mamba_mimo_bwd_combined`` (``mamba3_mimo_bwd.py`` L1312-1327): ``dQ_bias``/``dK_bias`` =
+   ``dq``/``dk`` summed over ``(B, S)``, a sum of a bf16 tensor, so accumulated in fp32 and rounded once to the lp
+   dtype (autograd then casts it to the fp32 dtype of ``Q_bias``); for G == 1 ``dQ``/``dK`` = the lp sum over
+   heads; ``dMIMO_V``, ``dMIMO_Z``, ``dD`` (and ``dMIMO_Out``, L1245-1246) summed over B in fp32; 1 < G < H
+   raises ``ValueError``.
+2. ``bwd_dtrap_ddt_triton`` (``mamba3_mimo_utils.py`` L235-351, L575-608) -> ``ddt_core`` (fp32) and ``dTrap``
+   (stored in the dtype of ``Trap``). The code uses σ(-Trap[t+1]) for the shifted γ (its docstring says
+   σ(Trap[t+1])); this follows the code.
+3. ``bwd_dadt_fused_triton`` (L72-128, L148-217, L520-573) -> added to stage 2's ``ddA`` (L1333-1335) = ``dADT``.
+   Its docstring says the caller multiplies by -log2 e; nobody does (the natural-log convention is used
+   throughout): this follows the code.
+4. ``angle_dt_bwd`` (``angle_dt.py`` L232-342, called from ``mamba3_mimo.py`` L194-202) -> ``dAngles``,
+   ``dDT_angle``; ``dDT = ddt_core + dDT_angle`` (L202).
+
+The clamp: upstream's preprocessing clamps ``da_cs``, ``da_cs_rev`` and ``segsum`` to ``<= 0``
+(``compute_dacs_segsum_triton``, L486-508) and every step above differentiates as if there were no clamp: the
+exponentials use the clamped values, and no indicator of the clamp appears. This reference (and the FP64 oracle)
+do the same. Where ADT makes a partial sum positive, upstream's ``dADT`` is therefore not the gradient of its own
+forward (``docs/stage2_oracle.md``).
+
+FP32-level details:
+
+* modelled, as parameters: ``fma`` (Triton contracts ``a * b + c`` into one fused multiply-add: the two
+  ``x + dgamma * y`` of ``bwd_dtrap_ddt`` and ``1 - tanh² `` of ``sech2_approx``), ``bias_sums_in_lp``
+  (2.3.2.post1 rounds ``dQ_bias``/``dK_bias`` to lp; later upstream, #967, keeps fp32);
+* modelled, fixed: upstream's forms and operation orders: the sech² as ``1 - tanh(x)²``; the reverse cumulative
+  sum of ``angle_dt_bwd`` as ``chunk_sum - cumsum + x`` plus the carried sum of later chunks; the exclusive cumsum
+  of ``ddA_cs_rev`` as an inclusive cumsum shifted; the segsum term as a reverse cumsum over the target, masked,
+  then a row sum; ``((grad · dt) · π) · sech²`` with π rounded to fp32; ``dADT = ddA + (cumsum terms + segsum
+  term)``;
+* not modelled: Triton's transcendental approximations (``tanh.approx.f32`` in ``tanh_approx``/``sech2_approx``,
+  relative error ~2^-11; ``tl.exp`` and ``tl.sigmoid`` through ``ex2.approx``), for which torch's fp32 functions
+  are used; the orders of Triton's ``tl.cumsum``/``tl.sum`` and of torch's CUDA sums (sequential orders here);
+  contractions inside those scans and sums. The fused multiply-add is evaluated as ``a·b + c`` in float64 and
+  rounded to float32 (exact product; a double rounding is possible in rare halfway cases).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional
+
+import torch
+
+from ...rounding import round_to_lp
+from .spec import OUTPUT_NAMES
+from .validation import validate_inputs
+
+_F32 = torch.float32
+#: Triton's ``PI = 3.141592653589793`` used with fp32 operands: rounded to fp32.
+_PI_F32 = float(torch.tensor(math.pi, dtype=_F32))
+
+
+def _mul_add(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, fma: bool) -> torch.Tensor:
+    """``a * b + c`` in fp32: one rounding with ``fma``, else the product rounded, then the sum."""
+    if fma:
+        return (a.double() * b.double() + c.double()).to(_F32)
+    return a * b + c
+
+
+def _sum_sequential(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum over ``dim`` in fp32, left to right (one IEEE add per element: no BLAS, no vector order)."""
+    x = x.movedim(dim, 0)
+    acc = x[0].clone()
+    for i in range(1, x.shape[0]):
+        acc = acc + x[i]
+    return acc
+
+
+def _cumsum_sequential(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """Inclusive cumulative sum over the last dim in fp32, left to right (right to left with ``reverse``)."""
+    out = torch.empty_like(x)
+    order = range(x.shape[-1] - 1, -1, -1) if reverse else range(x.shape[-1])
+    acc = None
+    for i in order:
+        acc = x[..., i].clone() if acc is None else acc + x[..., i]
+        out[..., i] = acc
+    return out
+
+
+def _shift_right(x: torch.Tensor) -> torch.Tensor:
+    """``out[..., t] = x[..., t - 1]``, ``out[..., 0] = 0`` (over the last dim)."""
+    out = torch.zeros_like(x)
+    out[..., 1:] = x[..., :-1]
+    return out
+
+
+def _dtrap_ddt(trap, dt, dfactor, dgamma_diag, *, fma: bool):
+    """``bwd_dtrap_ddt_kernel``: ``ddt_core`` and ``dtrap`` (unrounded fp32), all ``[B, H, S]``.
+
+    γ_t = dt_t σ(trap_t) and γ'_t = dt_{t+1} σ(-trap_{t+1}) (0 at S - 1) enter as ``dgamma = dfactor + dgamma_diag``
+    and ``dsgamma = dfactor``; the γ' gradient lands one token later (shift right, 0 at t = 0).
+    """
+    trap32 = trap.to(_F32)
+    sig, sig_neg = torch.sigmoid(trap32), torch.sigmoid(-trap32)
+    zero = torch.zeros_like(dt[..., :1])
+    trap_next = torch.cat([trap32[..., 1:], zero], dim=-1)
+    dt_next = torch.cat([dt[..., 1:], zero], dim=-1)
+    dgamma = dfactor + dgamma_diag
+    d_dt_next = torch.sigmoid(-trap_next) * dfactor
+    d_trap_next = -dt_next * dfactor
+    ddt = _mul_add(dgamma, sig, _shift_right(d_dt_next), fma)
+    dtrap = _mul_add(dgamma, dt, _shift_right(d_trap_next), fma) * (sig * sig_neg)
+    return ddt, dtrap
+
+
+def _dadt(dSSdA, segsum, ddA_cs, ddA_cs_rev, da_cs, da_cs_rev, chunk_size: int) -> torch.Tensor:
+    """``bwd_dadt_fused_triton`` (its two kernels): ``[B, H, S]`` fp32, to be added to stage 2's ``ddA``."""
+    B, H, S = ddA_cs.shape
+    C, nc = chunk_size, S // chunk_size
+
+    def chunks(x):
+        return x.reshape(B, H, nc, C)
+
+    # kernel 1: reverse cumsum of exp(da_cs)·ddA_cs plus the exclusive cumsum of exp(da_cs_rev)·ddA_cs_rev
+    from_cs = _cumsum_sequential(torch.exp(chunks(da_cs)) * chunks(ddA_cs), reverse=True)
+    from_cs_rev = _shift_right(_cumsum_sequential(torch.exp(chunks(da_cs_rev)) * chunks(ddA_cs_rev)))
+    total = from_cs + from_cs_rev
+    # kernel 2: block[a, b] = dSSdA[b, a]·exp(segsum[a, b]), reverse cumsum over a, keep a > b, sum over b
+    block = dSSdA.transpose(-1, -2) * torch.exp(segsum)
+    block = _cumsum_sequential(block.transpose(-1, -2), reverse=True).transpose(-1, -2)
+    lower = torch.tril(torch.ones(C, C, dtype=torch.bool, device=dSSdA.device), diagonal=-1)
+    block = torch.where(lower, block, torch.zeros((), dtype=_F32, device=dSSdA.device))
+    return (total + _sum_sequential(block, dim=-1)).reshape(B, H, S)
+
+
+def _angle_dt_bwd(dangles, angles, dt, chunk_size: int, *, fma: bool):
+    """``angle_dt_bwd_kernel`` without initial or output state: ``dAngles [B, S, H, A]``, ``dDT_angle [B, H, S]``.
+
+    Reverse cumulative sum of ``dangles`` over the whole sequence, chunk by chunk from the last: within a chunk as
+    ``chunk_sum - cumsum + x``, plus the sum of the later chunks; then ``((grad · dt) · π) · sech²(angle)`` and
+    ``Σ_a grad · tanh(angle) · π``.
+    """
+    B, S, H, A = dangles.shape
+    g = dangles.permute(0, 2, 1, 3)  # [B, H, S, A]
+    x = angles.permute(0, 2, 1, 3)
+    grad_angle = torch.empty_like(g)
+    grad_dt = torch.empty_like(dt)
+    carried = torch.zeros_like(g[:, :, 0])
+    for lo in range(S - chunk_size, -1, -chunk_size):
+        part = g[:, :, lo:lo + chunk_size].transpose(-1, -2)  # [B, H, A, C]
+        chunk_sum = _sum_sequential(part, dim=-1)
+        rev = (chunk_sum[..., None] - _cumsum_sequential(part)) + part
+        grad = rev.transpose(-1, -2) + carried[:, :, None, :]  # [B, H, C, A]
+        tanh = torch.tanh(x[:, :, lo:lo + chunk_size])
+        sech2 = _mul_add(-tanh, tanh, torch.ones_like(tanh), fma)
+        dt_c = dt[:, :, lo:lo + chunk_size, None]
+        grad_angle[:, :, lo:lo + chunk_size] = ((grad * dt_c) * _PI_F32) * sech2
+        grad_dt[:, :, lo:lo + chunk_size] = _sum_sequential(grad * (tanh * _PI_F32), dim=-1)
+        carried = carried + chunk_sum
+    return grad_angle.permute(0, 2, 1, 3).contiguous(), grad_dt
+
+
+def mamba3_mimo_epilogue_reference(
+    dq, dk, dv, dmimo_v, dD, dangles, dfactor, dgamma_diag, ddA, dSSdA, ddA_cs_rev, ddA_cs,
+    dmimo_o, dz, dmimo_z, trap, dt, angles, da_cs, da_cs_rev, segsum,
+    *, groups: int, chunk_size: int, fma: bool = True, bias_sums_in_lp: bool = True,
+) -> Dict[str, Optional[torch.Tensor]]:
+    """The chain after stage 2 in FP32, as upstream computes it (module docstring).
+
+    Args:
+        dq, dk (Tensor): ``[B, S, R, H, N]`` lp, stage 2 per head.
+        dv (Tensor): ``[B, S, H, P]`` lp.
+        dmimo_v (Tensor): ``[B, H, R, P]`` fp32 per batch. dD (Tensor | None): ``[B, H]`` fp32 per batch.
+        dangles (Tensor): ``[B, S, H, A]`` fp32 (gradient of the cumulative angles).
+        dfactor, dgamma_diag, ddA, ddA_cs_rev, ddA_cs (Tensor): ``[B, H, S]`` fp32.
+        dSSdA (Tensor): ``[B, H, nc, C, C]`` fp32.
+        dmimo_o (Tensor | None): ``[B, H, R, P]`` fp32 per batch (stage 1; reduced output only).
+        dz (Tensor | None): ``[B, S, H, P]`` lp, with dmimo_z (Tensor | None): ``[B, H, R, P]`` fp32 (stage 1).
+        trap (Tensor): ``[B, H, S]`` lp (the op's ``Trap``). dt (Tensor): ``[B, H, S]`` fp32 (``DT``).
+        angles (Tensor): ``[B, S, H, A]`` fp32 (the op's ``Angles``, before the cumulative sum).
+        da_cs, da_cs_rev (Tensor): ``[B, H, S]`` fp32; segsum (Tensor): ``[B, H, nc, C, C]`` fp32 (preprocessing).
+        groups (int): G (1 or H). chunk_size (int): C, dividing S.
+        fma (bool): contract the ``a * b + c`` of the Triton helpers into one rounding (upstream: True).
+        bias_sums_in_lp (bool): round ``dQ_bias``/``dK_bias`` to the lp dtype (2.3.2.post1: True).
+
+    Returns:
+        dict: by :data:`.spec.OUTPUT_NAMES`, dtypes as upstream returns them: ``dQ, dK`` ``[B, S, R, G, N]``,
+        ``dV``, ``dZ`` and ``dTrap`` in lp; ``dQ_bias``, ``dK_bias`` ``[H, R, N]`` fp32 (lp values when
+        ``bias_sums_in_lp``); ``dMIMO_V``, ``dMIMO_Z``, ``dMIMO_Out`` ``[H, R, P]``, ``dD`` ``[H]``, ``dADT``,
+        ``dDT``, ``ddt_core``, ``dDT_angle`` ``[B, H, S]``, ``dAngles`` ``[B, S, H, A]`` fp32. None where a branch
+        is off.
+
+    Raises:
+        TypeError, ValueError: from :func:`.validation.validate_inputs` (strict dtypes).
+    """
+    dims = validate_inputs(dq, dk, dv, dmimo_v, dD, dangles, dfactor, dgamma_diag, ddA, dSSdA, ddA_cs_rev, ddA_cs,
+                           dmimo_o, dz, dmimo_z, trap, dt, angles, da_cs, da_cs_rev, segsum, groups=groups,
+                           chunk_size=chunk_size, strict_dtypes=True)
+    lp = dims.lp_dtype
+    out: Dict[str, Optional[torch.Tensor]] = {}
+
+    def bias_sum(x):  # [B, S, R, H, N] lp -> [H, R, N] fp32
+        total = _sum_sequential(x.to(_F32).flatten(0, 1), dim=0).permute(1, 0, 2)
+        return round_to_lp(total, lp) if bias_sums_in_lp else total
+
+    def group_sum(x):  # G == 1: lp sum over heads, else unchanged
+        if dims.groups == dims.heads:
+            return x.clone()
+        return round_to_lp(_sum_sequential(x.to(_F32), dim=3).unsqueeze(3), lp).to(lp)
+
+    def batch_sum(x):
+        return None if x is None else _sum_sequential(x, dim=0)
+
+    ddt_core, dtrap = _dtrap_ddt(trap, dt, dfactor, dgamma_diag, fma=fma)
+    d_angles, d_dt_angle = _angle_dt_bwd(dangles, angles, dt, chunk_size, fma=fma)
+    out["dQ"], out["dK"], out["dV"] = group_sum(dq), group_sum(dk), dv.clone()
+    out["dADT"] = ddA + _dadt(dSSdA, segsum, ddA_cs, ddA_cs_rev, da_cs, da_cs_rev, chunk_size)
+    out["dDT"] = ddt_core + d_dt_angle
+    out["dTrap"] = round_to_lp(dtrap, lp).to(lp)
+    out["dQ_bias"], out["dK_bias"] = bias_sum(dq), bias_sum(dk)
+    out["dMIMO_V"], out["dMIMO_Z"], out["dMIMO_Out"] = batch_sum(dmimo_v), batch_sum(dmimo_z), batch_sum(dmimo_o)
+    out["dAngles"], out["dD"] = d_angles, batch_sum(dD)
+    out["dZ"] = None if dz is None else dz.clone()
+    out["ddt_core"], out["dDT_angle"] = ddt_core, d_dt_angle
+    return {name: out[name] for name in OUTPUT_NAMES}
