@@ -313,6 +313,18 @@ def test_bwd_bwd_record_has_every_stage_with_its_shape(synthetic_inputs):
         assert record[stage].dtype == torch.float32, stage
 
 
+def test_bwd_bwd_strided_inputs_give_the_same_outputs(synthetic_inputs):
+    inputs = synthetic_inputs[SYNTHETIC_IDS[1]]
+    strided = {k: (v.transpose(0, -1).contiguous().transpose(0, -1) if isinstance(v, torch.Tensor) and v.dim() > 1
+                   else v) for k, v in inputs.items()}
+    assert not strided["dout"].is_contiguous()
+    policy = _preset("upstream_sm90", inputs)
+    got, want = run_reference(strided, policy), run_reference(inputs, policy)
+    for o in OUTPUT_NAMES:
+        if want[o] is not None:
+            assert rel_rms(got[o], want[o]) <= tolerances.get("same_policy_rel_rms"), o
+
+
 def test_bwd_bwd_outputs_by_name_position_and_attribute(synthetic_inputs):
     inputs = synthetic_inputs[SYNTHETIC_IDS[4]]
     out = run_reference(inputs, _preset("upstream_sm90", inputs))

@@ -206,6 +206,12 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     dims = validate_inputs(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
                            da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor, dtype,
                            lp_dtype=policy.lp_torch_dtype)
+    # contiguous inputs: torch reduces in the order of the operands' strides, so a strided view of an input would
+    # change FP32 sums by an ulp; with this the bits depend on the values only
+    (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, qk_dot,
+     segsum) = (None if t is None else t.contiguous() for t in (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states,
+                                                                 z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d,
+                                                                 qk_dot, segsum))
     md = policy.math_torch_dtype
     rnd = _Rounder(policy)
     B, S, H, N, P, R, C, nc = (dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank,
