@@ -194,8 +194,8 @@ def build(out: Path = DEFAULT_OUT) -> str:
         "**off**: `upstream_sm90` with this one site not rounded, rel RMS against upstream (mean and max over the "
         "7 cases): how wrong dq, dk, dv get without it. **on alone**: `fp32` (every site off, its knobs) with "
         "this one site rounded, rel RMS against the reference under `fp64` (which equals the independent FP64 "
-        "oracle to <= 3e-15): how much error the rounding adds by itself. Sites that a case's branches do not "
-        "reach (e.g. `zeta_weight` without Z) count with that case's base value.",
+        "oracle to <= 3e-15 on these cases): how much error the rounding adds by itself. Sites that a case's "
+        "branches do not reach (e.g. `zeta_weight` without Z) count with that case's base value.",
         "",
         site_table(cases),
         "",
