@@ -14,7 +14,7 @@ import importlib
 from typing import Any, Dict, Tuple
 
 #: Operators with rounding sites, in chain order (the policy's sections follow this order).
-OPERATORS: Tuple[str, ...] = ("mamba_mimo_fwd", "mamba_mimo_bwd_fwd")
+OPERATORS: Tuple[str, ...] = ("mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "mamba_mimo_bwd_bwd")
 #: The operator tools use when none is named (stage 1, the package's first operator).
 DEFAULT_OPERATOR = "mamba_mimo_bwd_fwd"
 #: The operator whose switches a version-1 policy file holds (version 1 knew only backward stage 1).

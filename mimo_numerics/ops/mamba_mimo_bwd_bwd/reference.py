@@ -1,0 +1,403 @@
+"""PyTorch reference of ``mamba_mimo_bwd_bwd`` (backward stage 2) parameterised by a rounding policy.
+
+Chunked and vectorised over batch, heads and chunks; only the reverse dstates recurrence loops in Python (and the
+rank loops of the diagonal terms, R <= 8 steps, kept sequential because upstream adds them in that order). Runs on
+any torch device. Every rounding goes through ``mimo_numerics.rounding``; the sites are ``sites.SITES`` (switches
+``policy.mamba_mimo_bwd_bwd.<site>``), the math is ``docs/stage2.md``, the recorded stages ``spec.STAGES``.
+
+Scope beyond what upstream runs:
+
+* GQA: any G dividing H. Upstream's kernel maps head h to group h // (H / G) for every such G, but
+  ``mamba_mimo_bwd_combined`` refuses 1 < G < H (``ValueError`` after the kernel ran); the golden data covers
+  G == 1 and G == H only.
+* Tails (S % C != 0): handled as the kernel's predicated loads do (rows t >= S read as 0, DA_CS[S − 1] is the tail
+  chunk's decay). Upstream's full backward asserts S % C == 0 in its Triton helpers, so no upstream run confirms
+  the tail results.
+* float16: the same sites with lp = float16; no upstream fp16 run exists.
+
+FP32-level effects that are not modelled (not sites): MUFU approximations of exp/sin/cos/tanh/σ (fast math), FP32
+FMA contraction, tensor-core accumulation (wgmma/mma.sync order and truncation), the accumulating GEMMs' order
+(L846, L980, L1050: here C + A·B; the dstates update follows ``policy.state_update``), and reduction orders (dD's
+256-thread all-reduce, DMIMO_V's sequential sum over t, the reduces to DSSDA/DDA*/DFACTOR/DGAMMA_DIAG).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ... import presets as _presets
+from ...rounding import round_sum_to_lp, round_to_lp
+from ...validation import Dims
+from .sites import OP_NAME
+from .spec import MimoBwdBwdOutputs
+from .validation import validate_inputs
+
+#: Rows per accumulate step of the dstates GEMM under ``state_update="accumulate_into"`` (the mma k16 step).
+STATE_ACCUMULATE_ROWS = 16
+
+
+class _Rounder:
+    """Applies the policy's switches: ``r(site, x)`` rounds x when ``policy.mamba_mimo_bwd_bwd.<site>`` is on."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.switches = policy.section(OP_NAME)
+        self.lp = policy.lp_dtype
+
+    def __call__(self, site: str, x: torch.Tensor) -> torch.Tensor:
+        return round_to_lp(x, self.lp) if getattr(self.switches, site) else x
+
+    def on(self, site: str) -> bool:
+        return getattr(self.switches, site)
+
+    def output(self, x: torch.Tensor) -> torch.Tensor:
+        """An lp output store: rounded and cast to lp, or unrounded in the math dtype (``round_outputs=False``)."""
+        if self.policy.round_outputs:
+            return round_to_lp(x, self.lp).to(self.policy.lp_torch_dtype)
+        return x
+
+
+def _pad_time(x: Optional[torch.Tensor], length: int, dim: int) -> Optional[torch.Tensor]:
+    """Zero-pad x along ``dim`` to ``length`` (upstream's predicated loads read rows t >= S as 0)."""
+    if x is None or x.shape[dim] == length:
+        return x
+    pad = [0, 0] * (x.dim() - 1 - dim) + [0, length - x.shape[dim]]
+    return F.pad(x, pad)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: Dims, rnd: _Rounder, site: str,
+            inverse: bool = False) -> torch.Tensor:
+    """Rotate columns [0, N/d) against [N/2, N/2 + N/d) of x [B, H, T, R, N] by θ (``inverse``: by −θ).
+
+    Forward (L778-780): [c·x1 − s·x2, s·x1 + c·x2]; inverse (L1073-1075): [c·x1 + s·x2, −s·x1 + c·x2]. cos, sin
+    are [B, H, T, 1, N/d]; the rotated columns are rounded by ``site``, the others keep x.
+    """
+    width, half = dims.state_dim // dims.rotary_dim_divisor, dims.state_dim // 2
+    first, second = x[..., :width], x[..., half:half + width]
+    out = x.clone()
+    if inverse:
+        out[..., :width] = rnd(site, cos * first + sin * second)
+        out[..., half:half + width] = rnd(site, -sin * first + cos * second)
+    else:
+        out[..., :width] = rnd(site, cos * first - sin * second)
+        out[..., half:half + width] = rnd(site, sin * first + cos * second)
+    return out
+
+
+def _angle_terms(grad: torch.Tensor, pre: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 dims: Dims) -> torch.Tensor:
+    """The two products of DANGLES for one of q, k (L1067-1069, L1108-1110): [B, H, T, R, 2, N/d].
+
+    ``grad`` is the gradient of the rotated tensor (lp), ``pre`` the tensor before the rotation (lp):
+    g1·(−p1·s − p2·c) and g2·(p1·c − p2·s).
+    """
+    width, half = dims.state_dim // dims.rotary_dim_divisor, dims.state_dim // 2
+    g1, g2 = grad[..., :width], grad[..., half:half + width]
+    p1, p2 = pre[..., :width], pre[..., half:half + width]
+    return torch.stack((g1 * (-p1 * sin - p2 * cos), g2 * (p1 * cos - p2 * sin)), dim=-2)
+
+
+def _dv_rank_sum(dpsiv: torch.Tensor, psi: torch.Tensor, rnd: _Rounder, policy) -> torch.Tensor:
+    """dv[..., p] = Σ_{r ascending} dpsiv[..., r, p]·psi[r, p] (L875-880) under ``dv_accum`` and ``diag_mode``.
+
+    dpsiv [B, H, T, R, P]; psi [1, H, 1, R, P]. The product of two lp values is exact in fp32, so ``fma`` is one
+    correctly rounded step rnd(acc + a·b), ``mul_then_add`` rnd(acc + rnd(a·b)).
+    """
+    terms = dpsiv * psi
+    if not rnd.on("dv_accum"):
+        acc = terms[..., 0, :]
+        for r in range(1, terms.shape[-2]):
+            acc = acc + terms[..., r, :]
+        return acc
+    acc = round_to_lp(terms[..., 0, :], policy.lp_dtype)  # rnd(0 + a·b) = rnd(a·b) under both modes
+    for r in range(1, terms.shape[-2]):
+        if policy.diag_mode == "fma":
+            acc = round_sum_to_lp(acc, terms[..., r, :], policy.lp_dtype)
+        else:
+            acc = round_to_lp(acc + round_to_lp(terms[..., r, :], policy.lp_dtype), policy.lp_dtype)
+    return acc
+
+
+def _reverse_dstates(q_rot_c: torch.Tensor, dphio_scaled_c: torch.Tensor, decay: torch.Tensor,
+                     policy) -> torch.Tensor:
+    """The fp32 dstates seen by every chunk (L1139-1148): D_{nc−1} = 0, D_{c−1} = D_c·decay_c + q_rot_cᵀ·dΦO_c.
+
+    Args:
+        q_rot_c (Tensor): [B, H, nc, L, N]. dphio_scaled_c (Tensor): [B, H, nc, L, P].
+        decay (Tensor): [B, H, nc] exp(da_cs) at the last valid token of each chunk.
+
+    Returns:
+        Tensor: [B, H, nc, N, P]; entry c is the dstates while chunk c is processed. Under
+        ``state_update="accumulate_into"`` the GEMM adds into the decayed state in slices of 16 rows, ascending.
+    """
+    rows = q_rot_c.shape[3]
+    qt = q_rot_c.transpose(-1, -2)  # [B, H, nc, N, L]
+    if policy.state_update == "separate":
+        steps = [qt @ dphio_scaled_c]
+    else:
+        steps = [qt[..., s:s + STATE_ACCUMULATE_ROWS] @ dphio_scaled_c[..., s:s + STATE_ACCUMULATE_ROWS, :]
+                 for s in range(0, rows, STATE_ACCUMULATE_ROWS)]
+    nchunks = q_rot_c.shape[2]
+    out = torch.empty(q_rot_c.shape[:3] + (q_rot_c.shape[-1], dphio_scaled_c.shape[-1]), dtype=q_rot_c.dtype,
+                      device=q_rot_c.device)
+    out[:, :, nchunks - 1] = 0
+    for c in range(nchunks - 1, 0, -1):
+        h = out[:, :, c] * decay[:, :, c, None, None]
+        for step in steps:
+            h = h + step[:, :, c]
+        out[:, :, c - 1] = h
+    return out
+
+
+@contextlib.contextmanager
+def _ieee_fp32_matmul():
+    """Run with TF32 off for CUDA matmuls: a global torch flag must not change the reference's numerics."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@torch.no_grad()
+def mamba_mimo_bwd_bwd(
+    dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, qk_dot,
+    segsum, chunk_size: int = 16, rotary_dim_divisor: int = 4, dtype=None, *, policy,
+    record: Optional[Dict[str, torch.Tensor]] = None,
+) -> MimoBwdBwdOutputs:
+    """Stage 2 of the Mamba-3 MIMO backward pass, rounded as ``policy`` says.
+
+    Args:
+        dout (Tensor): ``[B, S, H, P]`` when ``mimo_o`` is given, else ``[B, S, R, H, P]``; lp.
+        q, k (Tensor): ``[B, S, R, G, N]`` lp. v (Tensor): ``[B, S, H, P]`` lp.
+        q_bias, k_bias (Tensor): ``[H, R, N]`` fp32. mimo_v (Tensor): Ψ ``[H, R, P]`` fp32.
+        mimo_o (Tensor | None): Φ ``[H, R, P]`` fp32; selects reduced DOUT.
+        states (Tensor): ``[B, H, nc, N, P]`` lp, stage 1's state at the start of every chunk.
+        z (Tensor | None): ``[B, S, H, P]`` lp, with mimo_z (ζ ``[H, R, P]`` fp32).
+        angles (Tensor): ``[B, S, H, N/d]`` fp32, the cumulative angles (``angle_dt_fwd``'s output).
+        da_cs, da_cs_rev, dt (Tensor): ``[B, H, S]`` fp32. trap (Tensor): ``[B, H, S]`` lp.
+        d (Tensor | None): ``[H]`` fp32.
+        qk_dot (Tensor): ``[B, H, S, R, R]`` lp, stage 1's same-token q̃·k̃ᵀ.
+        segsum (Tensor): ``[B, H, nc, C, C]`` fp32.
+        chunk_size (int): C. rotary_dim_divisor (int): d, 2 or 4.
+        dtype (torch.dtype | str | None): upstream's kernel dtype; when given it must match the lp inputs.
+        policy: an object with the knobs ``lp_dtype``, ``lp_torch_dtype``, ``math_dtype``, ``math_torch_dtype``,
+            ``diag_mode``, ``silu_form``, ``state_update``, ``round_outputs`` and a section ``mamba_mimo_bwd_bwd``
+            with one bool per site of ``sites.SITES``; lp inputs must have its ``lp_dtype``.
+        record (dict, optional): filled with the stages of ``spec.STAGES``.
+
+    Returns:
+        MimoBwdBwdOutputs: upstream's raw outputs (``spec.MimoBwdBwdOutputs``); lp outputs in lp and fp32 outputs in
+        float32, or every output unrounded in the math dtype when ``policy.round_outputs`` is false.
+    """
+    policy = _presets.resolve(policy)
+    policy.section(OP_NAME)  # PolicyUndefined when the policy defines no stage-2 semantics (seed_bf16)
+    with _ieee_fp32_matmul():
+        return _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
+                          da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor, dtype, policy,
+                          record)
+
+
+def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap,
+               d, qk_dot, segsum, chunk_size, rotary_dim_divisor, dtype, policy, record) -> MimoBwdBwdOutputs:
+    dims = validate_inputs(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
+                           da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor, dtype,
+                           lp_dtype=policy.lp_torch_dtype)
+    # contiguous inputs: torch reduces in the order of the operands' strides, so a strided view of an input would
+    # change FP32 sums by an ulp; with this the bits depend on the values only
+    (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, qk_dot,
+     segsum) = (None if t is None else t.contiguous() for t in (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states,
+                                                                 z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d,
+                                                                 qk_dot, segsum))
+    md = policy.math_torch_dtype
+    rnd = _Rounder(policy)
+    B, S, H, N, P, R, C, nc = (dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank,
+                               dims.chunk_size, dims.nchunks)
+    Sp, L = dims.padded_seqlen, C * R
+    out_fp = torch.float32 if policy.round_outputs else md
+
+    def put(name, value):
+        if record is not None:
+            record[name] = value
+
+    def tokens(x):  # [B, H, Sp, ...] -> [B, H, S, ...]
+        return x[:, :, :S]
+
+    def chunked(x):  # [B, H, Sp, R, X] -> [B, H, nc, L, X]
+        return x.reshape(B, H, nc, L, x.shape[-1])
+
+    def unchunk(x):  # [B, H, nc, L, X] -> [B, H, Sp, R, X]
+        return x.reshape(B, H, Sp, R, x.shape[-1])
+
+    def per_token(x):  # [B, H, Sp] -> [B, H, nc, L], each token's value on its R fused rows
+        return x.reshape(B, H, nc, C).repeat_interleave(R, dim=3)
+
+    def chunk_sum(x):  # [B, H, nc, L, X] -> [B, H, Sp]: sum over the R rows of each token and over X
+        return x.reshape(B, H, nc, C, R * x.shape[-1]).sum(-1).reshape(B, H, Sp)
+
+    # ---------------------------------------------------------------- discretisation (L689-722, L863-864)
+    dt_lp = rnd("dt_input", _pad_time(dt, Sp, 2).to(md))  # [B, H, Sp]
+    trap_md = _pad_time(trap, Sp, 2).to(md)
+    gamma = dt_lp * torch.sigmoid(trap_md)
+    shifted = torch.zeros_like(gamma)
+    shifted[..., :S - 1] = rnd("shifted_gamma", dt_lp[..., 1:S] * torch.sigmoid(-trap_md[..., 1:S]))
+    trap_scale = rnd("trap_scale", gamma + shifted)
+    gamma_lp = rnd("gamma_diag", gamma)
+    put("gamma", tokens(gamma)), put("shifted_gamma", tokens(shifted)), put("trap_scale", tokens(trap_scale))
+
+    # ---------------------------------------------------------------- dΦO, the Z gate and dD (L724-755)
+    v_h = _pad_time(v, Sp, 1).to(md).permute(0, 2, 1, 3)[:, :, :, None, :]  # [B, H, Sp, 1, P]
+    if dims.reduce_o:
+        phi = rnd("phi_weight", mimo_o.to(md))  # [H, R, P]
+        dout_h = _pad_time(dout, Sp, 1).to(md).permute(0, 2, 1, 3)[:, :, :, None, :]
+        dphio = rnd("dphio", dout_h * phi[None, :, None])  # [B, H, Sp, R, P]
+    else:
+        dphio = _pad_time(dout, Sp, 1).to(md).permute(0, 3, 1, 2, 4)  # DOUT_r [B, H, Sp, R, P], read exactly
+    if dims.has_z:
+        zeta = rnd("zeta_weight", mimo_z.to(md))
+        z_h = _pad_time(z, Sp, 1).to(md).permute(0, 2, 1, 3)[:, :, :, None, :]
+        x = rnd("z_zeta", z_h * zeta[None, :, None])
+        if policy.silu_form == "tanh":
+            half = x * 0.5
+            gate = half * torch.tanh(half) + half
+        else:
+            gate = x * torch.sigmoid(x)
+        dphio = rnd("dphio_gate", dphio * gate)
+        put("gate", tokens(gate))
+    put("dphio", tokens(dphio))
+    dD = None
+    if dims.has_d:
+        dd_terms = rnd("dd_term", dphio * (v_h * mimo_v.to(md)[None, :, None]))
+        put("dd_terms", tokens(dd_terms))
+        dD = dd_terms.sum(dim=(2, 3, 4)).to(out_fp)  # [B, H]
+
+    # ---------------------------------------------------------------- q, k, rotation, trap scaling (L757-807)
+    group_of_head = torch.arange(H, device=dims.device) // dims.heads_per_group
+
+    def heads_of(x):  # [B, S, R, G, N] -> [B, H, Sp, R, N] in md
+        return _pad_time(x, Sp, 1).to(md).index_select(3, group_of_head).permute(0, 3, 1, 2, 4)
+
+    q_biased = rnd("qk_biased", heads_of(q) + rnd("qk_bias", q_bias.to(md))[None, :, None])
+    k_biased = rnd("qk_biased", heads_of(k) + rnd("qk_bias", k_bias.to(md))[None, :, None])
+    theta = _pad_time(angles, Sp, 1).to(md).permute(0, 2, 1, 3).unsqueeze(3)  # [B, H, Sp, 1, N/d]
+    cos, sin = theta.cos(), theta.sin()
+    q_rot = _rotate(q_biased, cos, sin, dims, rnd, "rotary")
+    k_rot = _rotate(k_biased, cos, sin, dims, rnd, "rotary")
+    k_scaled = rnd("k_scaled", k_rot * trap_scale[..., None, None])
+    put("q_biased", tokens(q_biased)), put("k_biased", tokens(k_biased)), put("q_rot", tokens(q_rot))
+    put("k_rot", tokens(k_rot)), put("k_scaled", tokens(k_scaled))
+
+    psi = rnd("psi_weight", mimo_v.to(md))[None, :, None]  # [1, H, 1, R, P]
+    psiv = rnd("psiv", v_h * psi)  # [B, H, Sp, R, P] (L894-896)
+    q_c, k_c, dphio_c, psiv_c = chunked(q_rot), chunked(k_scaled), chunked(dphio), chunked(psiv)
+
+    # ---------------------------------------------------------------- reverse dstates recurrence (L1133-1149)
+    exp_da_cs = torch.exp(_pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
+    exp_da_cs_rev = torch.exp(_pad_time(da_cs_rev, Sp, 2).to(md))
+    row_cs, row_rev = per_token(exp_da_cs)[..., None], per_token(exp_da_cs_rev)[..., None]  # [B, H, nc, L, 1]
+    last_valid = torch.clamp(torch.arange(1, nc + 1, device=dims.device) * C, max=S) - 1
+    decay = exp_da_cs.index_select(2, last_valid)  # [B, H, nc]
+    dphio_scaled = rnd("dphio_scaled", dphio_c * row_cs)
+    dstates = _reverse_dstates(q_c, dphio_scaled, decay, policy)  # [B, H, nc, N, P]
+    dstates_op = rnd("dstates_operand", dstates)
+    put("dphio_scaled", tokens(unchunk(dphio_scaled))), put("dstates", dstates)
+    put("dstates_operand", dstates_op)
+
+    # ---------------------------------------------------------------- dΨV (L809-871)
+    dpsiv_inter = (k_c @ dstates_op) * row_rev  # [B, H, nc, L, P]
+    lkq = k_c @ q_c.transpose(-1, -2)  # [B, H, nc, L(k rows i), L(q rows j)]
+    lkq_stored = rnd("lkq", lkq)
+    # reverse-causal mask t_i < t_j and decay exp(segsum[t_j, t_i]) at token granularity, broadcast over the ranks
+    step = torch.arange(C, device=dims.device)
+    reverse_causal = (step[:, None] < step[None, :])[:, None, :, None]  # [C, 1, C, 1]
+    seg_t = segsum.to(md).transpose(-1, -2)[:, :, :, :, None, :, None]  # [B, H, nc, C(i), 1, C(j), 1]
+    decay_ij = torch.exp(torch.where(reverse_causal, seg_t, torch.zeros_like(seg_t)))
+    zero = torch.zeros((), dtype=md, device=dims.device)
+
+    def masked(scores):  # [B, H, nc, L, L] -> reverse-causal, decayed
+        s7 = scores.view(B, H, nc, C, R, C, R)
+        return torch.where(reverse_causal, s7 * decay_ij, zero).reshape(B, H, nc, L, L)
+
+    lkq_masked = rnd("lkq_masked", masked(lkq_stored if R == 1 else lkq))
+    dpsiv = dpsiv_inter + lkq_masked @ dphio_c
+    if dims.has_d:
+        dpsiv = dpsiv + dphio_c * d.to(md)[None, :, None, None, None]
+    dpsiv = unchunk(dpsiv)  # [B, H, Sp, R(in), P]
+    qk = _pad_time(qk_dot, Sp, 2).to(md)  # [B, H, Sp, R(out), R(in)]
+    for r_out in range(R):
+        term = rnd("dpsiv_diag_qk", dphio[:, :, :, r_out, None, :] * qk[:, :, :, r_out, :, None])
+        dpsiv = dpsiv + rnd("dpsiv_diag_gamma", term * gamma_lp[..., None, None])
+    put("dpsiv_inter", tokens(unchunk(dpsiv_inter))), put("lkq", lkq_stored), put("lkq_masked", lkq_masked)
+    put("dpsiv_accum", tokens(dpsiv)), put("gamma_lp", tokens(gamma_lp))
+    dpsiv = rnd("dpsiv", dpsiv)
+    put("dpsiv", tokens(dpsiv))
+
+    # ---------------------------------------------------------------- DV and dΨ (L873-889)
+    dv_acc = _dv_rank_sum(dpsiv, psi, rnd, policy)  # [B, H, Sp, P]
+    put("dv_accum", tokens(dv_acc)), put("psiv", tokens(psiv))
+    dv = rnd.output(tokens(dv_acc)).permute(0, 2, 1, 3).contiguous()  # [B, S, H, P]
+    dmimo_v = (dpsiv * v_h).sum(dim=2).to(out_fp)  # [B, H, R, P]
+
+    # ---------------------------------------------------------------- same-token (diagonal) terms (L903-926)
+    dqk_diag = dphio @ psiv.transpose(-1, -2)  # [B, H, Sp, R(out), R(in)]
+    dgamma_diag = (qk * dqk_diag).sum(dim=(-1, -2))  # [B, H, Sp]
+    dqk_gamma = dqk_diag * gamma[..., None, None]
+    put("dqk_diag", tokens(dqk_diag))
+
+    # ---------------------------------------------------------------- dk (L928-995)
+    dk_inter_raw = psiv_c @ dstates_op.transpose(-1, -2)  # [B, H, nc, L, N]
+    ddA_cs_rev = chunk_sum(k_c * dk_inter_raw)
+    dk_inter = rnd("dk_inter", dk_inter_raw * row_rev)
+    dk_intra = psiv_c @ dphio_c.transpose(-1, -2)  # [B, H, nc, L(i), L(j)]
+    dssda_terms = rnd("dssda_term", lkq_stored * dk_intra)
+    dSSdA = dssda_terms.view(B, H, nc, C, R, C, R).sum(dim=6).sum(dim=4)  # [B, H, nc, C(k token), C(q token)]
+    dkq = rnd("dkq_masked", masked(dk_intra))
+    dk_nodiag = dk_inter + dkq @ q_c
+    dfactor = chunk_sum(chunked(k_rot) * dk_nodiag)
+    dk_rot = rnd("dk_scaled", dk_nodiag * per_token(trap_scale)[..., None])
+    put("dk_inter", tokens(unchunk(dk_inter))), put("dk_intra_scores", dk_intra), put("dssda_terms", dssda_terms)
+    put("dkq_masked", dkq), put("dk_nodiag", tokens(unchunk(dk_nodiag))), put("dk_rot", tokens(unchunk(dk_rot)))
+
+    # ---------------------------------------------------------------- state passing and dq (L997-1051)
+    states_md = states.to(md)  # [B, H, nc, N, P]
+    dda_terms = states_md * dstates * decay[..., None, None]
+    ddA = dda_terms.sum(dim=(-1, -2)).repeat_interleave(C, dim=2)  # [B, H, Sp]
+    dq_inter_raw = dphio_c @ states_md.transpose(-1, -2)  # [B, H, nc, L, N]
+    ddA_cs = chunk_sum(q_c * dq_inter_raw)
+    dq_inter = rnd("dq_inter", dq_inter_raw * row_cs)
+    dq_rot = rnd("dq_combined", dq_inter + dkq.transpose(-1, -2) @ k_c)
+    put("dda_terms", dda_terms), put("dq_inter", tokens(unchunk(dq_inter))), put("dq_rot", tokens(unchunk(dq_rot)))
+
+    # ---------------------------------------------------------------- inverse rotary, dangles, dq/dk (L1053-1131)
+    dk_rot, dq_rot = unchunk(dk_rot), unchunk(dq_rot)  # [B, H, Sp, R, N]
+    angle_terms = torch.cat((_angle_terms(dk_rot, k_biased, cos, sin, dims),
+                             _angle_terms(dq_rot, q_biased, cos, sin, dims)), dim=-2)  # [B, H, Sp, R, 4, N/d]
+    per_rank = (angle_terms[..., 0, :] + angle_terms[..., 1, :]) + (angle_terms[..., 2, :] + angle_terms[..., 3, :])
+    dangles = per_rank[..., 0, :]
+    for r in range(1, R):
+        dangles = dangles + per_rank[..., r, :]
+    put("dangles_terms", tokens(angle_terms))
+    dk_unrot = _rotate(dk_rot, cos, sin, dims, rnd, "dk_unrotate", inverse=True)
+    dq_unrot = _rotate(dq_rot, cos, sin, dims, rnd, "dq_unrotate", inverse=True)
+    put("dk_unrotated", tokens(dk_unrot)), put("dq_unrotated", tokens(dq_unrot))
+    dk_full, dq_full = dk_unrot, dq_unrot
+    for r in range(R):  # dk[r_in] += dqk[r, r_in]·q̃[r] (ascending r_out); dq[r_out] += dqk[r_out, r]·k̃[r]
+        dk_full = dk_full + dqk_gamma[..., r, :, None] * q_biased[:, :, :, r, None, :]
+        dq_full = dq_full + dqk_gamma[..., :, r, None] * k_biased[:, :, :, r, None, :]
+
+    def lp_heads(x):  # [B, H, Sp, R, N] -> [B, S, R, H, N] lp output
+        return rnd.output(tokens(x)).permute(0, 2, 3, 1, 4).contiguous()
+
+    def fp32_out(x):
+        return x.to(out_fp).contiguous()
+
+    return MimoBwdBwdOutputs(
+        dq=lp_heads(dq_full), dk=lp_heads(dk_full), dv=dv, dmimo_v=fp32_out(dmimo_v), dD=dD,
+        dangles=fp32_out(tokens(dangles).permute(0, 2, 1, 3)), dfactor=fp32_out(tokens(dfactor)),
+        dgamma_diag=fp32_out(tokens(dgamma_diag)), ddA=fp32_out(tokens(ddA)), dSSdA=fp32_out(dSSdA),
+        ddA_cs_rev=fp32_out(tokens(ddA_cs_rev)), ddA_cs=fp32_out(tokens(ddA_cs)))
