@@ -430,6 +430,11 @@ _SWEEP = (
 GRIDS = {"smoke": _SMOKE, "gate": _GATE, "sweep": _SWEEP}
 
 
+def grids() -> dict:
+    """``{grid name: cases}`` (:data:`GRIDS`)."""
+    return dict(GRIDS)
+
+
 def grid_names() -> tuple:
     """Names of the grids in :data:`GRIDS`."""
     return tuple(GRIDS)

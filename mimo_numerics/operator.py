@@ -11,24 +11,45 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 
 @dataclass(frozen=True)
 class Stage:
-    """One named intermediate the reference records (``record=``).
+    """One named tensor of an operator: an intermediate its reference records (``record=``) or an output.
 
     Attributes:
-        name (str): the record key. shape (str): its shape in dimension letters, e.g. ``"[B, H, S, R, N]"``.
-        description (str): what it is, with the site(s) that round it.
-        site (str | None): the switch whose rounding produces it, when there is one (used to explain where a
-            non-finite value first appears and to annotate drift plots).
+        name (str): the record key (or output name).
+        shape (tuple of str): dimension letters, e.g. ``("B", "H", "S", "R", "N")``: B, S, H, G, N, P, R as in
+            the API, ``nc`` = ceil(S / C), ``L`` = C·R; a letter in parentheses, ``"(R)"``, is present only in some
+            branches (the operator's docs say which).
+        description (str): what it holds, with the site(s) that round it.
+        site (str | None): the switch whose rounding produces it, where one does (where a non-finite value first
+            appears is explained by it).
+        needs (tuple of str): branch flags of ``Dims`` (``has_z``, ``has_d``, ``reduce_o``) that must be true for
+            the stage to exist.
     """
 
     name: str
-    shape: str
+    shape: Tuple[str, ...]
     description: str
     site: Optional[str] = None
+    needs: Tuple[str, ...] = ()
+
+    @property
+    def sequence_axis(self) -> Optional[Tuple[str, int]]:
+        """``("token", dim)`` or ``("chunk", dim)`` for the axis that runs along the sequence, or None (sums over
+        the tokens, weights)."""
+        letters = [letter.strip("()") for letter in self.shape]
+        if "S" in letters:
+            return "token", letters.index("S")
+        if "nc" in letters:
+            return "chunk", letters.index("nc")
+        return None
+
+    def shape_text(self) -> str:
+        """``"[B, H, S, R, N]"``."""
+        return "[" + ", ".join(self.shape) + "]"
 
 
 def _load(path: Optional[str]):
@@ -48,7 +69,7 @@ class Operator:
         input_names (tuple): tensor arguments in the API's positional order.
         optional_inputs (tuple): those that may be None.
         scalar_inputs (tuple): keyword integers after the tensors (``chunk_size``, ``rotary_dim_divisor``).
-        output_names (tuple): outputs in tuple order.
+        outputs (tuple of Stage): the outputs in tuple order, with their shapes.
         lp_outputs (tuple): outputs stored in the low-precision dtype (the others are float32).
         stages (tuple of Stage): what ``record=`` fills, in computation order.
         knobs (tuple): the policy knobs that act on this operator.
@@ -65,7 +86,7 @@ class Operator:
     input_names: Tuple[str, ...]
     optional_inputs: Tuple[str, ...]
     scalar_inputs: Tuple[str, ...]
-    output_names: Tuple[str, ...]
+    outputs: Tuple[Stage, ...]
     lp_outputs: Tuple[str, ...]
     stages: Tuple[Stage, ...]
     knobs: Tuple[str, ...]
@@ -92,6 +113,19 @@ class Operator:
     def stage_names(self) -> Tuple[str, ...]:
         """The record keys, in computation order."""
         return tuple(s.name for s in self.stages)
+
+    @property
+    def output_names(self) -> Tuple[str, ...]:
+        """The outputs, in tuple order."""
+        return tuple(s.name for s in self.outputs)
+
+    def stage(self, name: str) -> Stage:
+        """The stage or output called ``name`` (``KeyError`` listing them otherwise)."""
+        for stage in self.stages + self.outputs:
+            if stage.name == name:
+                return stage
+        raise KeyError(f"{self.name} has no stage or output {name!r}; stages: {list(self.stage_names)}, outputs: "
+                       f"{list(self.output_names)}")
 
     # ------------------------------------------------------------------ calling conventions
     def args(self, inputs: Mapping[str, Any]) -> tuple:
@@ -120,3 +154,26 @@ class Operator:
     def draw(self, spec, device="cpu") -> dict:
         """The inputs of case ``spec``."""
         return self.load("make_inputs")(spec, device)
+
+
+def output_item(outputs, key: Union[int, slice, str]):
+    """``outputs[key]`` for an operator's outputs NamedTuple: by position, or by output name (``out["dz"]``).
+
+    NamedTuples of the operators call this from ``__getitem__`` so that every output object supports both
+    attribute and key access.
+    """
+    if isinstance(key, str):
+        if key not in outputs._fields:
+            raise KeyError(f"unknown output {key!r}; outputs: {list(outputs._fields)}")
+        return getattr(outputs, key)
+    return tuple.__getitem__(outputs, key)
+
+
+def get(operator: Union[str, Operator, None] = None) -> Operator:
+    """The :class:`Operator` named ``operator`` (default: the registry's default operator); an ``Operator`` is
+    returned as is."""
+    from .ops import registry
+
+    if isinstance(operator, Operator):
+        return operator
+    return registry.get(registry.DEFAULT_OPERATOR if operator is None else operator)

@@ -20,6 +20,8 @@ OUTPUT_NAMES = ("dmimo_o", "states", "dz", "dmimo_z", "qk_dot")
 class MimoBwdFwdOutputs(NamedTuple):
     """Outputs of stage 1 of the Mamba-3 MIMO backward pass.
 
+    Index by position (``out[0]``), attribute (``out.dz``) or name (``out["dz"]``).
+
     Attributes:
         dmimo_o (Tensor | None): ``[B, H, R, P]`` per-batch gradient of MIMO_O (reduced DOUT only).
         states (Tensor): ``[B, H, nchunks, N, P]`` recurrent state at the start of every chunk.
@@ -33,6 +35,12 @@ class MimoBwdFwdOutputs(NamedTuple):
     dz: Optional[torch.Tensor]
     dmimo_z: Optional[torch.Tensor]
     qk_dot: torch.Tensor
+
+    def __getitem__(self, key):
+        """``out[0]`` or ``out["dz"]``: by position or by output name."""
+        from .operator import output_item
+
+        return output_item(self, key)
 
     def as_dict(self) -> dict:
         """The outputs by name (None where a branch is off)."""

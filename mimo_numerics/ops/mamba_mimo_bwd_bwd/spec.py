@@ -11,6 +11,8 @@ from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 
+from ...operator import Operator, Stage, output_item
+
 #: The 19 tensor arguments, in upstream's kernel order (DOUT, Q, K, V, Q_BIAS, K_BIAS, MIMO_V, MIMO_O, STATES, Z,
 #: MIMO_Z, ANGLES, DA_CS, DA_CS_REV, DT, TRAP, D, QK_DOT, SEGSUM).
 INPUT_NAMES = (
@@ -137,11 +139,7 @@ class MimoBwdBwdOutputs(NamedTuple):
     ddA_cs: torch.Tensor
 
     def __getitem__(self, key):
-        if isinstance(key, str):
-            if key not in self._fields:
-                raise KeyError(f"unknown output {key!r}; outputs: {list(self._fields)}")
-            return getattr(self, key)
-        return tuple.__getitem__(self, key)
+        return output_item(self, key)
 
     def keys(self) -> Tuple[str, ...]:
         """The output names, in tuple order."""
@@ -150,3 +148,46 @@ class MimoBwdBwdOutputs(NamedTuple):
     def as_dict(self) -> dict:
         """The outputs by name (None where a branch is off)."""
         return dict(zip(self._fields, self))
+
+
+def _letters(text: str):
+    return tuple(part.strip() for part in text.strip("[]").split(","))
+
+
+#: The stages of ``record=`` as generic stages (shape letters, description), in computation order.
+STAGE_LIST = tuple(Stage(name, _letters(shape), STAGE_DESCRIPTIONS[name]) for name, shape in STAGES.items())
+
+#: The raw outputs with their shapes.
+OUTPUTS = (
+    Stage("dq", ("B", "S", "R", "H", "N"), "gradient of q per value head (lp)"),
+    Stage("dk", ("B", "S", "R", "H", "N"), "gradient of k per value head (lp)"),
+    Stage("dv", ("B", "S", "H", "P"), "gradient of v (lp)", "dv_accum"),
+    Stage("dmimo_v", ("B", "H", "R", "P"), "gradient of MIMO_V per batch"),
+    Stage("dD", ("B", "H"), "gradient of D per batch (D only)", needs=("has_d",)),
+    Stage("dangles", ("B", "S", "H", "N/d"), "gradient w.r.t. the cumulative angles"),
+    Stage("dfactor", ("B", "H", "S"), "partial: w.r.t. the trap scale γ + shifted γ"),
+    Stage("dgamma_diag", ("B", "H", "S"), "partial: w.r.t. γ through the same-token term"),
+    Stage("ddA", ("B", "H", "S"), "partial: w.r.t. the chunk's total decay"),
+    Stage("dSSdA", ("B", "H", "nc", "C", "C"), "partial: w.r.t. exp(segsum), source-major, unmasked"),
+    Stage("ddA_cs_rev", ("B", "H", "S"), "partial: w.r.t. exp(da_cs_rev)"),
+    Stage("ddA_cs", ("B", "H", "S"), "partial: w.r.t. exp(da_cs)"),
+)
+
+OPERATOR = Operator(
+    name="mamba_mimo_bwd_bwd",
+    title="backward stage 2 of the Mamba-3 MIMO op (TileLang mamba_mimo_bwd_bwd)",
+    input_names=INPUT_NAMES,
+    optional_inputs=OPTIONAL_INPUTS,
+    scalar_inputs=("chunk_size", "rotary_dim_divisor"),
+    outputs=OUTPUTS,
+    lp_outputs=LP_OUTPUTS,
+    stages=STAGE_LIST,
+    knobs=("lp_dtype", "diag_mode", "math_dtype", "state_update", "silu_form", "round_outputs"),
+    reference="mimo_numerics.ops.mamba_mimo_bwd_bwd.reference:mamba_mimo_bwd_bwd",
+    oracle="mimo_numerics.ops.mamba_mimo_bwd_bwd.oracle:mamba_mimo_bwd_bwd_oracle",
+    make_inputs="mimo_numerics.ops.mamba_mimo_bwd_bwd.cases:make_inputs",
+    grids="mimo_numerics.ops.mamba_mimo_bwd_bwd.cases:grids",
+    golden="mimo_numerics.ops.mamba_mimo_bwd_bwd.golden:stored_cases",
+    upstream="mimo_numerics.ops.mamba3_mimo.upstream:run_stage2",
+    docs="docs/stage2.md",
+)

@@ -10,6 +10,8 @@ from typing import NamedTuple, Tuple, Union
 
 import torch
 
+from ...operator import Operator, Stage, output_item
+
 #: The 16 tensor arguments of ``mamba_mimo_forward`` (``mamba3_mimo_fwd.py`` L417-427), in call order.
 INPUT_NAMES = (
     "q", "k", "v", "q_bias", "k_bias", "mimo_v", "mimo_o", "z", "d", "mimo_z",
@@ -35,29 +37,11 @@ class MambaMimoFwdOutputs(NamedTuple):
     o: torch.Tensor
 
     def __getitem__(self, key: Union[int, slice, str]):
-        if isinstance(key, str):
-            if key not in OUTPUT_NAMES:
-                raise KeyError(f"unknown output {key!r}; outputs of mamba_mimo_fwd: {list(OUTPUT_NAMES)}")
-            return getattr(self, key)
-        return tuple.__getitem__(self, key)
+        return output_item(self, key)
 
     def as_dict(self) -> dict:
         """The outputs by name."""
         return dict(zip(OUTPUT_NAMES, self))
-
-
-class Stage(NamedTuple):
-    """One tensor written to ``record``.
-
-    Attributes:
-        name (str): the record key. shape (tuple): dimension letters (module docstring).
-        quantity (str): what it holds. needs (tuple): branch flags of ``Dims`` that must be true for it to exist.
-    """
-
-    name: str
-    shape: Tuple[str, ...]
-    quantity: str
-    needs: Tuple[str, ...] = ()
 
 
 _TOKEN_RANK = ("B", "H", "S", "R")
@@ -82,12 +66,12 @@ STAGES: Tuple[Stage, ...] = (
     Stage("intra", _TOKEN_RANK + ("P",), "scores·ΨV"),
     Stage("diag_accum", _TOKEN_RANK + ("P",), "rank sum Σ qk_dot·ΨV (diag_accum, diag_mode)"),
     Stage("diag", _TOKEN_RANK + ("P",), "rank sum · γ (diag_gamma)"),
-    Stage("d_term", _TOKEN_RANK + ("P",), "diag + D·ΨV (d_term)", ("has_d",)),
+    Stage("d_term", _TOKEN_RANK + ("P",), "diag + D·ΨV (d_term)", needs=("has_d",)),
     Stage("out", _TOKEN_RANK + ("P",), "o = inter + intra + diagonal term, before the gate and projection"),
-    Stage("gate", _TOKEN_RANK + ("P",), "z_exp = SiLU(z·ζ) (gate, silu_form)", ("has_z",)),
-    Stage("phi_gate", _TOKEN_RANK + ("P",), "Φ'·z_exp (phi_weight, phi_gate)", ("reduce_o", "has_z")),
-    Stage("o_rank", _TOKEN_RANK + ("P",), "o·Φ'(·z_exp) per rank (out_proj)", ("reduce_o",)),
-    Stage("o_sum", ("B", "H", "S", "P"), "rank sum of o_rank before the output store (out_accum)", ("reduce_o",)),
+    Stage("gate", _TOKEN_RANK + ("P",), "z_exp = SiLU(z·ζ) (gate, silu_form)", needs=("has_z",)),
+    Stage("phi_gate", _TOKEN_RANK + ("P",), "Φ'·z_exp (phi_weight, phi_gate)", needs=("reduce_o", "has_z")),
+    Stage("o_rank", _TOKEN_RANK + ("P",), "o·Φ'(·z_exp) per rank (out_proj)", needs=("reduce_o",)),
+    Stage("o_sum", ("B", "H", "S", "P"), "rank sum of o_rank before the output store (out_accum)", needs=("reduce_o",)),
     Stage("o", ("B", "S", "(R)", "H", "P"), "the output as stored (rounded when round_outputs)"),
 )
 STAGE_NAMES = tuple(stage.name for stage in STAGES)
@@ -110,3 +94,26 @@ def stage_shape(stage: Union[Stage, str], dims) -> Tuple[int, ...]:
 
 
 _BY_NAME = {stage.name: stage for stage in STAGES}
+
+
+#: The output, with its shape (``(R)``: present without ``mimo_o``).
+OUTPUTS = (Stage("o", ("B", "S", "(R)", "H", "P"), "the forward output (lp store)", "out_accum"),)
+
+OPERATOR = Operator(
+    name="mamba_mimo_fwd",
+    title="forward kernel of the Mamba-3 MIMO op (TileLang mamba_mimo_fwd)",
+    input_names=INPUT_NAMES,
+    optional_inputs=OPTIONAL_INPUTS,
+    scalar_inputs=("chunk_size", "rotary_dim_divisor"),
+    outputs=OUTPUTS,
+    lp_outputs=("o",),
+    stages=STAGES,
+    knobs=("lp_dtype", "diag_mode", "math_dtype", "state_update", "silu_form", "round_outputs"),
+    reference="mimo_numerics.ops.mamba_mimo_fwd.reference:mamba_mimo_fwd",
+    oracle="mimo_numerics.ops.mamba_mimo_fwd.oracle:mamba_mimo_fwd_oracle",
+    make_inputs="mimo_numerics.ops.mamba_mimo_fwd.cases:make_inputs",
+    grids="mimo_numerics.ops.mamba_mimo_fwd.cases:grids",
+    golden="mimo_numerics.ops.mamba_mimo_fwd.golden:stored_cases",
+    upstream="mimo_numerics.ops.mamba3_mimo.upstream:run_forward",
+    docs="docs/forward.md",
+)

@@ -1,0 +1,22 @@
+"""Stage 2's golden cases: the whole-op H200 data with upstream's recorded preprocessing and stage-1 outputs
+(``bwd_fwd.states``, ``bwd_fwd.qk_dot``) as inputs and ``bwd_bwd`` as outputs."""
+
+from __future__ import annotations
+
+from ..mamba3_mimo import golden as _golden
+from .spec import INPUT_NAMES
+
+
+def _stage1_outputs(case: dict) -> dict:
+    return {"states": case["bwd_fwd"]["states"], "qk_dot": case["bwd_fwd"]["qk_dot"]}
+
+
+def stored_cases(paths=None):
+    """The cases as ``StoredCase`` objects."""
+    return _golden.stored_cases("bwd_bwd", INPUT_NAMES, extra=_stage1_outputs, paths=paths)
+
+
+def upstream_outputs(name: str, paths=None):
+    """Upstream's raw stage-2 outputs of case ``name`` (the ``*_unchanged`` flags left out)."""
+    out = _golden.upstream_outputs(name, "bwd_bwd", paths)
+    return None if out is None else {k: v for k, v in out.items() if not k.endswith("_unchanged")}
