@@ -1,4 +1,7 @@
-"""Recover the rounding policy that produced a set of outputs of ``mamba_mimo_bwd_fwd``.
+"""Recover the rounding policy that produced a set of outputs of an operator (default: the registry's default).
+
+Every function takes ``op`` (an operator name or :class:`mimo_numerics.operator.Operator`; None: the default
+operator); the searched switches are that operator's sites and its lp outputs weigh in the distance.
 
 Given the inputs of one or more cases and the outputs some implementation returned for them (a device run, a bundle,
 the golden H200 data), :func:`infer_policy` searches the ``RoundingPolicy`` space for the policy whose reference
@@ -13,8 +16,9 @@ float16), the distance of a candidate's outputs ``a`` to the target outputs ``e`
 
 summed over the outputs ``o`` the target provides (missing or None outputs are skipped). ``eq_o`` is the fraction of
 equal elements (compared as values: ``+0`` equals ``−0``, whose sign the FP32-level details of a device decide, and
-NaN equals NaN); ``w = MISMATCH_WEIGHT = 10`` and ``m_o`` is 1 for the outputs stored in lp (``states``,
-``dz``, ``qk_dot``) and 0 for the float32 projections ``dmimo_o`` and ``dmimo_z``. Why:
+NaN equals NaN); ``w = MISMATCH_WEIGHT = 10`` and ``m_o`` is 1 for the outputs the operator stores in lp
+(``op.lp_outputs``, e.g. stage 1's ``states``, ``dz``, ``qk_dot``) and 0 for its float32 outputs (e.g. the
+projections ``dmimo_o`` and ``dmimo_z``). Why:
 
 * the lp outputs are where a policy's roundings show up bit for bit. A target output that agrees exactly with a
   candidate contributes 0, while a 1-ulp flip in 1 % of its elements costs 0.1 plus its RMS term (about 0.02):
@@ -29,13 +33,14 @@ NaN equals NaN); ``w = MISMATCH_WEIGHT = 10`` and ``m_o`` is 1 for the outputs s
   order of the lp rounding costs about 1 per output, an FP32-level residual about 1e-3.
 
 ``D = 0`` exactly when every provided output is equal to the candidate's. With several cases, the distance is the
-mean of the per-case distances. If a target's ``dmimo_o``/``dmimo_z`` is ``[H, R, P]`` (the wrapper's sum over the
-batch), the candidate's per-batch ``[B, H, R, P]`` values are summed over the batch in float32 before comparing.
+mean of the per-case distances. If a target lacks the leading batch axis of a per-batch output (e.g. stage 1's
+``dmimo_o`` as ``[H, R, P]``, the wrapper's sum over the batch), the candidate's ``[B, ...]`` values are summed over
+the batch in float32 before comparing.
 
 Search
 ------
-Only the fields the reference honours are searched: the 19 switches and the knobs ``diag_mode``, ``state_update``
-and ``silu_form``. ``lp_dtype`` is fixed by the inputs, ``math_dtype`` is float32 and ``round_outputs`` is True
+Only the fields the reference honours are searched: the operator's switches and the knobs ``diag_mode``,
+``state_update`` and ``silu_form``. ``lp_dtype`` is fixed by the inputs, ``math_dtype`` is float32 and ``round_outputs`` is True
 (the kernel contract). From ``start`` (normalised to those fixed values), each round does
 
 1. an exhaustive sweep over every combination of the searched knobs, the switches held;
@@ -80,24 +85,25 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from . import operator as _operator
 from . import presets as _presets
-from .cases import as_args, as_kwargs
 from .metrics import rel_rms
-from .outputs import INPUT_NAMES, OUTPUT_NAMES
 from .ops import registry
 from .policy import KNOBS, RoundingPolicy, read_field, write_fields
-from .reference import mamba_mimo_bwd_fwd
 
 #: Knobs the search varies (the others are fixed: lp_dtype by the inputs, math_dtype float32, round_outputs True).
 SEARCHED_KNOBS: Tuple[str, ...] = ("diag_mode", "state_update", "silu_form")
-#: Every field the search varies, switches first.
-#: The operator whose policy is inferred (the tools take it as a parameter in a later step).
-_OP = registry.DEFAULT_OPERATOR
-#: Its rounding switches, by bare name.
-SWITCHES: Tuple[str, ...] = tuple(registry.site_table(_OP))
-SEARCHED_FIELDS: Tuple[str, ...] = tuple(SWITCHES) + SEARCHED_KNOBS
-#: Outputs stored in lp: their bit-mismatch fraction counts in the distance (``m_o = 1``).
-LP_OUTPUTS: Tuple[str, ...] = ("states", "dz", "qk_dot")
+
+
+
+def searched_fields(op=None) -> Tuple[str, ...]:
+    """Every field the search varies for operator ``op``: its switches (bare site names), then the knobs."""
+    return tuple(registry.site_table(_operator.get(op).name)) + SEARCHED_KNOBS
+
+
+#: The default operator's switches and searched fields (use :func:`searched_fields` for another operator).
+SWITCHES: Tuple[str, ...] = tuple(registry.site_table(registry.DEFAULT_OPERATOR))
+SEARCHED_FIELDS: Tuple[str, ...] = searched_fields()
 #: Weight ``w`` of the bit-mismatch fraction of an lp output in the distance.
 MISMATCH_WEIGHT = 10.0
 #: Starts tried in order when the search from ``start`` stops above distance 0: all switches off, all on, the
@@ -140,8 +146,9 @@ def single_threaded(fn):
 
 
 # ---------------------------------------------------------------------------------------------- case helpers
-def as_case_list(inputs: CasesLike) -> List[Mapping[str, Any]]:
-    """One inputs dict, or a sequence of them, as a list (``ValueError`` when empty or not input dicts)."""
+def as_case_list(inputs: CasesLike, op=None) -> List[Mapping[str, Any]]:
+    """One inputs dict, or a sequence of them, as a list (``ValueError`` when empty or not ``op``'s input dicts)."""
+    op = _operator.get(op)
     if isinstance(inputs, Mapping):
         cases = [inputs]
     else:
@@ -150,19 +157,20 @@ def as_case_list(inputs: CasesLike) -> List[Mapping[str, Any]]:
         raise ValueError("need at least one case of inputs")
     for i, case in enumerate(cases):
         if not isinstance(case, Mapping):
-            raise TypeError(f"case {i}: inputs must be a dict of the 17 tensors plus chunk_size and "
-                            f"rotary_dim_divisor, got {type(case).__name__}")
-        missing = [n for n in INPUT_NAMES + ("chunk_size", "rotary_dim_divisor") if n not in case]
+            raise TypeError(f"case {i}: inputs must be a dict of the {len(op.input_names)} tensors of {op.name} "
+                            f"plus {', '.join(op.scalar_inputs)}, got {type(case).__name__}")
+        missing = [n for n in op.input_names + op.scalar_inputs if n not in case]
         if missing:
             raise ValueError(f"case {i}: inputs lack {missing}")
     return cases
 
 
-def as_output_list(outputs, n_cases: int) -> List[Dict[str, Optional[torch.Tensor]]]:
-    """One outputs mapping (or ``MimoBwdFwdOutputs``), or a sequence of ``n_cases`` of them, as a list of dicts.
+def as_output_list(outputs, n_cases: int, op=None) -> List[Dict[str, Optional[torch.Tensor]]]:
+    """One outputs mapping (or an outputs NamedTuple), or a sequence of ``n_cases`` of them, as a list of dicts.
 
     Outputs not given, or None, are left out of the comparison.
     """
+    names = _operator.get(op).output_names
     if isinstance(outputs, Mapping) or hasattr(outputs, "_asdict"):
         items = [outputs]
     else:
@@ -172,17 +180,17 @@ def as_output_list(outputs, n_cases: int) -> List[Dict[str, Optional[torch.Tenso
     result = []
     for i, item in enumerate(items):
         mapping = item._asdict() if hasattr(item, "_asdict") else dict(item)
-        unknown = sorted(set(mapping) - set(OUTPUT_NAMES))
+        unknown = sorted(set(mapping) - set(names))
         if unknown:
-            raise ValueError(f"case {i}: unknown output name(s) {unknown}; outputs are {list(OUTPUT_NAMES)}")
-        result.append({n: mapping.get(n) for n in OUTPUT_NAMES})
+            raise ValueError(f"case {i}: unknown output name(s) {unknown}; outputs are {list(names)}")
+        result.append({n: mapping.get(n) for n in names})
     return result
 
 
-def lp_dtype_of(inputs: CasesLike) -> str:
+def lp_dtype_of(inputs: CasesLike, op=None) -> str:
     """The lp dtype name (``"bfloat16"``/``"float16"``) of the cases' ``q``; ``ValueError`` if they disagree."""
     names = set()
-    for case in as_case_list(inputs):
+    for case in as_case_list(inputs, op):
         dtype = case["q"].dtype
         if dtype not in _LP_NAMES:
             raise ValueError(f"q must be bfloat16 or float16, got {dtype}")
@@ -192,10 +200,11 @@ def lp_dtype_of(inputs: CasesLike) -> str:
     return names.pop()
 
 
-def run_reference(inputs: Mapping[str, Any], policy: PolicyLike, record: Optional[dict] = None) -> Dict[str, Any]:
-    """The policy reference's outputs on one case, as a dict by output name."""
-    out = mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=_presets.resolve(policy), record=record)
-    return out.as_dict()
+def run_reference(inputs: Mapping[str, Any], policy: PolicyLike, record: Optional[dict] = None,
+                  op=None) -> Dict[str, Any]:
+    """Operator ``op``'s policy reference outputs on one case, as a dict by output name."""
+    out = _operator.get(op).run_reference(inputs, _presets.resolve(policy), record=record)
+    return dict(zip(out._fields, out))
 
 
 def normalise_policy(policy: PolicyLike, lp_dtype: str) -> RoundingPolicy:
@@ -203,9 +212,9 @@ def normalise_policy(policy: PolicyLike, lp_dtype: str) -> RoundingPolicy:
     return _presets.resolve(policy).replace(lp_dtype=lp_dtype, math_dtype="float32", round_outputs=True)
 
 
-def describe_policy(policy: PolicyLike) -> str:
-    """:func:`presets.label` of ``policy`` on the inferred operator (``"upstream_sm90 with silu_form='sigmoid'"``)."""
-    return _presets.label(_presets.resolve(policy), operator=_OP)
+def describe_policy(policy: PolicyLike, op=None) -> str:
+    """:func:`presets.label` of ``policy`` on operator ``op`` (``"upstream_sm90 with silu_form=sigmoid"``)."""
+    return _presets.label(_presets.resolve(policy), operator=_operator.get(op).name)
 
 
 # ---------------------------------------------------------------------------------------------- distance
@@ -230,10 +239,11 @@ class Evaluation:
                 "mismatch": dict(self.mismatch)}
 
 
-def _matched(candidate: torch.Tensor, target: torch.Tensor, name: str) -> torch.Tensor:
+def _matched(candidate: torch.Tensor, target: torch.Tensor, name: str, op) -> torch.Tensor:
     if tuple(candidate.shape) == tuple(target.shape):
         return candidate
-    if name in ("dmimo_o", "dmimo_z") and tuple(candidate.shape[1:]) == tuple(target.shape):
+    per_batch = op.stage(name).shape[:2] == ("B", "H") and "S" not in op.stage(name).shape
+    if per_batch and tuple(candidate.shape[1:]) == tuple(target.shape):  # the target is the sum over the batch
         return candidate.to(torch.float32).sum(dim=0)
     raise ValueError(f"output {name}: candidate shape {list(candidate.shape)} does not match the target's "
                      f"{list(target.shape)}")
@@ -249,13 +259,14 @@ def _mismatch(a: torch.Tensor, e: torch.Tensor) -> float:
 
 
 def output_distance(candidate: Mapping[str, Optional[torch.Tensor]], target: Mapping[str, Optional[torch.Tensor]],
-                    lp_dtype: str = "bfloat16") -> Evaluation:
+                    lp_dtype: str = "bfloat16", op=None) -> Evaluation:
     """The distance ``D`` of one case's candidate outputs to the target outputs (module docstring).
 
     Args:
         candidate (dict): output name -> tensor (a policy's reference outputs).
         target (dict): output name -> tensor or None; absent and None outputs are skipped.
         lp_dtype (str): ``"bfloat16"`` or ``"float16"``: sets the unit roundoff ``u``.
+        op: the operator (its output names and lp outputs).
 
     Returns:
         Evaluation: the distance and its parts (``nan`` relative RMS counts as ``inf``).
@@ -263,28 +274,29 @@ def output_distance(candidate: Mapping[str, Optional[torch.Tensor]], target: Map
     Raises:
         ValueError: when the candidate lacks an output the target has, or shapes disagree.
     """
+    op = _operator.get(op)
     u = UNIT_ROUNDOFF[lp_dtype]
     per_output, rms, mism = {}, {}, {}
-    for name in OUTPUT_NAMES:
+    for name in op.output_names:
         e = target.get(name)
         if e is None:
             continue
         a = candidate.get(name)
         if a is None:
             raise ValueError(f"output {name}: the target has it but the candidate does not (different branches)")
-        a = _matched(a, e, name)
+        a = _matched(a, e, name, op)
         r = rel_rms(a, e)
         if math.isnan(r):
             r = math.inf
         m = _mismatch(a, e)
         rms[name], mism[name] = r, m
-        per_output[name] = (MISMATCH_WEIGHT * m if name in LP_OUTPUTS else 0.0) + r / u
+        per_output[name] = (MISMATCH_WEIGHT * m if name in op.lp_outputs else 0.0) + r / u
     return Evaluation(sum(per_output.values()), per_output, rms, mism)
 
 
 def _mean_evaluations(evals: Sequence[Evaluation]) -> Evaluation:
     def mean_of(attr):
-        keys = [k for k in OUTPUT_NAMES if any(k in getattr(e, attr) for e in evals)]
+        keys = list(dict.fromkeys(k for e in evals for k in getattr(e, attr)))
         return {k: sum(getattr(e, attr)[k] for e in evals if k in getattr(e, attr))
                 / sum(1 for e in evals if k in getattr(e, attr)) for k in keys}
 
@@ -300,12 +312,15 @@ class PolicyEvaluator:
         targets: the target outputs of each case (see :func:`as_output_list`).
         lp_dtype (str, optional): the lp dtype; default that of the inputs.
         keep_outputs (bool): also cache the reference outputs (memory grows with the policies evaluated).
+        op: the operator (default: the registry's default).
     """
 
-    def __init__(self, inputs: CasesLike, targets, lp_dtype: Optional[str] = None, keep_outputs: bool = False):
-        self.cases = as_case_list(inputs)
-        self.targets = as_output_list(targets, len(self.cases))
-        self.lp_dtype = lp_dtype or lp_dtype_of(self.cases)
+    def __init__(self, inputs: CasesLike, targets, lp_dtype: Optional[str] = None, keep_outputs: bool = False,
+                 op=None):
+        self.op = _operator.get(op)
+        self.cases = as_case_list(inputs, self.op)
+        self.targets = as_output_list(targets, len(self.cases), self.op)
+        self.lp_dtype = lp_dtype or lp_dtype_of(self.cases, self.op)
         self.keep_outputs = keep_outputs
         self._evaluations: Dict[RoundingPolicy, Evaluation] = {}
         self._partial: Dict[RoundingPolicy, List[Evaluation]] = {}
@@ -317,7 +332,7 @@ class PolicyEvaluator:
         policy = _presets.resolve(policy)
         if policy in self._outputs:
             return self._outputs[policy]
-        outs = [run_reference(case, policy) for case in self.cases]
+        outs = [run_reference(case, policy, op=self.op) for case in self.cases]
         self.reference_calls += len(self.cases)
         if self.keep_outputs:
             self._outputs[policy] = outs
@@ -330,9 +345,9 @@ class PolicyEvaluator:
             if policy in self._outputs:
                 out = self._outputs[policy][i]
             else:
-                out = run_reference(self.cases[i], policy)
+                out = run_reference(self.cases[i], policy, op=self.op)
                 self.reference_calls += 1
-            done.append(output_distance(out, self.targets[i], self.lp_dtype))
+            done.append(output_distance(out, self.targets[i], self.lp_dtype, self.op))
         if len(done) == len(self.cases) and policy not in self._evaluations:  # complete: promote
             self._evaluations[policy] = _mean_evaluations(done)
         return done
@@ -383,28 +398,32 @@ class PolicyEvaluator:
 
 
 # ---------------------------------------------------------------------------------------------- moves
-def field_alternatives(policy: RoundingPolicy, name: str) -> Tuple[Any, ...]:
-    """The values of a searched field other than ``policy``'s."""
-    if name in SWITCHES:
-        return (not read_field(policy, _OP, name),)
+def field_alternatives(policy: RoundingPolicy, name: str, op=None) -> Tuple[Any, ...]:
+    """The values of a searched field of operator ``op`` other than ``policy``'s."""
+    op_name = _operator.get(op).name
+    if name in registry.site_table(op_name):
+        return (not read_field(policy, op_name, name),)
     if name in SEARCHED_KNOBS:
-        return tuple(v for v in KNOBS[name] if v != read_field(policy, _OP, name))
-    raise ValueError(f"{name!r} is not a searched field; searched fields: {list(SEARCHED_FIELDS)}")
+        return tuple(v for v in KNOBS[name] if v != read_field(policy, op_name, name))
+    raise ValueError(f"{name!r} is not a searched field of {op_name}; searched fields: {list(searched_fields(op))}")
 
 
-def single_moves(policy: RoundingPolicy, fields: Sequence[str] = SEARCHED_FIELDS) -> List[Tuple[str, Any]]:
-    """Every single-field change of ``policy`` as ``(field, new value)``, in field order."""
-    return [(name, value) for name in fields for value in field_alternatives(policy, name)]
+def single_moves(policy: RoundingPolicy, fields: Optional[Sequence[str]] = None, op=None) -> List[Tuple[str, Any]]:
+    """Every single-field change of ``policy`` as ``(field, new value)``, in field order (default: every searched
+    field of ``op``)."""
+    fields = searched_fields(op) if fields is None else fields
+    return [(name, value) for name in fields for value in field_alternatives(policy, name, op)]
 
 
-def neighbours(policy: RoundingPolicy, fields: Sequence[str] = SEARCHED_FIELDS) -> List[RoundingPolicy]:
+def neighbours(policy: RoundingPolicy, fields: Optional[Sequence[str]] = None, op=None) -> List[RoundingPolicy]:
     """Policies one searched field away from ``policy``."""
-    return [write_fields(policy, _OP, **{name: value}) for name, value in single_moves(policy, fields)]
+    op_name = _operator.get(op).name
+    return [write_fields(policy, op_name, **{name: value}) for name, value in single_moves(policy, fields, op)]
 
 
 @single_threaded
-def identifiable_fields(inputs: CasesLike, policy: PolicyLike,
-                        fields: Sequence[str] = SEARCHED_FIELDS) -> Dict[str, bool]:
+def identifiable_fields(inputs: CasesLike, policy: PolicyLike, fields: Optional[Sequence[str]] = None,
+                        op=None) -> Dict[str, bool]:
     """Which fields of ``policy`` can be told apart from the reference outputs on these inputs.
 
     A field is identifiable when some other value of it, all other fields held, changes at least one output bit on
@@ -414,11 +433,13 @@ def identifiable_fields(inputs: CasesLike, policy: PolicyLike,
     Returns:
         dict: field -> bool, in ``fields`` order.
     """
-    cases = as_case_list(inputs)
+    op = _operator.get(op)
+    fields = searched_fields(op) if fields is None else fields
+    cases = as_case_list(inputs, op)
     policy = _presets.resolve(policy)
-    base = PolicyEvaluator(cases, [run_reference(c, policy) for c in cases])
-    return {name: any(base.distance(write_fields(policy, _OP, **{name: v})) > 0
-                      for v in field_alternatives(policy, name))
+    base = PolicyEvaluator(cases, [run_reference(c, policy, op=op) for c in cases], op=op)
+    return {name: any(base.distance(write_fields(policy, op.name, **{name: v})) > 0
+                      for v in field_alternatives(policy, name, op))
             for name in fields}
 
 
@@ -488,6 +509,7 @@ class InferenceResult:
         evaluations (int): distinct policies evaluated (on at least one case).
         distances (dict): policy -> distance, for the policies evaluated on every case.
         lp_dtype (str), n_cases (int): the data's lp dtype and number of cases.
+        operator (str): the operator whose policy was inferred.
     """
 
     best: RoundingPolicy
@@ -503,6 +525,7 @@ class InferenceResult:
     lp_dtype: str
     n_cases: int
     distances: Dict[RoundingPolicy, float] = field(default_factory=dict, repr=False)
+    operator: str = registry.DEFAULT_OPERATOR
 
     def weakly_determined(self, rtol: float = 0.01) -> Tuple[str, ...]:
         """Fields whose change raises the distance by less than ``rtol`` relative (ties included): the data barely
@@ -518,9 +541,10 @@ class InferenceResult:
     def to_dict(self) -> Dict[str, Any]:
         """Plain JSON types."""
         return {
-            "best": self.best.to_dict(), "best_name": describe_policy(self.best), "distance": self.distance,
+            "operator": self.operator, "best": self.best.to_dict(),
+            "best_name": describe_policy(self.best, self.operator), "distance": self.distance,
             "evaluation": self.evaluation.to_dict(), "start": self.start.to_dict(),
-            "start_name": describe_policy(self.start),
+            "start_name": describe_policy(self.start, self.operator),
             "start_distance": self.start_distance, "ties": list(self.ties),
             "weakly_determined": list(self.weakly_determined()),
             "alternatives": [c.to_dict() for c in self.alternatives],
@@ -531,11 +555,11 @@ class InferenceResult:
 
     def to_markdown(self, neighbours: int = 10) -> str:
         """A short Markdown summary: best policy, distance, start, the changes from start and nearest neighbours."""
-        lines = [f"**Recovered policy**: `{describe_policy(self.best)}`, distance {self.distance:.4g} over "
-                 f"{self.n_cases} case(s) ({self.evaluations} policies evaluated)", "",
-                 f"Start `{describe_policy(self.start)}`: distance {self.start_distance:.4g}; changes from start: "
-                 + (", ".join(f"`{k}`: {a} → {b}" for k, (a, b) in self.start.diff(self.best, operator=_OP).items())
-                    or "none"),
+        changes = self.start.diff(self.best, operator=self.operator).items()
+        lines = [f"**Recovered policy** ({self.operator}): `{describe_policy(self.best, self.operator)}`, distance "
+                 f"{self.distance:.4g} over {self.n_cases} case(s) ({self.evaluations} policies evaluated)", "",
+                 f"Start `{describe_policy(self.start, self.operator)}`: distance {self.start_distance:.4g}; changes "
+                 "from start: " + (", ".join(f"`{k}`: {a} → {b}" for k, (a, b) in changes) or "none"),
                  ""]
         if self.ties:
             lines += [f"Not identifiable from these data (changing them leaves the distance unchanged): "
@@ -555,6 +579,7 @@ class InferenceResult:
 class _Search:
     def __init__(self, evaluator: PolicyEvaluator, fields: Sequence[str], knobs: Sequence[str]):
         self.ev = evaluator
+        self.op = evaluator.op.name
         self.fields = tuple(fields)
         self.knobs = tuple(knobs)
         self.trace: List[TraceStep] = []
@@ -563,7 +588,7 @@ class _Search:
         return self.ev.distance(policy)
 
     def accept(self, kind, current, new):
-        change = {k: b for k, (a, b) in current.diff(new, operator=_OP).items()}
+        change = {k: b for k, (a, b) in current.diff(new, operator=self.op).items()}
         self.trace.append(TraceStep(len(self.trace), kind, change, self.d(new), self.ev.touched))
         return new
 
@@ -578,12 +603,12 @@ class _Search:
 
     def knob_sweep(self, current):
         combos = itertools.product(*(KNOBS[k] for k in self.knobs))
-        options = [write_fields(current, _OP, **dict(zip(self.knobs, combo))) for combo in combos]
+        options = [write_fields(current, self.op, **dict(zip(self.knobs, combo))) for combo in combos]
         return self.best_of(current, options)
 
     def descend(self, current):
         while True:
-            new = self.best_of(current, neighbours(current, self.fields))
+            new = self.best_of(current, neighbours(current, self.fields, self.op))
             if new == current:
                 return current
             current = self.accept("single", current, new)
@@ -591,12 +616,12 @@ class _Search:
                 return current
 
     def pair_step(self, current, limit):
-        moves = single_moves(current, self.fields)
+        moves = single_moves(current, self.fields, self.op)
         if limit is not None:  # the single moves that cost least on their own make the most promising pairs
             order = sorted(range(len(moves)),
-                           key=lambda i: (self.d(write_fields(current, _OP, **dict([moves[i]]))), i))
+                           key=lambda i: (self.d(write_fields(current, self.op, **dict([moves[i]]))), i))
             moves = [moves[i] for i in sorted(order[:limit])]
-        options = [write_fields(current, _OP, **{f1: v1, f2: v2})
+        options = [write_fields(current, self.op, **{f1: v1, f2: v2})
                    for (f1, v1), (f2, v2) in itertools.combinations(moves, 2) if f1 != f2]
         return self.best_of(current, options)
 
@@ -621,11 +646,11 @@ class _Search:
     def escape_step(self, current, size, limit):
         """The best of the ``size``-tuples of single moves (distinct fields) among the ``limit`` that cost least on
         their own, if it is strictly below the current distance (else ``current``)."""
-        moves = single_moves(current, self.fields)
-        order = sorted(range(len(moves)), key=lambda i: (self.d(write_fields(current, _OP, **dict([moves[i]]))),
+        moves = single_moves(current, self.fields, self.op)
+        order = sorted(range(len(moves)), key=lambda i: (self.d(write_fields(current, self.op, **dict([moves[i]]))),
                                                          i))
         moves = [moves[i] for i in sorted(order[:limit])]
-        options = [write_fields(current, _OP, **dict(combo)) for combo in itertools.combinations(moves, size)
+        options = [write_fields(current, self.op, **dict(combo)) for combo in itertools.combinations(moves, size)
                    if len({name for name, _ in combo}) == size]
         return self.best_of(current, options)
 
@@ -668,9 +693,9 @@ class _Search:
         while changed:
             changed = False
             for name in self.fields:
-                if read_field(best, _OP, name) == read_field(start, _OP, name):
+                if read_field(best, self.op, name) == read_field(start, self.op, name):
                     continue
-                option = write_fields(best, _OP, **{name: read_field(start, _OP, name)})
+                option = write_fields(best, self.op, **{name: read_field(start, self.op, name)})
                 if self.d(option) <= self.d(best):
                     best = self.accept("tie", best, option)
                     changed = True
@@ -680,27 +705,27 @@ class _Search:
 def _candidate(evaluator: PolicyEvaluator, policy: RoundingPolicy, best: RoundingPolicy) -> Candidate:
     ev = evaluator.evaluate(policy)
     return Candidate(policy, ev.distance, dict(ev.per_output),
-                     {k: a for k, (a, b) in policy.diff(best, operator=_OP).items()})
+                     {k: a for k, (a, b) in policy.diff(best, operator=evaluator.op.name).items()})
 
 
 @single_threaded
 def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
-                 candidates: Optional[Iterable[PolicyLike]] = None, *, fields: Sequence[str] = SEARCHED_FIELDS,
+                 candidates: Optional[Iterable[PolicyLike]] = None, *, fields: Optional[Sequence[str]] = None,
                  pair_moves: bool = True, pair_limit: Optional[int] = None, max_rounds: int = 20,
                  restarts: Optional[Iterable[PolicyLike]] = RESTARTS,
-                 escapes: Optional[Sequence[Tuple[int, int]]] = ESCAPES, top: int = 10) -> InferenceResult:
+                 escapes: Optional[Sequence[Tuple[int, int]]] = ESCAPES, top: int = 10, op=None) -> InferenceResult:
     """The policy whose reference outputs are closest to ``outputs`` (module docstring: distance and search).
 
     Args:
-        inputs (dict | sequence of dict): one case (the 17 tensors by name plus ``chunk_size`` and
-            ``rotary_dim_divisor``) or several.
+        inputs (dict | sequence of dict): one case (the operator's tensors by name plus its scalars) or several.
         outputs (dict | sequence of dict): the target outputs of each case, by output name; missing or None
-            outputs are skipped. A ``MimoBwdFwdOutputs`` works too.
+            outputs are skipped. The operator's outputs NamedTuple works too.
         start (str | RoundingPolicy): where the search starts; normalised to the inputs' lp dtype, float32 math and
-            rounded outputs.
+            rounded outputs. It must define the operator (``seed_bf16`` defines stage 1 only).
         candidates (iterable, optional): when given, no search: these policies (names or objects) are ranked and
             the best one returned (its single-field neighbours are evaluated too, for :attr:`neighbours`).
-        fields (sequence of str): the searched fields (default every switch and ``SEARCHED_KNOBS``).
+        fields (sequence of str): the searched fields (default: every switch of the operator and
+            ``SEARCHED_KNOBS``, :func:`searched_fields`).
         pair_moves (bool): try pairs of single-field changes when descent stalls above distance 0.
         pair_limit (int, optional): pair only the ``pair_limit`` single-field changes with the lowest distance on
             their own (45 pairs for 10; None, the default: all of them, about 230 pairs).
@@ -713,16 +738,20 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
             improves, and search on from there (module docstring, "Escapes"). Default :data:`ESCAPES`; ``None`` or
             ``()``: off.
         top (int): how many ranked alternatives to keep.
+        op: the operator (default: the registry's default).
 
     Returns:
         InferenceResult
     """
-    cases = as_case_list(inputs)
-    lp = lp_dtype_of(cases)
-    evaluator = PolicyEvaluator(cases, outputs, lp)
+    op = _operator.get(op)
+    cases = as_case_list(inputs, op)
+    lp = lp_dtype_of(cases, op)
+    evaluator = PolicyEvaluator(cases, outputs, lp, op=op)
+    searchable = searched_fields(op)
+    fields = searchable if fields is None else tuple(fields)
     for name in fields:
-        if name not in SEARCHED_FIELDS:
-            raise ValueError(f"{name!r} is not a searchable field; searchable: {list(SEARCHED_FIELDS)}")
+        if name not in searchable:
+            raise ValueError(f"{name!r} is not a searchable field of {op.name}; searchable: {list(searchable)}")
     escapes = tuple(escapes or ())
     for entry in escapes:
         ok = (isinstance(entry, (tuple, list)) and len(entry) == 2
@@ -730,11 +759,12 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
         if not ok:
             raise ValueError(f"escapes must hold (k, n) pairs of ints with 2 <= k <= n (k-tuples of changes among the "
                              f"n cheapest), got {entry!r}")
-    start_policy = normalise_policy(start, lp)
+    start_policy = _defining(normalise_policy(start, lp), op, "start")
     knobs = tuple(k for k in SEARCHED_KNOBS if k in fields)
     search = _Search(evaluator, fields, knobs)
     if candidates is None:
-        restart_policies = [normalise_policy(p, lp) for p in (restarts or ())]
+        restart_policies = [normalise_policy(p, lp) for p in (restarts or ())
+                            if _presets.resolve(p).defines(op.name)]
         best = search.run_with_restarts(start_policy, restart_policies, pair_moves, max_rounds, pair_limit,
                                         escapes)
     else:
@@ -745,7 +775,7 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
         best = min(pool, key=lambda p: (search.d(p), pool.index(p)))
         search.accept("candidate", start_policy, best)
     best_eval = evaluator.evaluate(best)
-    neigh = sorted((_candidate(evaluator, p, best) for p in neighbours(best, fields)),
+    neigh = sorted((_candidate(evaluator, p, best) for p in neighbours(best, fields, op)),
                    key=lambda c: (c.distance, c.label()))
     ties = tuple(dict.fromkeys(name for c in neigh if c.distance == best_eval.distance for name in c.change))
     ranked = sorted(evaluator.evaluated, key=lambda p: (evaluator.distance(p), p != best))
@@ -754,10 +784,18 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
         best=best, distance=best_eval.distance, evaluation=best_eval, start=start_policy,
         start_distance=evaluator.distance(start_policy), alternatives=alternatives, neighbours=neigh, ties=ties,
         trace=search.trace, evaluations=evaluator.touched, lp_dtype=lp, n_cases=len(cases),
-        distances={p: e.distance for p, e in evaluator.evaluated.items()})
+        distances={p: e.distance for p, e in evaluator.evaluated.items()}, operator=op.name)
 
 
-def compare_to_truth(inputs: CasesLike, truth: PolicyLike, result: InferenceResult) -> Dict[str, Any]:
+def _defining(policy: RoundingPolicy, op, what: str) -> RoundingPolicy:
+    if not policy.defines(op.name):
+        defined = [n for n in _presets.names() if _presets.get(n).defines(op.name)]
+        raise ValueError(f"{what} policy {policy.label()!r} defines no rounding for {op.name}; start from a "
+                         f"preset that does: {defined}")
+    return policy
+
+
+def compare_to_truth(inputs: CasesLike, truth: PolicyLike, result: InferenceResult, op=None) -> Dict[str, Any]:
     """How an inference result relates to the policy that really made the outputs (synthetic checks).
 
     Returns:
@@ -765,23 +803,27 @@ def compare_to_truth(inputs: CasesLike, truth: PolicyLike, result: InferenceResu
         empty for an exact attribution), ``unidentifiable`` (fields no inference can recover from these outputs,
         see :func:`identifiable_fields`) and ``exact`` (distance 0 and nothing wrong).
     """
+    op_name = _operator.get(op if op is not None else result.operator).name
     truth = _presets.resolve(truth)
-    identifiable = identifiable_fields(inputs, truth)
+    identifiable = identifiable_fields(inputs, truth, op=op_name)
     wrong = [f for f, ok in identifiable.items()
-             if ok and read_field(result.best, _OP, f) != read_field(truth, _OP, f)]
+             if ok and read_field(result.best, op_name, f) != read_field(truth, op_name, f)]
     return {"distance": result.distance, "wrong": wrong,
             "unidentifiable": [f for f, ok in identifiable.items() if not ok],
             "exact": result.distance == 0.0 and not wrong}
 
 
-def random_policy(generator: torch.Generator, lp_dtype: str = "bfloat16") -> RoundingPolicy:
-    """A random policy over the searched fields (each switch on with probability 1/2, knobs uniform).
+def random_policy(generator: torch.Generator, lp_dtype: str = "bfloat16", op=None) -> RoundingPolicy:
+    """A random policy over the searched fields of ``op`` (each switch on with probability 1/2, knobs uniform).
 
     Used by the synthetic inference tests; float32 math and rounded outputs as the search assumes.
     """
-    bits = torch.randint(0, 2, (len(SWITCHES),), generator=generator).tolist()
-    values: Dict[str, Any] = {name: bool(b) for name, b in zip(SWITCHES, bits)}
+    op_name = _operator.get(op).name
+    switches = tuple(registry.site_table(op_name))
+    bits = torch.randint(0, 2, (len(switches),), generator=generator).tolist()
+    values: Dict[str, Any] = {name: bool(b) for name, b in zip(switches, bits)}
     for knob in SEARCHED_KNOBS:
         choices = KNOBS[knob]
         values[knob] = choices[int(torch.randint(0, len(choices), (1,), generator=generator))]
-    return write_fields(RoundingPolicy(lp_dtype=lp_dtype, math_dtype="float32", round_outputs=True), _OP, **values)
+    return write_fields(RoundingPolicy(lp_dtype=lp_dtype, math_dtype="float32", round_outputs=True), op_name,
+                        **values)

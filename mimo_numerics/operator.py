@@ -79,6 +79,8 @@ class Operator:
         grids (str): ``"module:function"`` returning ``{grid name: tuple of specs}``.
         golden (str | None), upstream (str | None), kernels (str | None): loaders, where they exist.
         docs (str): where the operator's math is written out.
+        knob_sites (mapping): knob -> the sites it acts through (e.g. ``diag_mode`` acts only where an lp mul+add
+            pair is carried in lp: stage 1's ``diag_accum``); a one-on sensitivity row of that knob turns them on.
     """
 
     name: str
@@ -98,6 +100,7 @@ class Operator:
     upstream: Optional[str] = None
     kernels: Optional[str] = None
     docs: str = ""
+    knob_sites: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ lazy loaders

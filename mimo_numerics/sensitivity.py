@@ -6,7 +6,8 @@
 :func:`output_errors` is the plain "error of each policy against the baseline" table the notebooks plot.
 
 Errors are relative RMS per output (``metrics.rel_rms``), averaged over the cases when several are given (an output
-counts only over the cases that have it). Everything is deterministic.
+counts only over the cases that have it). Everything is deterministic. Every function takes ``op`` (an operator name
+or ``Operator``; None: the registry's default): the sites ranked are that operator's, the knobs its ``op.knobs``.
 """
 
 from __future__ import annotations
@@ -15,25 +16,25 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from tqdm.auto import tqdm
+
+from . import operator as _operator
 from . import presets as _presets
 from .inference import (CasesLike, PolicyEvaluator, PolicyLike, as_case_list, as_output_list, lp_dtype_of,
                         run_reference, single_threaded)
-from .outputs import OUTPUT_NAMES
 from .ops import registry
 from .policy import KNOBS, RoundingPolicy, write_fields
 
-#: The operator studied (the tools take it as a parameter in a later step).
-_OP = registry.DEFAULT_OPERATOR
-#: Its rounding switches, by bare name.
-SWITCHES: Tuple[str, ...] = tuple(registry.site_table(_OP))
-#: Knobs :func:`rank_sites` varies (``lp_dtype`` is fixed by the inputs).
+#: The default operator's switches (``registry.site_table(op)`` for another).
+SWITCHES: Tuple[str, ...] = tuple(registry.site_table(registry.DEFAULT_OPERATOR))
+#: Knobs :func:`rank_sites` varies (``lp_dtype`` is fixed by the inputs), where the operator has them.
 SENSITIVITY_KNOBS: Tuple[str, ...] = tuple(k for k in KNOBS if k != "lp_dtype")
 #: Baseline name that selects the independent FP64 oracle instead of a reference preset.
 ORACLE = "oracle"
 
 
 # ---------------------------------------------------------------------------------------------- baselines
-def baseline_outputs(inputs: CasesLike, baseline: Any = "fp64") -> List[Dict[str, Any]]:
+def baseline_outputs(inputs: CasesLike, baseline: Any = "fp64", op=None) -> List[Dict[str, Any]]:
     """Outputs of every case under ``baseline``.
 
     Args:
@@ -44,16 +45,14 @@ def baseline_outputs(inputs: CasesLike, baseline: Any = "fp64") -> List[Dict[str
     Returns:
         list of dict: output name -> tensor, one dict per case.
     """
-    cases = as_case_list(inputs)
+    op = _operator.get(op)
+    cases = as_case_list(inputs, op)
     if isinstance(baseline, str) and baseline == ORACLE:
-        from .cases import as_args, as_kwargs
-        from .oracle import mamba_mimo_bwd_fwd_oracle
-
-        return [mamba_mimo_bwd_fwd_oracle(*as_args(c), **as_kwargs(c)).as_dict() for c in cases]
+        return [dict(zip(out._fields, out)) for out in (op.run_oracle(c) for c in cases)]
     if isinstance(baseline, (str, RoundingPolicy)):
         policy = _presets.resolve(baseline)  # in each case's lp dtype (the fp64 preset rounds nothing anyway)
-        return [run_reference(c, policy.replace(lp_dtype=lp_dtype_of([c]))) for c in cases]
-    return as_output_list(baseline, len(cases))
+        return [run_reference(c, policy.replace(lp_dtype=lp_dtype_of([c], op)), op=op) for c in cases]
+    return as_output_list(baseline, len(cases), op)
 
 
 def _baseline_label(baseline: Any) -> str:
@@ -68,14 +67,14 @@ def _errors(evaluator: PolicyEvaluator, policy: RoundingPolicy) -> Dict[str, flo
     return dict(evaluator.evaluate(policy).rel_rms)
 
 
-def all_off(policy: PolicyLike) -> RoundingPolicy:
-    """``policy`` with every switch off (its knobs, lp dtype and math dtype kept)."""
-    return _presets.resolve(policy).replace(**{_OP: "none"})
+def all_off(policy: PolicyLike, op=None) -> RoundingPolicy:
+    """``policy`` with every switch of ``op`` off (its knobs, lp dtype and math dtype kept)."""
+    return _presets.resolve(policy).replace(**{_operator.get(op).name: "none"})
 
 
 @single_threaded
 def output_errors(inputs: CasesLike, policies: Mapping[str, PolicyLike] | Sequence[PolicyLike],
-                  baseline: Any = "fp64") -> Dict[str, Dict[str, float]]:
+                  baseline: Any = "fp64", op=None) -> Dict[str, Dict[str, float]]:
     """Relative RMS error of each policy's outputs against the baseline.
 
     Args:
@@ -83,21 +82,23 @@ def output_errors(inputs: CasesLike, policies: Mapping[str, PolicyLike] | Sequen
         policies: ``{label: policy}``, or a sequence of policies (labelled by preset name, else by their
             difference from the first policy).
         baseline: as for :func:`baseline_outputs`.
+        op: the operator.
 
     Returns:
         dict: label -> {output -> rel RMS (mean over cases)}, in the given order.
     """
-    cases = as_case_list(inputs)
-    evaluator = PolicyEvaluator(cases, baseline_outputs(cases, baseline), lp_dtype_of(cases))
+    op = _operator.get(op)
+    cases = as_case_list(inputs, op)
+    evaluator = PolicyEvaluator(cases, baseline_outputs(cases, baseline, op), lp_dtype_of(cases, op), op=op)
     if not isinstance(policies, Mapping):
         resolved = [_presets.resolve(p) for p in policies]
-        policies = {policy_label(p, resolved[0]): p for p in resolved}
+        policies = {policy_label(p, resolved[0], op): p for p in resolved}
     return {label: _errors(evaluator, _presets.resolve(p)) for label, p in policies.items()}
 
 
-def policy_label(policy: RoundingPolicy, reference: Optional[RoundingPolicy] = None) -> str:
-    """:func:`presets.label` of ``policy`` on the studied operator, relative to ``reference`` when given."""
-    return _presets.label(policy, operator=_OP, relative_to=reference)
+def policy_label(policy: RoundingPolicy, reference: Optional[RoundingPolicy] = None, op=None) -> str:
+    """:func:`presets.label` of ``policy`` on operator ``op``, relative to ``reference`` when given."""
+    return _presets.label(policy, operator=_operator.get(op).name, relative_to=reference)
 
 
 # ---------------------------------------------------------------------------------------------- rank_sites
@@ -155,6 +156,7 @@ class SensitivityTable:
             when ``round_outputs`` is true).
         rows (list of SiteSensitivity): ranked.
         n_cases (int): number of cases averaged over.
+        operator (str): the operator whose sites were ranked.
     """
 
     policy: RoundingPolicy
@@ -164,6 +166,7 @@ class SensitivityTable:
     floor_error: Dict[str, float]
     rows: List[SiteSensitivity]
     n_cases: int
+    operator: str = registry.DEFAULT_OPERATOR
 
     def ranked(self, output: Optional[str] = None, by: str = "added") -> List[SiteSensitivity]:
         """Rows ranked by ``score`` (``output`` None) or by one output's ``by`` column (added, removed, one_on,
@@ -185,7 +188,8 @@ class SensitivityTable:
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain JSON types."""
-        return {"policy": self.policy.to_dict(), "policy_name": self.policy.name, "baseline": self.baseline,
+        return {"operator": self.operator, "policy": self.policy.to_dict(),
+                "policy_name": self.policy.label(self.operator), "baseline": self.baseline,
                 "outputs": list(self.outputs), "policy_error": dict(self.policy_error),
                 "floor_error": dict(self.floor_error), "n_cases": self.n_cases,
                 "rows": [r.to_dict() for r in self.rows]}
@@ -195,7 +199,7 @@ class SensitivityTable:
         head = ["rank", "site"] + [f"{c} {o}" for o in self.outputs for c in columns] + ["score"]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         floor = ["", "**all off**"] + [f"{self.floor_error[o]:.3g}" for o in self.outputs for _ in columns] + [""]
-        full = ["", f"**all of `{self.policy.name}`**"] + [f"{self.policy_error[o]:.3g}" for o in self.outputs
+        full = ["", f"**all of `{self.policy.label(self.operator)}`**"] + [f"{self.policy_error[o]:.3g}" for o in self.outputs
                                                            for _ in columns] + [""]
         lines += ["| " + " | ".join(floor) + " |", "| " + " | ".join(full) + " |"]
         for i, r in enumerate(self.ranked(), 1):
@@ -204,22 +208,24 @@ class SensitivityTable:
         return "\n".join(lines)
 
 
-def _one_on_policy(floor: RoundingPolicy, site: str, value: Any = None) -> RoundingPolicy:
+def _one_on_policy(floor: RoundingPolicy, site: str, op, value: Any = None) -> RoundingPolicy:
     if value is None:
-        return write_fields(floor, _OP, **{site: True})
-    if site == "diag_mode":  # a mode of the diag_accum site: it acts only with that site on
-        return write_fields(floor, _OP, diag_accum=True, diag_mode=value)
-    return write_fields(floor, _OP, **{site: value})
+        return write_fields(floor, op.name, **{site: True})
+    # a knob that acts through some sites (diag_mode through the lp mul+add sums) gets them on too
+    through = {s: True for s in op.knob_sites.get(site, ())}
+    return write_fields(floor, op.name, **through, **{site: value})
 
 
 @single_threaded
-def rank_sites(inputs: CasesLike, policy: PolicyLike = "upstream_sm90", baseline: Any = "fp64") -> SensitivityTable:
+def rank_sites(inputs: CasesLike, policy: PolicyLike = "upstream_sm90", baseline: Any = "fp64", op=None,
+               progress: Optional[bool] = None) -> SensitivityTable:
     """One-on/one-off sensitivity of every switch and knob value of ``policy`` against ``baseline``.
 
     For a switch ``s``: one-on is the all-off policy (the policy with every switch off, its knobs, lp dtype and math
-    dtype kept) with ``s`` turned on; one-off is ``policy`` with ``s`` off. For a knob value ``k=v`` (every knob but
-    ``lp_dtype``, every value): one-on is the all-off policy with ``k=v`` (for ``diag_mode`` also ``diag_accum`` on,
-    since the mode acts only there); one-off is ``policy`` with ``k=v``.
+    dtype kept) with ``s`` turned on; one-off is ``policy`` with ``s`` off. For a knob value ``k=v`` (every knob of
+    the operator but ``lp_dtype``, every value): one-on is the all-off policy with ``k=v`` (and the sites the knob
+    acts through on, ``op.knob_sites``: ``diag_mode`` acts only on the lp mul+add sums); one-off is ``policy`` with
+    ``k=v``.
 
     Per output, ``added = sqrt(one_on² − floor²)`` is the error the site adds over the all-off floor, independent
     errors adding in quadrature; ``removed = sqrt(policy² − one_off²)`` the error that goes away without it. Rows
@@ -230,19 +236,23 @@ def rank_sites(inputs: CasesLike, policy: PolicyLike = "upstream_sm90", baseline
         inputs: one inputs dict or a sequence of them (errors are means over cases).
         policy (str | RoundingPolicy): the policy studied.
         baseline: as for :func:`baseline_outputs` (default the ``fp64`` preset; ``"oracle"`` for the oracle).
+        op: the operator (default: the registry's default).
+        progress (bool, optional): a progress bar over the rows (default: when there are more than 4 cases).
 
     Returns:
         SensitivityTable
     """
-    cases = as_case_list(inputs)
-    lp = lp_dtype_of(cases)
+    op = _operator.get(op)
+    cases = as_case_list(inputs, op)
+    lp = lp_dtype_of(cases, op)
     policy = _presets.resolve(policy)
     if policy.lp_dtype != lp:
         raise ValueError(f"policy {policy.name} has lp_dtype {policy.lp_dtype} but the inputs are {lp}")
-    evaluator = PolicyEvaluator(cases, baseline_outputs(cases, baseline), lp)
-    floor_policy = all_off(policy)
+    policy.section(op.name)  # PolicyUndefined when the policy defines nothing for this operator
+    evaluator = PolicyEvaluator(cases, baseline_outputs(cases, baseline, op), lp, op=op)
+    floor_policy = all_off(policy, op)
     full, floor = _errors(evaluator, policy), _errors(evaluator, floor_policy)
-    outputs = tuple(o for o in OUTPUT_NAMES if o in full)
+    outputs = tuple(o for o in op.output_names if o in full)
 
     def make_row(site, kind, value, on_policy, off_policy):
         on, off = _errors(evaluator, on_policy), _errors(evaluator, off_policy)
@@ -252,14 +262,19 @@ def rank_sites(inputs: CasesLike, policy: PolicyLike = "upstream_sm90", baseline
         score = sum(ratios) / len(ratios) if ratios else 0.0
         return SiteSensitivity(site, kind, value, on, off, added, removed, score)
 
-    rows = [make_row(s, "switch", None, _one_on_policy(floor_policy, s), write_fields(policy, _OP, **{s: False}))
-            for s in SWITCHES]
-    for knob in SENSITIVITY_KNOBS:
-        for value in KNOBS[knob]:
-            rows.append(make_row(knob, "knob", value, _one_on_policy(floor_policy, knob, value),
-                                 policy.replace(**{knob: value})))
+    items = [(s, None) for s in registry.site_table(op.name)]
+    items += [(knob, value) for knob in SENSITIVITY_KNOBS if knob in op.knobs for value in KNOBS[knob]]
+    show = len(cases) > 4 if progress is None else progress
+    rows = []
+    for site, value in tqdm(items, desc=f"rank_sites {op.name}", disable=not show, leave=False):
+        if value is None:
+            rows.append(make_row(site, "switch", None, _one_on_policy(floor_policy, site, op),
+                                 write_fields(policy, op.name, **{site: False})))
+        else:
+            rows.append(make_row(site, "knob", value, _one_on_policy(floor_policy, site, op, value),
+                                 policy.replace(**{site: value})))
     rows.sort(key=lambda r: (-r.score, r.label))
-    return SensitivityTable(policy, _baseline_label(baseline), outputs, full, floor, rows, len(cases))
+    return SensitivityTable(policy, _baseline_label(baseline), outputs, full, floor, rows, len(cases), op.name)
 
 
 # ---------------------------------------------------------------------------------------------- attribute_gap
@@ -349,7 +364,7 @@ class GapAttribution:
 
 @single_threaded
 def attribute_gap(inputs: CasesLike, policy_a: PolicyLike, policy_b: PolicyLike, target: Any = None,
-                  metric: str = "rel_rms") -> GapAttribution:
+                  metric: str = "rel_rms", op=None) -> GapAttribution:
     """Explain the distance between two policies' outputs one differing field at a time.
 
     With ``d(P)`` the per-output distance of P's reference outputs to the target (B's own outputs by default), each
@@ -364,32 +379,34 @@ def attribute_gap(inputs: CasesLike, policy_a: PolicyLike, policy_b: PolicyLike,
             each case, to ask which field moves A towards the device).
         metric (str): ``"rel_rms"`` (default) or ``"distance"`` (the inference distance, see
             ``mimo_numerics.inference``).
+        op: the operator (default: the registry's default); the fields compared are its sites and the knobs.
 
     Returns:
         GapAttribution
     """
     if metric not in ("rel_rms", "distance"):
         raise ValueError(f"metric must be 'rel_rms' or 'distance', got {metric!r}")
-    cases = as_case_list(inputs)
-    lp = lp_dtype_of(cases)
+    op = _operator.get(op)
+    cases = as_case_list(inputs, op)
+    lp = lp_dtype_of(cases, op)
     a, b = _presets.resolve(policy_a), _presets.resolve(policy_b)
     if a.lp_dtype != b.lp_dtype or a.lp_dtype != lp:
         raise ValueError(f"policies must share the inputs' lp_dtype {lp}: got {a.lp_dtype} and {b.lp_dtype}")
-    targets = baseline_outputs(cases, b if target is None else target)
-    evaluator = PolicyEvaluator(cases, targets, lp)
+    targets = baseline_outputs(cases, b if target is None else target, op)
+    evaluator = PolicyEvaluator(cases, targets, lp, op=op)
 
     def d(p):
         ev = evaluator.evaluate(p)
         return dict(ev.rel_rms if metric == "rel_rms" else ev.per_output)
 
     da, db = d(a), d(b)
-    outputs = tuple(o for o in OUTPUT_NAMES if o in da)
+    outputs = tuple(o for o in op.output_names if o in da)
     rows = []
-    for name, (va, vb) in a.diff(b, operator=_OP).items():
-        fwd, bwd = d(write_fields(a, _OP, **{name: vb})), d(write_fields(b, _OP, **{name: va}))
+    for name, (va, vb) in a.diff(b, operator=op.name).items():
+        fwd, bwd = d(write_fields(a, op.name, **{name: vb})), d(write_fields(b, op.name, **{name: va}))
         rows.append(FieldContribution(name, va, vb, {o: da[o] - fwd[o] for o in outputs},
                                       {o: bwd[o] - db[o] for o in outputs}))
     interaction = {o: da[o] - db[o] - sum(r.forward[o] for r in rows) for o in outputs}
-    label = f"{b.name} (policy B)" if target is None else _baseline_label(target)
+    label = f"{b.label(op.name)} (policy B)" if target is None else _baseline_label(target)
     return GapAttribution(a, b, label, outputs, {o: da[o] for o in outputs}, {o: db[o] for o in outputs}, rows,
                           interaction, metric, len(cases))

@@ -90,7 +90,8 @@ def test_attribute_gap_single_field_explains_everything(tiny):
 
 def test_attribute_gap_bookkeeping(tiny):
     gap = sensitivity.attribute_gap(tiny, "fp32", "upstream_sm90", metric="distance")
-    assert len(gap.rows) == len(presets.get("fp32").diff(presets.get("upstream_sm90")))
+    fields = presets.get("fp32").diff(presets.get("upstream_sm90"), operator="mamba_mimo_bwd_fwd")
+    assert len(gap.rows) == len(fields)
     for o in gap.outputs:
         total = gap.residual[o] + sum(r.forward[o] for r in gap.rows) + gap.interaction[o]
         assert total == pytest.approx(gap.gap[o])

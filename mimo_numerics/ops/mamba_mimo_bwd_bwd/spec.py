@@ -183,6 +183,7 @@ OPERATOR = Operator(
     lp_outputs=LP_OUTPUTS,
     stages=STAGE_LIST,
     knobs=("lp_dtype", "diag_mode", "math_dtype", "state_update", "silu_form", "round_outputs"),
+    knob_sites={"diag_mode": ("dv_accum",)},
     reference="mimo_numerics.ops.mamba_mimo_bwd_bwd.reference:mamba_mimo_bwd_bwd",
     oracle="mimo_numerics.ops.mamba_mimo_bwd_bwd.oracle:mamba_mimo_bwd_bwd_oracle",
     make_inputs="mimo_numerics.ops.mamba_mimo_bwd_bwd.cases:make_inputs",

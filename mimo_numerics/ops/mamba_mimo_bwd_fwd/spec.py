@@ -59,6 +59,7 @@ OPERATOR = Operator(
     lp_outputs=("states", "dz", "qk_dot"),
     stages=STAGES,
     knobs=("lp_dtype", "diag_mode", "math_dtype", "state_update", "silu_form", "round_outputs"),
+    knob_sites={"diag_mode": ("diag_accum",)},
     reference="mimo_numerics.reference:mamba_mimo_bwd_fwd",
     oracle="mimo_numerics.oracle:mamba_mimo_bwd_fwd_oracle",
     make_inputs="mimo_numerics.cases:make_inputs",

@@ -109,6 +109,7 @@ OPERATOR = Operator(
     lp_outputs=("o",),
     stages=STAGES,
     knobs=("lp_dtype", "diag_mode", "math_dtype", "state_update", "silu_form", "round_outputs"),
+    knob_sites={"diag_mode": ("diag_accum",)},
     reference="mimo_numerics.ops.mamba_mimo_fwd.reference:mamba_mimo_fwd",
     oracle="mimo_numerics.ops.mamba_mimo_fwd.oracle:mamba_mimo_fwd_oracle",
     make_inputs="mimo_numerics.ops.mamba_mimo_fwd.cases:make_inputs",
