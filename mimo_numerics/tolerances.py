@@ -217,9 +217,16 @@ TOLERANCES.update({
         "state (upstream's own stage-1 states substituted for h: 1.9e-4)",
         "tests/test_fwd_reference.py; scripts/measure_fwd_golden.py"),
     "fwd_golden_bit_equal_min": Tolerance(
-        0.99,
-        "upstream_sm90 stand-in vs fwd.o: min 0.9939 bit-equal elements over the 7 golden cases (2026-12-01, CPU)",
+        0.98,
+        "upstream_sm90 vs fwd.o, bf16: min 0.9939 bit-equal elements over the 7 shared golden cases, 0.9833 on the "
+        "extra R=8 C=8 case (more lp roundings per element: 8 rank steps), 0.9983 to 0.9997 on the other extra "
+        "cases (2026-12-01, CPU)",
         "tests/test_fwd_reference.py; scripts/measure_fwd_golden.py"),
+    "fwd_golden_bit_equal_min_fp16": Tolerance(
+        0.97,
+        "upstream_sm90_fp16 vs fwd.o of the one fp16 H200 case: 0.9758 bit-equal (rel RMS 4.5e-5): fp16 resolves "
+        "8x finer than bf16, so the same FP32-level differences flip more of its roundings (2026-12-01, CPU)",
+        "tests/test_fwd_reference.py"),
     "fwd_golden_fp32_over_sm90_ratio_min": Tolerance(
         5.0,
         "rel RMS to fwd.o of the fp32 preset over that of upstream_sm90, per golden case: min 15.4 (g_..._plain: "
