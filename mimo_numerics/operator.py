@@ -77,7 +77,9 @@ class Operator:
             record=)`` and of the FP64 oracle ``fn(*tensors, **scalars)``.
         make_inputs (str): ``"module:function"`` drawing the inputs of a case spec (``fn(spec, device)``).
         grids (str): ``"module:function"`` returning ``{grid name: tuple of specs}``.
-        golden (str | None), upstream (str | None), kernels (str | None): loaders, where they exist.
+        golden (str | None), upstream (str | None), kernels (str | None): loaders, where they exist (``golden``
+            returns the H200 cases as ``StoredCase`` objects).
+        golden_outputs (str | None): ``fn(case_name)`` -> upstream's outputs of that golden case by name.
         docs (str): where the operator's math is written out.
         knob_sites (mapping): knob -> the sites it acts through (e.g. ``diag_mode`` acts only where an lp mul+add
             pair is carried in lp: stage 1's ``diag_accum``); a one-on sensitivity row of that knob turns them on.
@@ -97,6 +99,7 @@ class Operator:
     make_inputs: str
     grids: str
     golden: Optional[str] = None
+    golden_outputs: Optional[str] = None
     upstream: Optional[str] = None
     kernels: Optional[str] = None
     docs: str = ""
@@ -105,8 +108,8 @@ class Operator:
 
     # ------------------------------------------------------------------ lazy loaders
     def load(self, what: str) -> Callable:
-        """The function behind ``reference``, ``oracle``, ``make_inputs``, ``grids``, ``golden``, ``upstream`` or
-        ``kernels`` (``ValueError`` naming the operator when it has none)."""
+        """The function behind ``reference``, ``oracle``, ``make_inputs``, ``grids``, ``golden``,
+        ``golden_outputs``, ``upstream`` or ``kernels`` (``ValueError`` naming the operator when it has none)."""
         path = getattr(self, what)
         if path is None:
             raise ValueError(f"operator {self.name} has no {what}")

@@ -189,6 +189,7 @@ OPERATOR = Operator(
     make_inputs="mimo_numerics.ops.mamba_mimo_bwd_bwd.cases:make_inputs",
     grids="mimo_numerics.ops.mamba_mimo_bwd_bwd.cases:grids",
     golden="mimo_numerics.ops.mamba_mimo_bwd_bwd.golden:stored_cases",
+    golden_outputs="mimo_numerics.ops.mamba_mimo_bwd_bwd.golden:upstream_outputs",
     upstream="mimo_numerics.ops.mamba3_mimo.upstream:run_stage2",
     docs="docs/stage2.md",
 )

@@ -65,6 +65,7 @@ OPERATOR = Operator(
     make_inputs="mimo_numerics.cases:make_inputs",
     grids="mimo_numerics.cases:grids",
     golden="mimo_numerics.golden:stored_cases",
+    golden_outputs="mimo_numerics.golden:upstream_outputs",
     upstream="mimo_numerics.upstream:mamba_mimo_bwd_fwd",
     kernels="mimo_numerics.kernels:mamba_mimo_bwd_fwd",
     docs="docs/semantics.md",

@@ -115,6 +115,7 @@ OPERATOR = Operator(
     make_inputs="mimo_numerics.ops.mamba_mimo_fwd.cases:make_inputs",
     grids="mimo_numerics.ops.mamba_mimo_fwd.cases:grids",
     golden="mimo_numerics.ops.mamba_mimo_fwd.golden:stored_cases",
+    golden_outputs="mimo_numerics.ops.mamba_mimo_fwd.golden:upstream_outputs",
     upstream="mimo_numerics.ops.mamba3_mimo.upstream:run_forward",
     docs="docs/forward.md",
 )
