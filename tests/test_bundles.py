@@ -677,3 +677,20 @@ def test_stage1_golden_default_is_the_seed_file():
     assert [c.name for c in by_default] == [c.name for c in by_path] == list(golden.golden_names())
     assert all(a.spec == b.spec and a.meta == b.meta and a.outputs_digest == b.outputs_digest
                for a, b in zip(by_default, by_path))
+
+
+def test_outputs_of_takes_what_the_operators_return():
+    from mimo_numerics import operator
+
+    fwd, stage2 = operator.get(FWD), operator.get(STAGE2)
+    x = stage2.draw(SMALL_SPECS[0])
+    oracle = stage2.run_oracle(x)  # stage 2's oracle returns a dict
+    out = bundles.outputs_of(oracle, STAGE2)
+    assert type(out) is bundles.outputs_type(STAGE2) and out.dD is oracle["dD"]
+    assert bundles.outputs_of(out, STAGE2) is out and bundles.outputs_of(tuple(out), STAGE2) == out
+    o = fwd.run_oracle(fwd.draw(SMALL_SPECS[0]))  # the forward's returns its one tensor
+    assert bundles.outputs_of(o, FWD).o is o
+    with pytest.raises(ValueError, match=r"must have exactly the keys \['o'\], got \['dq'\]"):
+        bundles.outputs_of({"dq": o}, FWD)
+    with pytest.raises(ValueError, match="are 12 tensors"):
+        bundles.outputs_of((o,), STAGE2)
