@@ -1,21 +1,31 @@
 """The ``manifest.json`` of a result bundle: its keys, its own digest, and the checks made before any tensor is read.
 
-Schema version 2 (since finding F3 of ``reports/reliability.md``)::
+Schema version 3 (since bundles hold the cases of any operator)::
 
-    {"schema": "mimo_numerics.bundle", "schema_version": 2, "manifest_sha256": "<64 hex digits>",
-     "created": "...", "meta": {...}, "cases": [<case entry>, ...]}
+    {"schema": "mimo_numerics.bundle", "schema_version": 3, "manifest_sha256": "<64 hex digits>",
+     "operator": "<registry name>", "created": "...", "meta": {...}, "cases": [<case entry>, ...]}
+
+``operator`` names the operator every case of the bundle ran (``mimo_numerics.ops.registry``); the tensor tables of
+the case entries have exactly that operator's input names (``op.input_names``) and output names
+(``op.output_names``), and ``scalars`` its scalar inputs (``op.scalar_inputs``). An operator this package does not
+know is refused, naming it.
 
 ``manifest_sha256`` is the sha256 of the canonical JSON of the parsed manifest without that key (keys sorted,
-separators ``,`` and ``:``, ASCII only; :func:`manifest_digest`). It protects what only the manifest holds (case
-names, specs, policies, provenance, the files' sha256 and sizes); whitespace and key order in the file do not
-matter. Every case entry has exactly the keys of :data:`CASE_KEYS`, including ``outputs_digest`` (the layout-free
-digest of the outputs, null without outputs, like ``inputs_digest`` for the inputs); the top level, the ``files``,
-``tensors`` and ``scalars`` tables have fixed keys too. A missing or unknown key is refused, with or without
+separators ``,`` and ``:``, ASCII only; :func:`manifest_digest`). It protects what only the manifest holds (the
+operator, case names, specs, policies, provenance, the files' sha256 and sizes); whitespace and key order in the file
+do not matter. Every case entry has exactly the keys of :data:`CASE_KEYS`, including ``outputs_digest`` (the
+layout-free digest of the outputs, null without outputs, like ``inputs_digest`` for the inputs); the top level, the
+``files``, ``tensors`` and ``scalars`` tables have fixed keys too. A missing or unknown key is refused, with or without
 ``verify``; the digest is checked with ``verify`` (the default).
 
-Schema version 1 (before F3) has neither ``manifest_sha256`` nor ``outputs_digest``. Loading it with ``verify=True``
-is refused with a message saying how to upgrade it (``mimo-numerics upgrade OLD --out NEW``, which checks every file
-hash and inputs digest of the old bundle and writes it again as version 2); ``verify=False`` still reads it.
+Older versions, written when the package knew one operator, are read as bundles of that operator
+(:data:`LEGACY_OPERATOR`, backward stage 1):
+
+* version 2 has no ``operator`` key; it verifies fully (digest, hashes) and ``upgrade`` rewrites it as version 3;
+* version 1 (before finding F3 of ``reports/reliability.md``) has neither ``manifest_sha256`` nor ``outputs_digest``.
+  Loading it with ``verify=True`` is refused with a message saying how to upgrade it (``mimo-numerics upgrade OLD
+  --out NEW``, which checks every file hash and inputs digest of the old bundle and writes it again as the current
+  version); ``verify=False`` still reads it.
 """
 
 from __future__ import annotations
@@ -26,28 +36,34 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Mapping, Sequence, Union
 
-from .outputs import INPUT_NAMES, OUTPUT_NAMES
+from . import operator as _operator
+from .ops import registry
 
 #: Value of the manifest's ``"schema"`` key.
 SCHEMA = "mimo_numerics.bundle"
 #: The manifest schema version this package writes.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: The oldest schema version this package can read (only unverified, or to upgrade it).
 OLDEST_SCHEMA_VERSION = 1
+#: The oldest schema version that can be fully verified (manifest digest and outputs digests).
+OLDEST_VERIFIABLE_VERSION = 2
+#: The operator of bundles written before schema version 3 (no ``operator`` key): the package's only operator then,
+#: the one version-1 policy files describe too.
+LEGACY_OPERATOR = registry.V1_OPERATOR
 MANIFEST = "manifest.json"
 DIGEST_KEY = "manifest_sha256"
-SCALAR_INPUTS = ("chunk_size", "rotary_dim_divisor")
+OPERATOR_KEY = "operator"
 
 #: Top-level keys of the manifest, per schema version.
 TOP_KEYS = {1: ("schema", "schema_version", "created", "meta", "cases"),
-            2: ("schema", "schema_version", DIGEST_KEY, "created", "meta", "cases")}
+            2: ("schema", "schema_version", DIGEST_KEY, "created", "meta", "cases"),
+            3: ("schema", "schema_version", DIGEST_KEY, OPERATOR_KEY, "created", "meta", "cases")}
 _CASE_KEYS_V1 = ("name", "spec_type", "spec", "policy", "backend", "device", "device_name", "versions", "created",
                  "skipped", "meta", "scalars", "inputs_digest", "tensors", "files")
 #: Keys of a case entry, per schema version.
-CASE_KEYS = {1: _CASE_KEYS_V1, 2: _CASE_KEYS_V1 + ("outputs_digest",)}
+CASE_KEYS = {1: _CASE_KEYS_V1, 2: _CASE_KEYS_V1 + ("outputs_digest",), 3: _CASE_KEYS_V1 + ("outputs_digest",)}
 FILE_KEYS = ("path", "sha256", "size")
 TENSOR_KEYS = ("dtype", "shape")
-_TABLE_NAMES = {"inputs": INPUT_NAMES, "outputs": OUTPUT_NAMES}
 
 PathLike = Union[str, os.PathLike]
 
@@ -100,20 +116,22 @@ def _refuse_duplicate_keys(pairs):
     return result
 
 
-def _check_keys(obj, expected: Sequence[str], what: str, where: Path) -> None:
-    """Refuse a non-object, or an object whose keys are not exactly ``expected``."""
+def _check_keys(obj, expected: Sequence[str], what: str, where: Path, why: str = "") -> None:
+    """Refuse a non-object, or an object whose keys are not exactly ``expected`` (``why``: appended to the
+    message, saying where the expected keys come from)."""
     if not isinstance(obj, dict):
         raise BundleError(where, f"{what} must be a JSON object, got {type(obj).__name__}")
     unknown = [k for k in obj if k not in expected]
     missing = [k for k in expected if k not in obj]
     if unknown or missing:
         parts = ([f"unknown key(s) {unknown}"] if unknown else []) + ([f"missing key(s) {missing}"] if missing else [])
-        raise BundleError(where, f"{what} has {' and '.join(parts)}; expected exactly {list(expected)}")
+        raise BundleError(where, f"{what} has {' and '.join(parts)}; expected exactly {list(expected)}{why}")
 
 
-def _check_case_entry(entry, index: int, version: int, where: Path) -> None:
-    """The keys of one case entry and of its ``files``, ``tensors`` and ``scalars`` tables, and the types of its
-    descriptive fields (names, file paths, policy and spec are checked where they are used)."""
+def _check_case_entry(entry, index: int, version: int, op, where: Path) -> None:
+    """The keys of one case entry and of its ``files``, ``tensors`` and ``scalars`` tables (the names of operator
+    ``op``), and the types of its descriptive fields (names, file paths, policy and spec are checked where they are
+    used)."""
     label = f"case entry #{index}" + (f" ({entry.get('name')!r})" if isinstance(entry, dict) else "")
     _check_keys(entry, CASE_KEYS[version], label, where)
     name, files = entry["name"], entry["files"]
@@ -122,20 +140,23 @@ def _check_case_entry(entry, index: int, version: int, where: Path) -> None:
                                  f"optionally \"outputs\", got {list(files) if isinstance(files, dict) else files!r}")
     for kind, info in files.items():
         _check_keys(info, FILE_KEYS, f"\"files\".{kind} of case {name!r}", where)
-    _check_keys(entry["tensors"], tuple(_TABLE_NAMES), f"\"tensors\" of case {name!r}", where)
-    for kind, names in _TABLE_NAMES.items():
+    tables = {"inputs": op.input_names, "outputs": op.output_names}
+    _check_keys(entry["tensors"], tuple(tables), f"\"tensors\" of case {name!r}", where)
+    for kind, names in tables.items():
         table = entry["tensors"][kind]
         if table is None and kind == "outputs":
             continue
-        _check_keys(table, names, f"\"tensors\".{kind} of case {name!r}", where)
+        _check_keys(table, names, f"\"tensors\".{kind} of case {name!r}", where,
+                    f" (the {kind} of operator {op.name}, which the manifest names)")
         for tensor, info in table.items():
             if info is not None:
                 _check_keys(info, TENSOR_KEYS, f"\"tensors\".{kind}.{tensor} of case {name!r}", where)
-    scalars = entry["scalars"]
-    if not (isinstance(scalars, dict) and sorted(scalars) == sorted(SCALAR_INPUTS)
-            and all(type(scalars[k]) is int for k in SCALAR_INPUTS)):
-        raise BundleError(where, f"case {name!r} lacks chunk_size/rotary_dim_divisor: \"scalars\" must be "
-                                 f"{{\"chunk_size\": int, \"rotary_dim_divisor\": int}}, got {scalars!r}")
+    scalars, wanted = entry["scalars"], op.scalar_inputs
+    if not (isinstance(scalars, dict) and sorted(scalars) == sorted(wanted)
+            and all(type(scalars[k]) is int for k in wanted)):
+        expected = ", ".join(f'"{k}": int' for k in wanted)
+        raise BundleError(where, f"case {name!r} lacks {'/'.join(wanted)}: \"scalars\" must be {{{expected}}}, "
+                                 f"got {scalars!r}")
     for key in ("backend", "device"):
         if not isinstance(entry[key], str):
             raise BundleError(where, f"{key!r} of case {name!r} must be a string, got {entry[key]!r}")
@@ -155,12 +176,29 @@ def _legacy_message(version: int) -> str:
             f"load_bundle(path, verify=False)")
 
 
+def manifest_operator(manifest: Mapping[str, Any]) -> str:
+    """The operator name of a checked manifest (:data:`LEGACY_OPERATOR` before schema version 3)."""
+    return manifest[OPERATOR_KEY] if manifest["schema_version"] >= 3 else LEGACY_OPERATOR
+
+
+def _check_operator(manifest: Mapping[str, Any], where: Path):
+    """The :class:`~mimo_numerics.operator.Operator` a manifest names (refused when unknown or not a string)."""
+    if manifest["schema_version"] < 3:
+        return _operator.get(LEGACY_OPERATOR)
+    name = manifest[OPERATOR_KEY]
+    if not isinstance(name, str) or name not in registry.OPERATORS:
+        raise BundleError(where, f"unknown operator {name!r}: this mimo_numerics knows {list(registry.OPERATORS)} "
+                                 "(a bundle of a newer version? upgrade mimo_numerics)")
+    return _operator.get(name)
+
+
 def read_manifest(path: Path, verify: bool = True, allow_legacy: bool = False) -> dict:
     """Parse and check ``<path>/manifest.json``; returns the manifest dict.
 
     Checks, in order: the bundle is a directory with a manifest; the manifest is JSON without duplicate keys, of
-    this schema, of a version this package reads (older versions need ``verify=False`` or ``allow_legacy``); with
-    ``verify``, ``manifest_sha256`` matches the content; then every key of the top level and the case entries.
+    this schema, of a version this package reads (version 1 needs ``verify=False`` or ``allow_legacy``); with
+    ``verify``, ``manifest_sha256`` matches the content; then every key of the top level, the operator (a registered
+    one; :func:`manifest_operator`) and the case entries (tables of that operator's names).
 
     Raises:
         BundleError: naming ``manifest.json`` (or the bundle directory) and what is wrong.
@@ -180,13 +218,14 @@ def read_manifest(path: Path, verify: bool = True, allow_legacy: bool = False) -
     version = manifest.get("schema_version")
     if isinstance(version, bool) or not isinstance(version, int) or version < OLDEST_SCHEMA_VERSION:
         raise BundleError(where, f"unknown schema_version {version!r} (this mimo_numerics reads schema_version "
-                                 f"{SCHEMA_VERSION}, and {OLDEST_SCHEMA_VERSION} to upgrade it)")
+                                 f"{OLDEST_VERIFIABLE_VERSION} to {SCHEMA_VERSION}, and {OLDEST_SCHEMA_VERSION} to "
+                                 "upgrade it)")
     if version > SCHEMA_VERSION:
         raise BundleError(where, f"schema_version {version} is newer than this mimo_numerics reads "
                                  f"({SCHEMA_VERSION}); upgrade mimo_numerics to read this bundle")
-    if version < SCHEMA_VERSION and verify and not allow_legacy:
+    if version < OLDEST_VERIFIABLE_VERSION and verify and not allow_legacy:
         raise OldSchemaError(where, _legacy_message(version))
-    if verify and version >= 2:
+    if verify and version >= OLDEST_VERIFIABLE_VERSION:
         if DIGEST_KEY not in manifest:
             raise BundleError(where, f"no {DIGEST_KEY} in a schema_version {version} manifest: manifest.json is "
                                      "corrupt or was edited")
@@ -199,6 +238,7 @@ def read_manifest(path: Path, verify: bool = True, allow_legacy: bool = False) -
         raise BundleError(where, "manifest has no \"cases\" list")
     if not isinstance(manifest["meta"], dict):
         raise BundleError(where, f"\"meta\" must be a JSON object, got {manifest['meta']!r}")
+    op = _check_operator(manifest, where)
     for index, entry in enumerate(manifest["cases"]):
-        _check_case_entry(entry, index, version, where)
+        _check_case_entry(entry, index, version, op, where)
     return manifest

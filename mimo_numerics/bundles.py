@@ -1,21 +1,28 @@
-"""Result bundles: the inputs and outputs of ``mamba_mimo_bwd_fwd`` runs, stored so another machine can check them.
+"""Result bundles: the inputs and outputs of runs of one operator, stored so another machine can check them.
 
 A bundle is a directory::
 
     <bundle>/
-        manifest.json                      what every file is, and its sha256
-        <case>.inputs.safetensors          the 17 input tensors of one case (absent optional ones are left out)
-        <case>.outputs.safetensors         its five outputs (absent when the run was skipped)
+        manifest.json                      the operator, what every file is, and its sha256
+        <case>.inputs.safetensors          the input tensors of one case (``op.input_names``; absent optional ones
+                                           are left out)
+        <case>.outputs.safetensors         its outputs (``op.output_names``; absent when the run was skipped)
 
-``manifest.json`` (``schema_version`` 2) holds its own digest ``manifest_sha256`` and, per case: its name, its spec
-(a ``CaseSpec`` dict, or a free-form dict for cases that do not come from ``mimo_numerics.cases``), the rounding
-policy as JSON (``null`` for the upstream kernel and other runs that have no policy), the backend, the torch device
-and its name, package versions (torch/triton/tilelang/CANN... when present; always ``tilelang`` for a case of the
-upstream kernel), the creation time, ``chunk_size`` and
-``rotary_dim_divisor``, the dtype and shape of every tensor, content digests of the inputs and of the outputs
-(independent of the file layout; ``compare`` uses the inputs digest to refuse bundles whose inputs differ) and the
-sha256 and size of every tensor file. Its keys, its digest and the older schema version 1 are described in
-:mod:`mimo_numerics.bundle_manifest`; :func:`upgrade_bundle` rewrites a version 1 bundle as version 2.
+Every case of a bundle belongs to one operator (:mod:`mimo_numerics.operator`; ``BundleCase.operator``, default the
+registry's default operator), recorded once in the manifest. Tensor names, the output layouts implied by the inputs
+and the input checks come from that operator: its names, its output :class:`~mimo_numerics.operator.Stage` shapes,
+and the ``validate_inputs`` of its reference module (:func:`validate_case_inputs`).
+
+``manifest.json`` (``schema_version`` 3) holds its own digest ``manifest_sha256``, the operator and, per case: its
+name, its spec (a case-spec dict: ``CaseSpec``, or another spec class of the package by ``"module:Class"``, or a
+free-form dict, e.g. for stored golden cases), the rounding policy as JSON (``null`` for the upstream kernel and other
+runs that have no policy), the backend, the torch device and its name, package versions (torch/triton/tilelang/
+CANN... when present; always ``tilelang`` for a case of the upstream kernel), the creation time, the scalar inputs
+(``chunk_size``, ``rotary_dim_divisor``), the dtype and shape of every tensor, content digests of the inputs and of
+the outputs (independent of the file layout; ``compare`` uses the inputs digest to refuse bundles whose inputs
+differ) and the sha256 and size of every tensor file. Its keys, its digest and the older schema versions (1 and 2,
+read as bundles of the package's first operator, backward stage 1) are described in
+:mod:`mimo_numerics.bundle_manifest`; :func:`upgrade_bundle` rewrites them as the current version.
 
 Tensor files are safetensors files (https://huggingface.co/docs/safetensors), written and parsed by the
 ``safetensors`` package (``safetensors.torch.save`` / ``load``), whose parser refuses a malformed file: a header
@@ -34,24 +41,28 @@ manifest until the end, and is never at the target path).
 
 Loading (``load_bundle(path, verify=True)``) refuses, with a :class:`BundleError` that names the offending file:
 a missing manifest, an unknown or newer schema version (and version 1, which cannot be fully verified: upgrade it),
-a manifest whose content does not match its ``manifest_sha256``, a missing or unknown key in the manifest or a case
-entry, a missing or extra file, a file whose sha256 or size does not match, a malformed (e.g. truncated) tensor
-file, a tensor whose name, dtype or shape disagrees with the manifest or with its case (the inputs are checked by
-``validation.validate_inputs``, the outputs against the shapes the inputs imply), and inputs or outputs whose digest
-disagrees with the manifest. ``verify=False`` skips the digests and hashes, not the structure and key checks.
+an unknown operator, a manifest whose content does not match its ``manifest_sha256``, a missing or unknown key in the
+manifest or a case entry, a missing or extra file, a file whose sha256 or size does not match, a malformed (e.g.
+truncated) tensor file, a tensor whose name, dtype or shape disagrees with the manifest or with its case (the inputs
+are checked by the operator's ``validate_inputs``, the outputs against the shapes the inputs imply), and inputs or
+outputs whose digest disagrees with the manifest. ``verify=False`` skips the digests and hashes, not the structure
+and key checks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import hashlib
+import importlib
 import json
 import os
 import re
 import shutil
 import sys
 import tempfile
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -61,11 +72,11 @@ import torch
 
 # BundleError, OldSchemaError, manifest_digest and the schema constants are part of this module's API too
 from . import envinfo
-from .bundle_manifest import (MANIFEST, SCALAR_INPUTS, SCHEMA, SCHEMA_VERSION,  # noqa: F401
-                              BundleError, OldSchemaError, manifest_digest, read_manifest, seal)
-from .outputs import INPUT_NAMES, OUTPUT_NAMES, MimoBwdFwdOutputs
+from . import operator as _operator
+from .bundle_manifest import (LEGACY_OPERATOR, MANIFEST, SCHEMA, SCHEMA_VERSION,  # noqa: F401
+                              BundleError, OldSchemaError, manifest_digest, manifest_operator, read_manifest, seal)
 from .policy import RoundingPolicy
-from .validation import Dims, validate_inputs
+from .validation import Dims
 
 INPUTS_SUFFIX = ".inputs.safetensors"
 OUTPUTS_SUFFIX = ".outputs.safetensors"
@@ -84,6 +95,76 @@ _DTYPE_NAMES = {dtype: str(dtype).replace("torch.", "") for dtype in (
 _DTYPE_FROM_NAME = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 
 PathLike = Union[str, os.PathLike]
+OperatorLike = Union[str, _operator.Operator, None]
+
+
+# ---------------------------------------------------------------------------------------------------------- operator
+def operator_module(op: OperatorLike, what: str) -> types.ModuleType:
+    """The module behind loader ``what`` of operator ``op`` (``"reference"``, ``"golden"``, ``"upstream"``,
+    ``"kernels"``, ...): the module part of its ``"module:attribute"`` path.
+
+    Raises:
+        ValueError: the operator has no such loader (naming the operator, as ``Operator.load``).
+    """
+    op = _operator.get(op)
+    path = getattr(op, what)
+    if path is None:
+        op.load(what)  # raises the ValueError naming the operator
+    return importlib.import_module(path.partition(":")[0])
+
+
+def validate_case_inputs(inputs: Mapping[str, Any], op: OperatorLike = None) -> Dims:
+    """Check an inputs dict (tensors by ``op.input_names``, plus ``op.scalar_inputs``) as operator ``op``'s own API
+    does, with the ``validate_inputs`` of its reference module; returns the ``Dims``.
+
+    Raises:
+        KeyError: an input name is missing. TypeError, ValueError: the operator's validation errors.
+    """
+    op = _operator.get(op)
+    check = operator_module(op, "reference").validate_inputs
+    return check(*op.args(inputs), **op.kwargs(inputs))
+
+
+@functools.lru_cache(maxsize=None)
+def _outputs_type_of(name: str) -> type:
+    op = _operator.get(name)
+    module = operator_module(op, "reference")
+    for value in vars(module).values():
+        if isinstance(value, type) and issubclass(value, tuple) and getattr(value, "_fields", None) == op.output_names:
+            return value
+    raise TypeError(f"the reference module {module.__name__} of {op.name} has no outputs NamedTuple with the fields "
+                    f"{list(op.output_names)}")
+
+
+def outputs_type(op: OperatorLike = None) -> type:
+    """The NamedTuple class of operator ``op``'s outputs: the one its reference returns (fields ``op.output_names``)."""
+    return _outputs_type_of(_operator.get(op).name)
+
+
+def outputs_of(value, op: OperatorLike = None):
+    """``value`` as operator ``op``'s outputs NamedTuple (:func:`outputs_type`): the NamedTuple itself, a dict by
+    output name (as stage 2's oracle returns), a tuple in output order, or the one tensor of a one-output operator
+    (as the forward's oracle returns).
+
+    Raises:
+        ValueError: a dict with other keys, a tuple of another length. TypeError: anything else.
+    """
+    op = _operator.get(op)
+    kind, names = outputs_type(op), op.output_names
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, Mapping):
+        if set(value) != set(names):
+            raise ValueError(f"outputs of {op.name} must have exactly the keys {list(names)}, got {sorted(value)}")
+        return kind(**{n: value[n] for n in names})
+    if isinstance(value, torch.Tensor) and len(names) == 1:
+        return kind(value)
+    if isinstance(value, tuple):
+        if len(value) != len(names):
+            raise ValueError(f"outputs of {op.name} are {len(names)} tensors {list(names)}, got {len(value)}")
+        return kind(*value)
+    raise TypeError(f"outputs of {op.name} must be a {kind.__name__}, a dict or tuple of its outputs, got "
+                    f"{type(value).__name__}")
 
 
 # ---------------------------------------------------------------------------------------------------------- cases
@@ -93,11 +174,13 @@ class BundleCase:
 
     Attributes:
         name (str): unique within the bundle, ``[A-Za-z0-9][A-Za-z0-9_.+=-]*`` (it names the tensor files);
-            ``CaseSpec.case_id`` for cases of ``mimo_numerics.cases``.
-        inputs (dict): the 17 tensors by ``INPUT_NAMES`` (``None`` for absent optional ones) plus ``chunk_size`` and
-            ``rotary_dim_divisor`` (ints): the format of ``cases.make_inputs``.
-        outputs (MimoBwdFwdOutputs | None): the five outputs; None when the run was skipped or not done.
-        spec (CaseSpec | dict | None): how the inputs were made: a ``CaseSpec``, or any JSON-serialisable dict.
+            the spec's ``case_id`` for drawn cases.
+        inputs (dict): the operator's tensors by ``op.input_names`` (``None`` for absent optional ones) plus its
+            scalar inputs ``chunk_size`` and ``rotary_dim_divisor`` (ints): the format of ``op.draw``.
+        outputs (NamedTuple | None): the operator's outputs (:func:`outputs_type`); None when the run was skipped or
+            not done.
+        spec (case spec | dict | None): how the inputs were made: a ``CaseSpec``, ``OpCaseSpec``, ``StoredCase``
+            (stored as a dict of its sizes and name), or any JSON-serialisable dict.
         policy (RoundingPolicy | None): the policy of the run; None for the upstream kernel or when not applicable.
         backend (str): ``"reference"``, ``"triton"``, ``"upstream"``, ... (free text).
         device (str): the torch device the run used (``"cpu"``, ``"cuda:0"``, ``"npu:0"``).
@@ -107,11 +190,13 @@ class BundleCase:
         created (str | None): ISO-8601 UTC time; ``save_bundle`` fills it in when None.
         skipped (str | None): why there are no outputs (e.g. a shape the upstream kernel refuses).
         meta (dict): free-form JSON metadata (timings, provenance...).
+        operator (str | Operator | None): the operator the case ran (stored as its name; None: the registry's
+            default operator).
     """
 
     name: str
     inputs: Mapping[str, Any]
-    outputs: Optional[MimoBwdFwdOutputs] = None
+    outputs: Optional[tuple] = None
     spec: Any = None
     policy: Optional[RoundingPolicy] = None
     backend: str = "unknown"
@@ -121,40 +206,49 @@ class BundleCase:
     created: Optional[str] = None
     skipped: Optional[str] = None
     meta: Mapping[str, Any] = field(default_factory=dict)
+    operator: Optional[str] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "operator", _operator.get(self.operator).name)
 
     def replace(self, **changes) -> "BundleCase":
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
 
     @property
+    def op(self) -> _operator.Operator:
+        """The :class:`~mimo_numerics.operator.Operator` of the case."""
+        return _operator.get(self.operator)
+
+    @property
     def spec_dict(self) -> Optional[dict]:
-        """The spec as a plain dict (``CaseSpec.to_dict()`` for a CaseSpec), or None."""
+        """The spec as a plain dict (``to_dict()`` of a spec object), or None."""
         return _spec_to_json(self.spec)[1]
 
     @property
     def args(self) -> tuple:
-        """The 17 input tensors in API order."""
-        return tuple(self.inputs[name] for name in INPUT_NAMES)
+        """The input tensors in the operator's API order."""
+        return self.op.args(self.inputs)
 
     @property
     def kwargs(self) -> dict:
-        """``{"chunk_size": ..., "rotary_dim_divisor": ...}``."""
-        return {name: self.inputs[name] for name in SCALAR_INPUTS}
+        """The scalar inputs, ``{"chunk_size": ..., "rotary_dim_divisor": ...}``."""
+        return self.op.kwargs(self.inputs)
 
     @property
     def dims(self) -> Dims:
         """The validated sizes of the inputs."""
-        return validate_inputs(*self.args, **self.kwargs)
+        return validate_case_inputs(self.inputs, self.op)
 
     @property
     def inputs_digest(self) -> str:
-        """sha256 over the names, dtypes, shapes and bytes of the inputs and the two ints (layout-independent)."""
-        return inputs_digest(self.inputs)
+        """sha256 over the names, dtypes, shapes and bytes of the inputs and the scalars (layout-independent)."""
+        return inputs_digest(self.inputs, self.op)
 
     @property
     def outputs_digest(self) -> Optional[str]:
         """sha256 over the names, dtypes, shapes and bytes of the outputs (layout-independent); None without them."""
-        return None if self.outputs is None else outputs_digest(self.outputs)
+        return None if self.outputs is None else outputs_digest(self.outputs, self.op)
 
     @property
     def has_outputs(self) -> bool:
@@ -163,13 +257,22 @@ class BundleCase:
 
 @dataclass(frozen=True, eq=False)
 class Bundle:
-    """A loaded bundle: its cases in stored order and the bundle-level metadata."""
+    """A loaded bundle: its cases in stored order, the operator they ran and the bundle-level metadata."""
 
     path: Optional[Path]
     cases: Tuple[BundleCase, ...]
     created: Optional[str] = None
     meta: Mapping[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    operator: Optional[str] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "operator", _operator.get(self.operator).name)
+
+    @property
+    def op(self) -> _operator.Operator:
+        """The :class:`~mimo_numerics.operator.Operator` of every case."""
+        return _operator.get(self.operator)
 
     def names(self) -> Tuple[str, ...]:
         return tuple(c.name for c in self.cases)
@@ -220,20 +323,24 @@ def _hash_tensors(h, names: Sequence[str], tensors: Mapping[str, Any]) -> None:
         h.update(_tensor_bytes(value))
 
 
-def inputs_digest(inputs: Mapping[str, Any]) -> str:
-    """A sha256 of the input tensors (name, dtype, shape, bytes; ``None`` for absent ones) and the two ints."""
+def inputs_digest(inputs: Mapping[str, Any], op: OperatorLike = None) -> str:
+    """A sha256 of operator ``op``'s input tensors (name, dtype, shape, bytes; ``None`` for absent ones) and its
+    scalar inputs."""
+    op = _operator.get(op)
     h = hashlib.sha256()
-    _hash_tensors(h, INPUT_NAMES, inputs)
-    for name in SCALAR_INPUTS:
+    _hash_tensors(h, op.input_names, inputs)
+    for name in op.scalar_inputs:
         h.update(f"{name}={int(inputs[name])};".encode())
     return h.hexdigest()
 
 
-def outputs_digest(outputs: Union[MimoBwdFwdOutputs, Mapping[str, Optional[torch.Tensor]]]) -> str:
-    """A sha256 of the five outputs (name, dtype, shape, bytes; ``None`` for absent ones), like :func:`inputs_digest`:
-    it pins which tensor is which output, so same-shape outputs swapped in a consistently rewritten file are caught."""
+def outputs_digest(outputs: Union[tuple, Mapping[str, Optional[torch.Tensor]]], op: OperatorLike = None) -> str:
+    """A sha256 of operator ``op``'s outputs (name, dtype, shape, bytes; ``None`` for absent ones), like
+    :func:`inputs_digest`: it pins which tensor is which output, so same-shape outputs swapped in a consistently
+    rewritten file are caught."""
     h = hashlib.sha256()
-    _hash_tensors(h, OUTPUT_NAMES, outputs._asdict() if hasattr(outputs, "_asdict") else dict(outputs))
+    _hash_tensors(h, _operator.get(op).output_names, outputs._asdict() if hasattr(outputs, "_asdict") else
+                  dict(outputs))
     return h.hexdigest()
 
 
@@ -244,14 +351,38 @@ def bit_identical(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
     return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) and _tensor_bytes(a) == _tensor_bytes(b)
 
 
+#: The fields of a case spec that the inputs fix (checked against them on save and load), with their ``Dims``
+#: counterparts; the spec classes of the package (``CaseSpec``, ``StoredCase``, ``OpCaseSpec``) all have them.
+_SPEC_SIZES = {"batch": "B", "seqlen": "S", "heads": "H", "groups": "G", "state_dim": "N", "value_dim": "P",
+               "rank": "R", "chunk_size": "C", "rotary_dim_divisor": "rotary_dim_divisor", "reduce_o": "reduce_o",
+               "has_z": "has_z", "has_d": "has_d", "dtype": "dtype"}
+#: The key that marks the dict a ``StoredCase`` spec is stored as (its tensors are the case's inputs already).
+STORED_CASE_KEY = "stored_case"
+_PACKAGE = __name__.rpartition(".")[0]
+
+
+def _is_stored_case(spec) -> bool:
+    from .cases import StoredCase
+
+    return isinstance(spec, StoredCase)
+
+
 def _spec_to_json(spec) -> Tuple[Optional[str], Optional[dict]]:
+    """``(spec_type, JSON dict)``: ``"CaseSpec"``; ``"dict"`` for a dict or a ``StoredCase`` (its name and sizes);
+    ``"<module>:<Class>"`` for another spec class of this package (``to_dict``/``from_dict``)."""
     if spec is None:
         return None, None
+    if _is_stored_case(spec):
+        return "dict", {STORED_CASE_KEY: spec.case_id, **{k: getattr(spec, k) for k in _SPEC_SIZES}}
     if hasattr(spec, "to_dict") and type(spec).__name__ == "CaseSpec":
         return "CaseSpec", spec.to_dict()
     if isinstance(spec, Mapping):
         return "dict", json.loads(json.dumps(dict(spec)))
-    raise TypeError(f"spec must be a CaseSpec, a dict or None, got {type(spec).__name__}")
+    kind = type(spec)
+    if kind.__module__.startswith(_PACKAGE + ".") and hasattr(spec, "to_dict") and hasattr(kind, "from_dict"):
+        return f"{kind.__module__}:{kind.__qualname__}", json.loads(json.dumps(spec.to_dict()))
+    raise TypeError(f"spec must be a case spec of mimo_numerics (CaseSpec, OpCaseSpec, StoredCase), a dict or None, "
+                    f"got {kind.__name__}")
 
 
 def _spec_from_json(kind: Optional[str], data, where: Path):
@@ -262,11 +393,22 @@ def _spec_from_json(kind: Optional[str], data, where: Path):
     if kind == "CaseSpec":
         from .cases import CaseSpec
 
-        try:
-            return CaseSpec.from_dict(data)
-        except (TypeError, ValueError) as exc:
-            raise BundleError(where, f"case spec does not load as a CaseSpec: {exc}") from None
-    raise BundleError(where, f"unknown spec_type {kind!r} (expected 'CaseSpec', 'dict' or null)")
+        cls = CaseSpec
+    else:
+        module, _, name = kind.partition(":")
+        cls = None
+        if module.startswith(_PACKAGE + ".") and name:
+            try:
+                cls = getattr(importlib.import_module(module), name, None)
+            except ImportError:
+                cls = None
+        if cls is None or not hasattr(cls, "from_dict"):
+            raise BundleError(where, f"unknown spec_type {kind!r} (expected 'CaseSpec', 'dict', null or "
+                                     f"'<module>:<Class>' of a spec class of {_PACKAGE})")
+    try:
+        return cls.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise BundleError(where, f"case spec does not load as a {cls.__name__}: {exc}") from None
 
 
 def _sha256_file_bytes(data: bytes) -> str:
@@ -342,57 +484,98 @@ def _check_name(name) -> str:
     return name
 
 
-def _output_layout(dims: Dims, policy: Optional[RoundingPolicy]) -> Dict[str, Optional[Tuple[tuple, tuple]]]:
-    """Per output: ``(shape, allowed dtypes)`` implied by the inputs (and the policy), or None where absent."""
-    B, S, H, N, P, R, nc = (dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank,
-                            dims.nchunks)
+def _axis_size(letter: str, dims: Dims) -> Optional[int]:
+    """The size of one dimension letter of an output's ``Stage.shape`` for ``dims``; None for an axis that is absent
+    here (a letter in parentheses: the rank axis of an unreduced output, absent when ``reduce_o``)."""
+    if letter.startswith("("):
+        return None if dims.reduce_o else _axis_size(letter.strip("()"), dims)
+    sizes = {"B": dims.batch, "S": dims.seqlen, "H": dims.heads, "G": dims.groups, "N": dims.state_dim,
+             "P": dims.value_dim, "R": dims.rank, "C": dims.chunk_size, "nc": dims.nchunks,
+             "L": dims.chunk_size * dims.rank, "N/d": dims.state_dim // dims.rotary_dim_divisor}
+    if letter not in sizes:
+        raise ValueError(f"unknown dimension letter {letter!r} in an output shape; known: {sorted(sizes)}")
+    return sizes[letter]
+
+
+def output_layout(dims: Dims, policy: Optional[RoundingPolicy] = None,
+                  op: OperatorLike = None) -> Dict[str, Optional[Tuple[tuple, tuple]]]:
+    """Per output of ``op``: ``(shape, allowed dtypes)`` implied by the inputs' ``dims`` (and the policy), or None
+    where its branch is off (``Stage.needs``).
+
+    Shapes come from the outputs' dimension letters. Outputs of ``op.lp_outputs`` are in the lp dtype, the others
+    float32 (or the policy's math dtype); every output is in the math dtype when the policy does not round outputs.
+    """
+    op = _operator.get(op)
     lp, fp32 = (dims.lp_dtype,), (torch.float32,)
     if policy is not None and not policy.round_outputs:
         lp = fp32 = (policy.math_torch_dtype,)
     elif policy is not None:
         fp32 = (torch.float32, policy.math_torch_dtype)
-    return {
-        "dmimo_o": ((B, H, R, P), fp32) if dims.reduce_o else None,
-        "states": ((B, H, nc, N, P), lp),
-        "dz": ((B, S, H, P), lp) if dims.has_z else None,
-        "dmimo_z": ((B, H, R, P), fp32) if dims.has_z else None,
-        "qk_dot": ((B, H, S, R, R), lp),
-    }
+    layout: Dict[str, Optional[Tuple[tuple, tuple]]] = {}
+    for stage in op.outputs:
+        if not all(getattr(dims, flag) for flag in stage.needs):
+            layout[stage.name] = None
+            continue
+        shape = tuple(size for size in (_axis_size(letter, dims) for letter in stage.shape) if size is not None)
+        layout[stage.name] = (shape, lp if stage.name in op.lp_outputs else fp32)
+    return layout
+
+
+#: The earlier private name (``tests/test_reliability_properties.py`` checks the references against it).
+_output_layout = output_layout
+
+
+def _spec_sizes(spec) -> Optional[Dict[str, Any]]:
+    """The sizes a spec fixes (:data:`_SPEC_SIZES`, dtype as its name), or None for a spec that fixes none."""
+    if isinstance(spec, Mapping):
+        if STORED_CASE_KEY not in spec:
+            return None
+        values = {k: spec.get(k) for k in _SPEC_SIZES}
+    elif spec is not None and all(hasattr(spec, k) for k in _SPEC_SIZES):
+        values = {k: getattr(spec, k) for k in _SPEC_SIZES}
+    else:
+        return None
+    return {_SPEC_SIZES[k]: v for k, v in values.items()}
 
 
 def _check_spec_matches(spec, dims: Dims, where: PathLike) -> None:
-    if type(spec).__name__ != "CaseSpec":
+    expected = _spec_sizes(spec)
+    if expected is None:
         return
-    expected = {"B": spec.batch, "S": spec.seqlen, "H": spec.heads, "G": spec.groups, "N": spec.state_dim,
-                "P": spec.value_dim, "R": spec.rank, "C": spec.chunk_size, "rotary_dim_divisor":
-                spec.rotary_dim_divisor, "reduce_o": spec.reduce_o, "has_z": spec.has_z, "has_d": spec.has_d,
-                "dtype": spec.lp_dtype}
     got = {"B": dims.batch, "S": dims.seqlen, "H": dims.heads, "G": dims.groups, "N": dims.state_dim,
            "P": dims.value_dim, "R": dims.rank, "C": dims.chunk_size, "rotary_dim_divisor": dims.rotary_dim_divisor,
-           "reduce_o": dims.reduce_o, "has_z": dims.has_z, "has_d": dims.has_d, "dtype": dims.lp_dtype}
+           "reduce_o": dims.reduce_o, "has_z": dims.has_z, "has_d": dims.has_d,
+           "dtype": _DTYPE_NAMES.get(dims.lp_dtype, str(dims.lp_dtype))}
     bad = [f"{k}={got[k]} (spec says {expected[k]})" for k in expected if expected[k] != got[k]]
     if bad:
         raise BundleError(where, "the input tensors disagree with the case spec: " + ", ".join(bad))
 
 
 def _validate_case(case: BundleCase, where: PathLike, out_where: Optional[PathLike] = None) -> Dims:
-    """Check the inputs (validate_inputs), the spec and the output shapes/dtypes of ``case``."""
-    missing = [n for n in tuple(INPUT_NAMES) + SCALAR_INPUTS if n not in case.inputs]
+    """Check the inputs (the operator's validation), the spec and the output shapes/dtypes of ``case``."""
+    op = case.op
+    expected = tuple(op.input_names) + tuple(op.scalar_inputs)
+    missing = [n for n in expected if n not in case.inputs]
     if missing:
-        raise BundleError(where, f"inputs lack {missing}")
+        raise BundleError(where, f"inputs of case {case.name!r} lack {missing} (inputs of {op.name})")
+    unexpected = sorted(set(case.inputs) - set(expected))
+    if unexpected:
+        raise BundleError(where, f"inputs of case {case.name!r} have {unexpected}, which are not inputs of {op.name} "
+                                 f"(it takes {list(expected)})")
     try:
-        dims = validate_inputs(*case.args, **case.kwargs)
+        dims = validate_case_inputs(case.inputs, op)
     except (TypeError, ValueError) as exc:
         raise BundleError(where, f"inputs of case {case.name!r} are inconsistent: {exc}") from None
     _check_spec_matches(case.spec, dims, where)
     if case.outputs is None:
         return dims
     out_where = out_where if out_where is not None else where
-    if not isinstance(case.outputs, MimoBwdFwdOutputs):
-        raise BundleError(out_where, f"outputs of case {case.name!r} must be a MimoBwdFwdOutputs, got "
-                                     f"{type(case.outputs).__name__}")
-    layout = _output_layout(dims, case.policy)
-    for name in OUTPUT_NAMES:
+    kind = outputs_type(op)
+    if not isinstance(case.outputs, kind):
+        raise BundleError(out_where, f"outputs of case {case.name!r} must be a {kind.__name__} (the outputs of "
+                                     f"{op.name}), got {type(case.outputs).__name__}")
+    layout = output_layout(dims, case.policy, op)
+    for name in op.output_names:
         value, expect = getattr(case.outputs, name), layout[name]
         if expect is None:
             if value is not None:
@@ -454,6 +637,7 @@ def _case_versions(case: BundleCase) -> Dict[str, str]:
 
 
 def _case_entry(case: BundleCase, directory: Path) -> dict:
+    op = case.op
     spec_type, spec = _spec_to_json(case.spec)
     entry: Dict[str, Any] = {
         "name": case.name,
@@ -467,14 +651,15 @@ def _case_entry(case: BundleCase, directory: Path) -> dict:
         "created": case.created or utc_now(),
         "skipped": case.skipped,
         "meta": json.loads(json.dumps(dict(case.meta))),
-        "scalars": {n: int(case.inputs[n]) for n in SCALAR_INPUTS},
+        "scalars": {n: int(case.inputs[n]) for n in op.scalar_inputs},
         "inputs_digest": case.inputs_digest,
         "outputs_digest": case.outputs_digest,
-        "tensors": {"inputs": _tensor_table(case.inputs, INPUT_NAMES),
-                    "outputs": None if case.outputs is None else _tensor_table(case.outputs._asdict(), OUTPUT_NAMES)},
+        "tensors": {"inputs": _tensor_table(case.inputs, op.input_names),
+                    "outputs": None if case.outputs is None else _tensor_table(case.outputs._asdict(),
+                                                                                 op.output_names)},
         "files": {},
     }
-    groups = [("inputs", INPUTS_SUFFIX, {n: case.inputs[n] for n in INPUT_NAMES if case.inputs[n] is not None})]
+    groups = [("inputs", INPUTS_SUFFIX, {n: case.inputs[n] for n in op.input_names if case.inputs[n] is not None})]
     if case.outputs is not None:
         groups.append(("outputs", OUTPUTS_SUFFIX, {n: t for n, t in case.outputs._asdict().items() if t is not None}))
     for kind, suffix, tensors in groups:
@@ -485,8 +670,20 @@ def _case_entry(case: BundleCase, directory: Path) -> dict:
     return entry
 
 
+def _bundle_operator(cases: Sequence[BundleCase], op: OperatorLike) -> str:
+    """The one operator of ``cases`` (and ``op`` when given); ``ValueError`` naming the mix otherwise."""
+    names = sorted({case.operator for case in cases})
+    wanted = None if op is None else _operator.get(op).name
+    if len(names) > 1:
+        raise ValueError(f"a bundle holds the cases of one operator; these cases are of {names}: write one bundle "
+                         "per operator")
+    if wanted is not None and names and names[0] != wanted:
+        raise ValueError(f"the cases are of operator {names[0]}, not {wanted} (op=): set BundleCase.operator")
+    return wanted or (names[0] if names else _operator.get(None).name)
+
+
 def save_bundle(path: PathLike, cases: Iterable[BundleCase], *, meta: Optional[Mapping[str, Any]] = None,
-                overwrite: bool = False) -> Path:
+                overwrite: bool = False, op: OperatorLike = None) -> Path:
     """Write ``cases`` as a bundle at ``path``, atomically.
 
     Every case is validated first (inputs, spec, output shapes and dtypes), so an inconsistent bundle is never
@@ -495,19 +692,23 @@ def save_bundle(path: PathLike, cases: Iterable[BundleCase], *, meta: Optional[M
 
     Args:
         path: the bundle directory to create. Its parent is created if needed.
-        cases: ``BundleCase`` objects with unique names.
+        cases: ``BundleCase`` objects with unique names, all of one operator.
         meta (dict, optional): free-form JSON metadata for the whole bundle (e.g. the command that made it).
         overwrite (bool): replace an existing bundle at ``path`` (default: ``FileExistsError``).
+        op (str | Operator, optional): the bundle's operator; None: the cases' (the registry's default operator for
+            an empty bundle). Cases of another operator are refused.
 
     Returns:
         Path: ``path``.
     """
     path = Path(path)
     cases = list(cases)
-    seen = set()
     for case in cases:
         if not isinstance(case, BundleCase):
             raise TypeError(f"cases must be BundleCase objects, got {type(case).__name__}")
+    operator = _bundle_operator(cases, op)
+    seen = set()
+    for case in cases:
         _check_name(case.name)
         if case.name in seen:
             raise ValueError(f"duplicate case name {case.name!r}: names must be unique within a bundle")
@@ -525,6 +726,7 @@ def save_bundle(path: PathLike, cases: Iterable[BundleCase], *, meta: Optional[M
         manifest = seal({
             "schema": SCHEMA,
             "schema_version": SCHEMA_VERSION,
+            "operator": operator,
             "created": utc_now(),
             "meta": json.loads(json.dumps(dict(meta or {}))),
             "cases": entries,
@@ -636,7 +838,8 @@ def load_bundle(path: PathLike, verify: bool = True) -> Bundle:
             :func:`upgrade_bundle`.
 
     Returns:
-        Bundle: cases in stored order, tensors on the CPU.
+        Bundle: cases in stored order, tensors on the CPU; ``Bundle.operator`` the operator they ran (for bundles
+        written before schema version 3, :data:`bundle_manifest.LEGACY_OPERATOR`).
 
     Raises:
         BundleError: naming the offending file (see the module docstring for what is checked).
@@ -649,13 +852,15 @@ def _load(path: Path, verify: bool, allow_legacy: bool) -> Bundle:
     manifest_path = path / MANIFEST
     expected = _expected_files(manifest, manifest_path)
     _check_file_set(path, expected)
-    cases = [_load_case(path, entry, verify, "outputs_digest" in entry) for entry in manifest["cases"]]
+    op = manifest_operator(manifest)
+    cases = [_load_case(path, entry, verify, "outputs_digest" in entry, op) for entry in manifest["cases"]]
     return Bundle(path=path, cases=tuple(cases), created=manifest["created"], meta=manifest["meta"],
-                  schema_version=manifest["schema_version"])
+                  schema_version=manifest["schema_version"], operator=op)
 
 
-def _load_case(path: Path, entry: dict, verify: bool, has_outputs_digest: bool) -> BundleCase:
-    """One case of a manifest whose keys :func:`bundle_manifest.read_manifest` has checked."""
+def _load_case(path: Path, entry: dict, verify: bool, has_outputs_digest: bool, operator: str) -> BundleCase:
+    """One case of operator ``operator`` of a manifest whose keys :func:`bundle_manifest.read_manifest` has checked."""
+    op = _operator.get(operator)
     manifest_path = path / MANIFEST
     name, files, tables = entry["name"], entry["files"], entry["tensors"]
     try:
@@ -665,22 +870,22 @@ def _load_case(path: Path, entry: dict, verify: bool, has_outputs_digest: bool) 
     spec = _spec_from_json(entry["spec_type"], entry["spec"], manifest_path)
     in_path = path / files["inputs"]["path"]
     tensors = _load_file(in_path, files["inputs"], verify)
-    _check_table(tables["inputs"], tensors, INPUT_NAMES, in_path, name)
-    inputs: Dict[str, Any] = {n: tensors.get(n) for n in INPUT_NAMES}
-    inputs.update({n: entry["scalars"][n] for n in SCALAR_INPUTS})
+    _check_table(tables["inputs"], tensors, op.input_names, in_path, name)
+    inputs: Dict[str, Any] = {n: tensors.get(n) for n in op.input_names}
+    inputs.update({n: entry["scalars"][n] for n in op.scalar_inputs})
     outputs = out_path = None
     if "outputs" in files:
         out_path = path / files["outputs"]["path"]
         out_tensors = _load_file(out_path, files["outputs"], verify)
         if tables["outputs"] is None:
             raise BundleError(manifest_path, f"case {name!r} has an outputs file but no outputs table")
-        _check_table(tables["outputs"], out_tensors, OUTPUT_NAMES, out_path, name)
-        outputs = MimoBwdFwdOutputs(**{n: out_tensors.get(n) for n in OUTPUT_NAMES})
+        _check_table(tables["outputs"], out_tensors, op.output_names, out_path, name)
+        outputs = outputs_type(op)(**{n: out_tensors.get(n) for n in op.output_names})
     elif tables["outputs"] is not None:
         raise BundleError(manifest_path, f"case {name!r} has an outputs table but no outputs file")
     case = BundleCase(name=name, inputs=inputs, outputs=outputs, spec=spec, policy=policy, backend=entry["backend"],
                       device=entry["device"], device_name=entry["device_name"], versions=entry["versions"],
-                      created=entry["created"], skipped=entry["skipped"], meta=entry["meta"])
+                      created=entry["created"], skipped=entry["skipped"], meta=entry["meta"], operator=op.name)
     _validate_case(case, in_path, out_path)
     if verify and case.inputs_digest != entry["inputs_digest"]:
         raise BundleError(in_path, f"inputs digest of case {name!r} does not match manifest.json")
@@ -696,12 +901,14 @@ def verify_bundle(path: PathLike) -> Bundle:
 
 
 def upgrade_bundle(path: PathLike, out: PathLike, *, overwrite: bool = False) -> Path:
-    """Rewrite a bundle of an older schema version (1) as the current one, after verifying what it can.
+    """Rewrite a bundle of an older schema version (1 or 2) as the current one, after verifying what it can.
 
     The old bundle is read with every check of its version (file sha256 and sizes, inputs digests, structure and
-    keys); its cases are then written unchanged to ``out`` by :func:`save_bundle`, which adds the manifest digest and
-    the outputs digests. The bundle-level ``meta`` is kept, with ``upgraded_from`` recording the old schema version
-    and creation time. ``out`` may be ``path`` itself with ``overwrite=True`` (the replacement is atomic).
+    keys; for version 2 also its manifest and outputs digests); its cases are then written unchanged to ``out`` by
+    :func:`save_bundle`, which adds what the old version lacks (the operator, which is the one bundles before version
+    3 held, and for version 1 the manifest digest and the outputs digests). The bundle-level ``meta`` is kept, with
+    ``upgraded_from`` recording the old schema version and creation time. ``out`` may be ``path`` itself with
+    ``overwrite=True`` (the replacement is atomic).
 
     Returns:
         Path: ``out``.
@@ -709,16 +916,21 @@ def upgrade_bundle(path: PathLike, out: PathLike, *, overwrite: bool = False) ->
     old = _load(Path(path), verify=True, allow_legacy=True)
     meta = dict(old.meta)
     meta["upgraded_from"] = {"schema_version": old.schema_version, "created": old.created}
-    return save_bundle(out, old.cases, meta=meta, overwrite=overwrite)
+    return save_bundle(out, old.cases, meta=meta, overwrite=overwrite, op=old.operator)
 
 
 # ---------------------------------------------------------------------------------------------------------- golden data
 #: Provenance of ``tests/data/upstream_h200_seed_cases.pt`` (see ``shared/golden/README.md``).
 GOLDEN_DEVICE_NAME = "NVIDIA H200 (sm_90)"
 GOLDEN_VERSIONS = {"torch": "2.11.0+cu130", "torch_cuda": "13.0", "tilelang": "0.1.15", "mamba_ssm": "2.3.2.post1"}
+#: Provenance of the whole-op golden files ``tests/data/upstream_h200_full_op_cases.pt`` and
+#: ``upstream_h200_full_op_extra_cases.pt`` (``shared/golden/README.md``, ``tests/data/README.md``; the extra file
+#: records the same versions per case): the golden data of operators whose golden loader has no seed-layout file.
+GOLDEN_WHOLE_OP_VERSIONS = {"torch": "2.11.0+cu130", "torch_cuda": "13.0", "tilelang": "0.1.8",
+                            "apache_tvm_ffi": "0.1.8.post2", "mamba_ssm": "2.3.2.post1"}
 
 
-def _golden_spec(kind: str, kw: dict, inputs: Mapping[str, Any]):
+def _golden_spec(kind: str, kw: dict, inputs: Mapping[str, Any], op):
     """A CaseSpec when the seed formula reproduces the stored inputs bit for bit, else a free-form dict."""
     free = {"formula": kind, "kw": kw}
     if kind != "seed":
@@ -727,50 +939,97 @@ def _golden_spec(kind: str, kw: dict, inputs: Mapping[str, Any]):
 
     try:
         spec = cases.spec_from_seed_kwargs(kw)
-        made = cases.make_inputs(spec)
+        made = op.draw(spec)
     except (TypeError, ValueError):
         return free
-    if all(bit_identical(made[n], inputs.get(n)) for n in INPUT_NAMES) and all(
-            made[n] == inputs[n] for n in SCALAR_INPUTS):
+    if all(bit_identical(made[n], inputs.get(n)) for n in op.input_names) and all(
+            made[n] == inputs[n] for n in op.scalar_inputs):
         return spec
     return free
 
 
-def cases_from_golden(golden: Union[PathLike, Mapping[str, Any]], *, match_specs: bool = True) -> List[BundleCase]:
-    """The cases of the golden upstream file as ``BundleCase`` objects (backend ``"upstream"``, no policy).
+def golden_outputs(name: str, op: OperatorLike = None) -> Dict[str, Optional[torch.Tensor]]:
+    """Upstream's recorded outputs of golden case ``name`` of operator ``op``, by output name (the
+    ``upstream_outputs`` of its golden module; ``KeyError`` for an unknown name, ``ValueError`` where the operator has
+    no golden data)."""
+    op = _operator.get(op)
+    found = operator_module(op, "golden").upstream_outputs(name)
+    if found is None:
+        raise ValueError(f"golden case {name!r} has no upstream outputs of {op.name} (upstream refused it)")
+    return {n: found.get(n) for n in op.output_names}
 
-    Args:
-        golden: the path of ``upstream_h200_seed_cases.pt`` or its loaded dict
-            (``name -> {"kind", "kw", "inputs", "upstream"}``).
-        match_specs (bool): give a case a ``CaseSpec`` when ``cases.make_inputs`` reproduces its stored inputs bit
-            for bit (otherwise, or when False, the spec is ``{"formula": kind, "kw": kw}``).
 
-    Returns:
-        list: one case per golden entry, in file order; the golden name is the case name and the outputs are the
-        stored upstream outputs (``dmimo_o``/``dmimo_z`` per batch, as the kernel writes them).
-    """
+def _cases_from_seed_file(golden: Union[PathLike, Mapping[str, Any]], match_specs: bool, op) -> List[BundleCase]:
+    """The cases of a golden file of the seed-case layout (``name -> {"kind", "kw", "inputs", "upstream"}``)."""
     source_sha = None
+    source = "in-memory golden dict"
     if not isinstance(golden, Mapping):
         golden_path = Path(golden)
-        source_sha = hashlib.sha256(golden_path.read_bytes()).hexdigest()
+        source, source_sha = golden_path.name, hashlib.sha256(golden_path.read_bytes()).hexdigest()
         golden = torch.load(golden_path, weights_only=True)
+    kind_of_outputs = outputs_type(op)
     out = []
     for name, item in golden.items():
         inputs = dict(item["inputs"])
         kw = dict(item.get("kw") or {})
         kind = str(item.get("kind", "unknown"))
-        spec = _golden_spec(kind, kw, inputs) if match_specs else {"formula": kind, "kw": kw}
-        meta = {"golden_name": name, "golden_kind": kind, "golden_kw": kw, "source": "upstream_h200_seed_cases.pt"}
+        spec = _golden_spec(kind, kw, inputs, op) if match_specs else {"formula": kind, "kw": kw}
+        meta = {"golden_name": name, "golden_kind": kind, "golden_kw": kw, "source": source}
         if source_sha:
             meta["source_sha256"] = source_sha
-        out.append(BundleCase(name=name, inputs=inputs, outputs=MimoBwdFwdOutputs(**item["upstream"]), spec=spec,
-                              policy=None, backend="upstream", device="cuda", device_name=GOLDEN_DEVICE_NAME,
-                              versions=dict(GOLDEN_VERSIONS), meta=meta))
+        out.append(BundleCase(name=name, inputs=inputs, outputs=kind_of_outputs(**item["upstream"]), spec=spec,
+                              policy=None, backend=UPSTREAM_BACKEND, device="cuda", device_name=GOLDEN_DEVICE_NAME,
+                              versions=dict(GOLDEN_VERSIONS), meta=meta, operator=op.name))
     return out
 
 
-def golden_to_bundle(golden: PathLike, out: PathLike, *, overwrite: bool = False) -> Path:
-    """Convert the golden ``.pt`` file into a bundle at ``out`` (lossless; see :func:`cases_from_golden`)."""
-    return save_bundle(out, cases_from_golden(golden), overwrite=overwrite,
-                       meta={"converted_from": str(golden), "note": "golden upstream outputs (H200), see "
-                                                                   "shared/golden/README.md"})
+def _cases_from_stored(op) -> List[BundleCase]:
+    """The operator's golden cases (``op.load("golden")()``, ``StoredCase`` objects) with their upstream outputs."""
+    kind_of_outputs = outputs_type(op)
+    out = []
+    for stored in op.load("golden")():
+        name = stored.case_id
+        outputs = kind_of_outputs(**golden_outputs(name, op))
+        out.append(BundleCase(name=name, inputs=op.draw(stored), outputs=outputs, spec=stored, policy=None,
+                              backend=UPSTREAM_BACKEND, device="cuda", device_name=GOLDEN_DEVICE_NAME,
+                              versions=dict(GOLDEN_WHOLE_OP_VERSIONS),
+                              meta={"golden_name": name, "source": op.golden}, operator=op.name))
+    return out
+
+
+def cases_from_golden(golden: Union[PathLike, Mapping[str, Any], None] = None, *, match_specs: bool = True,
+                      op: OperatorLike = None) -> List[BundleCase]:
+    """The golden upstream cases of operator ``op`` as ``BundleCase`` objects (backend ``"upstream"``, no policy).
+
+    Args:
+        golden: a golden file of the seed-case layout (``name -> {"kind", "kw", "inputs", "upstream"}``, like
+            ``upstream_h200_seed_cases.pt``) as a path or its loaded dict; or None: the operator's own golden data,
+            i.e. its golden module's ``default_path()`` file where it has one (stage 1's seed cases), else its
+            stored cases (``op.load("golden")()``, the whole-op H200 data for the forward and stage 2) with the
+            outputs of its ``upstream_outputs``.
+        match_specs (bool): seed-layout files: give a case a ``CaseSpec`` when the seed formula reproduces its
+            stored inputs bit for bit (otherwise, or when False, the spec is ``{"formula": kind, "kw": kw}``). Stored
+            cases keep their ``StoredCase`` spec (saved as a dict of its name and sizes).
+        op (str | Operator, optional): the operator (default: the registry's default operator).
+
+    Returns:
+        list: one case per golden entry, in file order; the golden name is the case name and the outputs are the
+        stored upstream outputs as the kernel wrote them (stage 1: ``dmimo_o``/``dmimo_z`` per batch).
+    """
+    op = _operator.get(op)
+    if golden is None:
+        default_path = getattr(operator_module(op, "golden"), "default_path", None)
+        if default_path is None:
+            return _cases_from_stored(op)
+        golden = default_path()
+    return _cases_from_seed_file(golden, match_specs, op)
+
+
+def golden_to_bundle(golden: Optional[PathLike], out: PathLike, *, overwrite: bool = False,
+                     op: OperatorLike = None) -> Path:
+    """Convert golden data into a bundle at ``out`` (lossless; ``golden`` and ``op`` as in :func:`cases_from_golden`)."""
+    op = _operator.get(op)
+    source = str(golden) if golden is not None else f"golden data of {op.name}"
+    return save_bundle(out, cases_from_golden(golden, op=op), overwrite=overwrite, op=op,
+                       meta={"converted_from": source, "note": "golden upstream outputs (H200), see "
+                                                               "shared/golden/README.md"})

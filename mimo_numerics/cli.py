@@ -1,23 +1,31 @@
-"""``mimo-numerics``: run ``mamba_mimo_bwd_fwd`` into result bundles, compare and verify bundles, inspect policies.
+"""``mimo-numerics``: run an operator of the Mamba-3 MIMO op into result bundles, compare and verify bundles, inspect
+policies.
 
 Commands (``mimo-numerics <command> --help`` for every option)::
 
-    run       --backend {reference,triton,upstream} [--policy NAME|FILE.json]
+    run       [--op NAME] --backend {reference,triton,upstream} [--policy NAME|FILE.json]
               (--grid NAME | --case SPEC ... | --inputs-from BUNDLE) [--only GLOB ...] [--device DEV] --out DIR
-    compare   A B [--threshold X] [--metric rel_rms|max_abs|max_rel] [--allow-different-inputs] [--allow-missing]
-              [--json FILE]
+    compare   A B [--op NAME] [--threshold X] [--metric rel_rms|max_abs|max_rel] [--allow-different-inputs]
+              [--allow-missing] [--json FILE]
     verify    BUNDLE
     upgrade   OLD_BUNDLE --out DIR [--overwrite]
-    import-golden [GOLDEN.pt] --out DIR
+    import-golden [GOLDEN.pt] [--op NAME] --out DIR
     presets
     policy    show NAME|FILE.json  |  policy diff A B
-    report    ...  (delegates to mimo_numerics.report)
+    report    [--op NAME] ...  (delegates to mimo_numerics.report)
+
+``--op NAME``: the operator, a name of ``mimo_numerics.ops.registry`` (default: the registry's default operator;
+``run --inputs-from`` and ``compare`` default to the operator the bundles hold, and refuse another one). Backends
+come from the operator: ``reference`` (its policy reference) for every operator, ``upstream`` (the real TileLang
+kernel through its upstream runner) and ``triton`` where the operator has them (``mimo-numerics run --help`` lists
+which).
 
 ``--case SPEC``: a comma-separated ``key=value`` list of ``CaseSpec`` fields, with the dimension letters as aliases
 (``B S H G N P R C`` for batch, seqlen, heads, groups, state_dim, value_dim, rank, chunk_size; ``rd`` for
 rotary_dim_divisor). Booleans are ``true/false/1/0/yes/no``. Unlisted fields keep their ``CaseSpec`` defaults.
 Example: ``--case B=1,S=64,H=2,N=64,P=64,R=4,C=16,has_z=true,formula=realistic,dtype=bfloat16,seed=7``. A JSON
-object (``--case '{"seqlen": 64}'``) or ``@file.json`` is accepted too. ``--case`` may be repeated.
+object (``--case '{"seqlen": 64}'``) or ``@file.json`` is accepted too. ``--case`` may be repeated; every operator
+draws its inputs from a ``CaseSpec`` (``op.draw``).
 
 Exit status: 0 success; 1 ``compare`` found a metric above ``--threshold`` (NaN counts as above), a case with
 mismatched outputs, or a case present in only one bundle; 2 any error (one line on stderr with a hint; ``--debug``
@@ -39,6 +47,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 PROG = "mimo-numerics"
 BACKENDS = ("reference", "triton", "upstream")
+#: The operator loader behind each backend (``Operator.load``).
+BACKEND_LOADERS = {"reference": "reference", "triton": "kernels", "upstream": "upstream"}
 METRICS = ("rel_rms", "max_abs", "max_rel")
 _ALIASES = {"B": "batch", "S": "seqlen", "H": "heads", "G": "groups", "N": "state_dim", "P": "value_dim",
             "R": "rank", "C": "chunk_size", "rd": "rotary_dim_divisor"}
@@ -99,15 +109,38 @@ def parse_case_spec(text: str):
     return CaseSpec(**values)
 
 
+def _looks_like_file(text: str) -> bool:
+    return text.endswith(".json") or os.sep in text or os.path.exists(text)
+
+
 def _resolve_policy(text: str):
+    """The policy of a preset name or a JSON file; one line naming the file (or the name) otherwise."""
     from . import presets
 
     if text.endswith(".json") and not os.path.exists(text):
         raise CliError(f"policy file {text} not found", "give a preset name (mimo-numerics presets) or a JSON file")
     try:
         return presets.resolve(text)
-    except ValueError as exc:
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        if _looks_like_file(text):
+            message = str(exc) if text in str(exc) else f"policy file {text}: {exc}"
+            raise CliError(message, f"fix the file; a complete policy file is the JSON `{PROG} policy show "
+                                    "upstream_sm90` prints below its # line") from None
         raise CliError(str(exc), "mimo-numerics presets lists the preset names; a file must end in .json") from None
+
+
+def _operator_of(name: Optional[str]):
+    """The :class:`~mimo_numerics.operator.Operator` of ``--op`` (None: the registry's default operator)."""
+    from . import operator as _operator
+
+    return _operator.get(name)
+
+
+def _operators_with(loader: str) -> List[str]:
+    """The registered operators that have ``loader`` (``"kernels"``, ``"upstream"``, ...)."""
+    from .ops import registry
+
+    return [name for name in registry.OPERATORS if getattr(registry.get(name), loader) is not None]
 
 
 def _check_device(device: str) -> None:
@@ -121,60 +154,46 @@ def _check_device(device: str) -> None:
         raise CliError(f"--device {device}: {exc.reason}", hint) from None
 
 
-class _Progress:
-    """A progress bar over cases on stderr (one line per case when stderr is not a terminal)."""
+def _note(text: str) -> None:
+    """A message on stderr that leaves the progress bar intact (``tqdm.write``)."""
+    from tqdm.auto import tqdm
 
-    def __init__(self, total: int, enabled: bool = True, stream=None):
-        self.total, self.done, self.enabled = total, 0, enabled
-        self.stream = stream or sys.stderr
-        self.tty = self.enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.start = time.monotonic()
-
-    def step(self, label: str, status: str = "") -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        width = 24
-        filled = int(width * self.done / max(self.total, 1))
-        bar = "#" * filled + "." * (width - filled)
-        text = f"[{bar}] {self.done}/{self.total} {time.monotonic() - self.start:6.1f}s {label} {status}".rstrip()
-        if self.tty:
-            self.stream.write("\r\033[K" + text)
-            if self.done == self.total:
-                self.stream.write("\n")
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def note(self, text: str) -> None:
-        if self.tty:
-            self.stream.write("\r\033[K")
-        self.stream.write(text + "\n")
-        self.stream.flush()
+    tqdm.write(text, file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------------------- run
-def _collect_cases(args) -> List[tuple]:
-    """``[(name, spec, cpu_inputs)]`` from --grid / --case / --inputs-from, filtered by --only."""
-    from . import cases
-
+def _case_sources(args) -> None:
+    """One source of cases: --grid/--case, or --inputs-from."""
     sources = sum(bool(x) for x in (args.grid, args.case, args.inputs_from))
     if sources == 0:
+        op = _operator_of(args.op)
         raise CliError("run needs cases: --grid NAME, --case SPEC or --inputs-from BUNDLE",
-                       f"grids: {', '.join(cases.grid_names())}")
+                       f"grids of {op.name}: {', '.join(op.load('grids')())}")
     if args.inputs_from and (args.grid or args.case):
         raise CliError("--inputs-from cannot be combined with --grid/--case")
-    found: List[tuple] = []
-    if args.inputs_from:
-        from .bundles import load_bundle
 
-        for bc in load_bundle(args.inputs_from):
+
+def _run_operator(args, source_bundle):
+    """``--op``, or the operator of the ``--inputs-from`` bundle (which ``--op`` must then name, when given)."""
+    if source_bundle is None:
+        return _operator_of(args.op)
+    if args.op is not None and args.op != source_bundle.operator:
+        raise CliError(f"--op {args.op}: --inputs-from {args.inputs_from} holds cases of {source_bundle.operator}",
+                       f"drop --op, or pass --op {source_bundle.operator}")
+    return source_bundle.op
+
+
+def _collect_cases(args, op, source_bundle=None) -> List[tuple]:
+    """``[(name, spec, cpu_inputs)]`` of operator ``op`` from --grid / --case / --inputs-from, filtered by --only."""
+    found: List[tuple] = []
+    if source_bundle is not None:
+        for bc in source_bundle:
             found.append((bc.name, bc.spec, dict(bc.inputs)))
     else:
         specs = []
         if args.grid:
             try:
-                specs.extend(cases.grid(args.grid))
+                specs.extend(op.cases(args.grid))
             except ValueError as exc:
                 raise CliError(str(exc)) from None
         for text in args.case or ():
@@ -192,73 +211,97 @@ def _collect_cases(args) -> List[tuple]:
     return found
 
 
-def _backend_fn(backend: str, args):
+def _backend_function(op, backend: str):
+    """The function behind ``--backend`` for operator ``op``; one line with a hint where the operator lacks it."""
+    loader = BACKEND_LOADERS[backend]
+    try:
+        return op.load(loader)
+    except ValueError as exc:
+        others = [b for b, what in BACKEND_LOADERS.items() if getattr(op, what) is not None]
+        having = _operators_with(loader)
+        raise CliError(f"--backend {backend}: {exc}",
+                       f"--backend {backend} exists for {', '.join(having) or 'no operator'}; use --backend "
+                       f"{' or '.join(others)} for {op.name}") from None
+
+
+def _backend_fn(op, backend: str, args):
+    """``fn(*tensors, policy=, **scalars)`` running ``backend`` on operator ``op``."""
+    fn = _backend_function(op, backend)
     if backend == "reference":
-        from . import reference
-
-        return reference.mamba_mimo_bwd_fwd
+        return fn
     if backend == "triton":
-        from . import kernels
+        from .bundles import operator_module
 
+        kernels = operator_module(op, "kernels")
         if not kernels.triton_available():
             raise CliError("the triton backend needs Triton",
                            "pip install 'mimo_numerics[triton]' (NVIDIA/CPU) or 'mimo_numerics[npu]' (Ascend)")
 
         def run_triton(*tensors, **kw):
-            return kernels.mamba_mimo_bwd_fwd(*tensors, allow_slow_interpreter=args.allow_slow_interpreter, **kw)
+            return fn(*tensors, allow_slow_interpreter=args.allow_slow_interpreter, **kw)
 
         return run_triton
-    from . import upstream
 
     def run_upstream(*tensors, policy=None, **kw):
-        return upstream.mamba_mimo_bwd_fwd(*tensors, source_dir=args.upstream_src, **kw)
+        return fn(*tensors, source_dir=args.upstream_src, **kw)
 
     return run_upstream
 
 
-def _case_dims(spec, inputs):
-    """The ``Dims`` of a case, from its stored inputs or, for a spec, without drawing them."""
+#: The fields from which a case spec's ``Dims`` follow without drawing its inputs (CaseSpec, OpCaseSpec, StoredCase).
+_SPEC_SIZE_FIELDS = ("batch", "seqlen", "heads", "groups", "state_dim", "value_dim", "rank", "chunk_size", "reduce_o",
+                     "has_z", "has_d", "lp_dtype", "rotary_dim_divisor")
+
+
+def _case_dims(spec, inputs, op=None):
+    """The ``Dims`` of a case of operator ``op``, from its stored inputs or, for a spec, without drawing them."""
     import torch
 
-    from .outputs import INPUT_NAMES
-    from .validation import Dims, validate_inputs
+    from .bundles import validate_case_inputs
+    from .validation import Dims
 
+    op = _operator_of(op)
+    if inputs is None and not all(hasattr(spec, f) for f in _SPEC_SIZE_FIELDS):
+        inputs = op.draw(spec, "cpu")
     if inputs is not None:
-        return validate_inputs(*(inputs[n] for n in INPUT_NAMES), inputs["chunk_size"], inputs["rotary_dim_divisor"])
+        return validate_case_inputs(inputs, op)
     return Dims(batch=spec.batch, seqlen=spec.seqlen, heads=spec.heads, groups=spec.groups, state_dim=spec.state_dim,
-                value_dim=spec.value_dim, rank=spec.rank, chunk_size=spec.chunk_size, nchunks=spec.nchunks,
-                rotary_dim_divisor=spec.rotary_dim_divisor, reduce_o=spec.reduce_o, has_z=spec.has_z,
-                has_d=spec.has_d, lp_dtype=spec.lp_dtype, device=torch.device("cpu"))
+                value_dim=spec.value_dim, rank=spec.rank, chunk_size=spec.chunk_size,
+                nchunks=-(-spec.seqlen // spec.chunk_size), rotary_dim_divisor=spec.rotary_dim_divisor,
+                reduce_o=spec.reduce_o, has_z=spec.has_z, has_d=spec.has_d, lp_dtype=spec.lp_dtype,
+                device=torch.device("cpu"))
 
 
-def interpreter_estimate(found: Sequence[tuple]) -> tuple:
+def interpreter_estimate(found: Sequence[tuple], op=None) -> tuple:
     """``(total seconds, [(name, seconds)])``: the Triton interpreter's up-front estimate for every case of a run
-    (``kernels.estimate_interpreter_seconds``). Cases the kernels cannot plan (unsupported sizes; they fail with
-    their own message when run) count 0."""
-    from . import kernels
+    of operator ``op`` (``estimate_interpreter_seconds`` of its kernels). Cases the kernels cannot plan (unsupported
+    sizes; they fail with their own message when run) count 0."""
+    from .bundles import operator_module
 
+    op = _operator_of(op)
+    kernels = operator_module(op, "kernels")
     per_case = []
     for name, spec, inputs in found:
         try:
-            seconds = kernels.estimate_interpreter_seconds(_case_dims(spec, inputs))
+            seconds = kernels.estimate_interpreter_seconds(_case_dims(spec, inputs, op))
         except (ValueError, TypeError, NotImplementedError):
             seconds = 0.0
         per_case.append((name, seconds))
     return sum(s for _, s in per_case), per_case
 
 
-def _check_interpreter_time(found: Sequence[tuple], args, progress) -> None:
+def _check_interpreter_time(found: Sequence[tuple], args, op) -> None:
     """Print the run's interpreter estimate (sum over its cases); refuse the run above the kernels'
     ``INTERPRETER_LIMIT_S`` unless ``--allow-slow-interpreter`` (the limit each case already had, now per run)."""
-    from . import kernels
+    from .bundles import operator_module
 
-    limit = kernels.INTERPRETER_LIMIT_S
-    total, per_case = interpreter_estimate(found)
+    limit = operator_module(op, "kernels").INTERPRETER_LIMIT_S
+    total, per_case = interpreter_estimate(found, op)
     slowest_name, slowest = max(per_case, key=lambda item: item[1])
     refused = total > limit and not args.allow_slow_interpreter
     if not args.quiet and not refused:
-        progress.note(f"note: --backend triton on cpu runs in Triton's interpreter: about {total:.0f} s estimated "
-                      f"for {len(found)} case(s) (slowest {slowest_name}: about {slowest:.0f} s)")
+        _note(f"note: --backend triton on cpu runs in Triton's interpreter: about {total:.0f} s estimated "
+              f"for {len(found)} case(s) (slowest {slowest_name}: about {slowest:.0f} s)")
     if refused:
         raise CliError(f"--backend triton --device cpu: the {len(found)} case(s) would take about {total:.0f} s in "
                        f"Triton's interpreter (estimate; the limit is {limit:.0f} s per run; slowest {slowest_name}: "
@@ -276,106 +319,110 @@ def _sync(device: str) -> None:
         torch.npu.synchronize()
 
 
+def _run_policy(args, op):
+    """The base policy of a reference/triton run; it must define operator ``op``."""
+    from .policy import PolicyUndefined
+
+    policy = _resolve_policy(args.policy or "upstream_sm90")
+    try:
+        policy.section(op.name)
+    except PolicyUndefined as exc:
+        raise CliError(f"--policy {args.policy or 'upstream_sm90'}: {exc}",
+                       f"{PROG} presets shows which operators each preset defines") from None
+    return policy
+
+
 def cmd_run(args) -> int:
     import torch
 
-    from . import envinfo
-    from .bundles import BundleCase, save_bundle
-    from .cases import make_inputs
-    from .outputs import INPUT_NAMES, MimoBwdFwdOutputs
+    from . import envinfo, presets
+    from .bundles import BundleCase, load_bundle, operator_module, outputs_type, save_bundle, validate_case_inputs
+    from .sweep import progress_bar
 
+    _case_sources(args)
+    source_bundle = load_bundle(args.inputs_from) if args.inputs_from else None
+    op = _run_operator(args, source_bundle)
     backend = args.backend
     device = args.device or ("cuda" if backend == "upstream" else "cpu")
+    runner = None
     if backend == "upstream":
         if args.policy is not None:
             raise CliError("--policy does not apply to --backend upstream (the real kernel has no policy)",
                            "drop --policy")
-        from . import upstream
-
-        upstream.check_cuda(device)
+        _backend_function(op, backend)
+        runner = operator_module(op, "upstream")
+        runner.check_cuda(device)
         _check_device(device)
         base_policy = None
     else:
         _check_device(device)
-        base_policy = _resolve_policy(args.policy or "upstream_sm90")
+        base_policy = _run_policy(args, op)
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise CliError(f"{out} already exists", "pass --overwrite or choose another --out")
-    found = _collect_cases(args)
-    fn = _backend_fn(backend, args)
+    fn = _backend_fn(op, backend, args)
+    found = _collect_cases(args, op, source_bundle)
     versions = envinfo.versions()
     extra_meta: Dict[str, Any] = {}
-    if backend == "upstream":
-        from . import upstream
-
-        info = upstream.source_info(args.upstream_src)
+    if runner is not None:
+        info = runner.source_info(args.upstream_src)
         versions["mamba_ssm"] = info.get("mamba_ssm", versions.get("mamba_ssm", "?"))
         extra_meta["upstream_source"] = info
     name_of_device = envinfo.device_name(device)
-    progress = _Progress(len(found), enabled=not args.quiet)
     if backend == "triton":
-        from . import kernels
-
-        kernels.policy_constexprs(base_policy)  # a policy the kernels cannot express: refused before any case
+        operator_module(op, "kernels").policy_constexprs(base_policy)  # a policy the kernels cannot express: refused
         if torch.device(device).type == "cpu":
-            _check_interpreter_time(found, args, progress)
+            _check_interpreter_time(found, args, op)
+    kind_of_outputs = outputs_type(op)
     results = []
     adapted = set()
-    for name, spec, inputs in found:
-        cpu_inputs = inputs if inputs is not None else make_inputs(spec, "cpu")
-        policy = base_policy
-        lp = str(cpu_inputs["q"].dtype).replace("torch.", "")
-        if policy is not None and policy.lp_dtype != lp:
-            if args.strict_dtype:
-                raise CliError(f"case {name} has {lp} inputs but the policy's lp_dtype is {policy.lp_dtype}",
-                               "drop --strict-dtype to adapt the policy per case, or pick cases of one dtype")
-            policy = policy.replace(lp_dtype=lp)
-            if lp not in adapted:
-                adapted.add(lp)
-                progress.note(f"note: {lp} cases run with the policy's lp_dtype set to {lp} "
-                              f"(recorded per case as policy {policy.name!r})")
-        dev_inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in cpu_inputs.items()}
-        tensors = [dev_inputs[n] for n in INPUT_NAMES]
-        kw = {"chunk_size": dev_inputs["chunk_size"], "rotary_dim_divisor": dev_inputs["rotary_dim_divisor"]}
-        meta: Dict[str, Any] = dict(extra_meta)
-        skipped = None
-        outputs = None
-        t0 = time.perf_counter()
-        try:
-            raw = fn(*tensors, policy=policy, **kw) if backend != "upstream" else fn(*tensors, **kw)
-            _sync(device)
-            outputs = MimoBwdFwdOutputs(*(None if t is None else t.detach().to("cpu") for t in raw))
-            status = "ok"
-        except Exception as exc:
-            if backend == "upstream":
-                from . import upstream
-
-                if isinstance(exc, upstream.UpstreamUnsupported):
-                    skipped = str(exc)
-                    status = "skipped (upstream limitation)"
-                    progress.note(f"skip: {name}: {exc}")
-                else:
+    with progress_bar(len(found), f"run {op.name}", enabled=not args.quiet) as bar:
+        for name, spec, inputs in found:
+            cpu_inputs = inputs if inputs is not None else op.draw(spec, "cpu")
+            policy = base_policy
+            lp = str(validate_case_inputs(cpu_inputs, op).lp_dtype).replace("torch.", "")
+            if policy is not None and policy.lp_dtype != lp:
+                if args.strict_dtype:
+                    raise CliError(f"case {name} has {lp} inputs but the policy's lp_dtype is {policy.lp_dtype}",
+                                   "drop --strict-dtype to adapt the policy per case, or pick cases of one dtype")
+                policy = policy.replace(lp_dtype=lp)
+                if lp not in adapted:
+                    adapted.add(lp)
+                    _note(f"note: {lp} cases run with the policy's lp_dtype set to {lp} "
+                          f"(recorded per case as policy {presets.label(policy, operator=op.name)!r})")
+            dev_inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in cpu_inputs.items()}
+            meta: Dict[str, Any] = dict(extra_meta)
+            skipped = None
+            outputs = None
+            t0 = time.perf_counter()
+            try:
+                raw = fn(*op.args(dev_inputs), policy=policy, **op.kwargs(dev_inputs))
+                _sync(device)
+                outputs = kind_of_outputs(*(None if t is None else t.detach().to("cpu") for t in raw))
+                status = "ok"
+            except Exception as exc:
+                if runner is None or not isinstance(exc, runner.UpstreamUnsupported):
                     raise
-            else:
-                raise
-        meta["wall_s"] = round(time.perf_counter() - t0, 6)
-        if backend == "upstream":
-            from . import upstream
-
-            if upstream.last_launch:
-                meta["upstream_launch"] = dict(upstream.last_launch)
-        if policy is not None:
-            meta["policy_name"] = policy.name
-        results.append(BundleCase(name=name, inputs=cpu_inputs, outputs=outputs, spec=spec, policy=policy,
-                                  backend=backend, device=str(device), device_name=name_of_device,
-                                  versions=versions, skipped=skipped, meta=meta))
-        progress.step(name, status)
-    bundle_meta = {"command": " ".join([PROG] + list(args.argv)), "backend": backend,
-                   "policy": None if base_policy is None else base_policy.name, "grid": args.grid,
+                skipped = str(exc)
+                status = "skipped (upstream limitation)"
+                _note(f"skip: {name}: {exc}")
+            meta["wall_s"] = round(time.perf_counter() - t0, 6)
+            if runner is not None and getattr(runner, "last_launch", None):
+                meta["upstream_launch"] = dict(runner.last_launch)
+            if policy is not None:
+                meta["policy_name"] = presets.label(policy, operator=op.name)
+            results.append(BundleCase(name=name, inputs=cpu_inputs, outputs=outputs, spec=spec, policy=policy,
+                                      backend=backend, device=str(device), device_name=name_of_device,
+                                      versions=versions, skipped=skipped, meta=meta, operator=op.name))
+            bar.set_postfix_str(f"{name} {status}", refresh=False)
+            bar.update()
+    bundle_meta = {"command": " ".join([PROG] + list(args.argv)), "operator": op.name, "backend": backend,
+                   "policy": None if base_policy is None else presets.label(base_policy, operator=op.name),
+                   "grid": args.grid,
                    "device": str(device), "device_name": name_of_device}
-    save_bundle(out, results, meta=bundle_meta, overwrite=args.overwrite)
+    save_bundle(out, results, meta=bundle_meta, overwrite=args.overwrite, op=op)
     ok = sum(r.outputs is not None for r in results)
-    print(f"wrote {out}: {len(results)} case(s), {ok} with outputs, {len(results) - ok} skipped "
+    print(f"wrote {out}: {len(results)} case(s) of {op.name}, {ok} with outputs, {len(results) - ok} skipped "
           f"(backend {backend}, device {name_of_device})")
     return 0
 
@@ -387,9 +434,12 @@ def _describe(bundle) -> str:
         return values[0] if len(values) == 1 else "{" + ", ".join(values) + "}"
 
     backends = uniq(c.backend for c in bundle)
-    policies = uniq("-" if c.policy is None else c.policy.name for c in bundle)
+    from . import presets
+
+    policies = uniq("-" if c.policy is None else presets.label(c.policy, operator=bundle.operator) for c in bundle)
     devices = uniq(c.device_name or c.device for c in bundle)
-    return f"{bundle.path} [{len(bundle)} cases; backend {backends}; policy {policies}; device {devices}]"
+    return (f"{bundle.path} [{bundle.operator}; {len(bundle)} cases; backend {backends}; policy {policies}; "
+            f"device {devices}]")
 
 
 def _json_safe(obj):
@@ -430,10 +480,9 @@ def _input_difference(x, y) -> Optional[str]:
 
 
 def _differing_inputs(ca, cb) -> List[str]:
-    """The inputs of one case that differ between two bundles, as ``name`` or ``name (why)``."""
-    from .outputs import INPUT_NAMES
-
-    names = list(INPUT_NAMES) + sorted((set(ca.inputs) | set(cb.inputs)) - set(INPUT_NAMES))
+    """The inputs of one case that differ between two bundles (of one operator), as ``name`` or ``name (why)``."""
+    input_names = ca.op.input_names
+    names = list(input_names) + sorted((set(ca.inputs) | set(cb.inputs)) - set(input_names))
     found = []
     for name in names:
         why = _input_difference(ca.inputs.get(name), cb.inputs.get(name))
@@ -464,11 +513,22 @@ def _zero_sign_note(output: str, m: dict) -> Optional[str]:
     return text + "; the other differing elements differ in value"
 
 
+def _compared_operator(args, a, b):
+    """The one operator of bundles ``a`` and ``b`` (and ``--op``, when given); one line naming the mix otherwise."""
+    if a.operator != b.operator:
+        raise CliError(f"the bundles hold different operators: A ({args.a}) {a.operator}, B ({args.b}) {b.operator}",
+                       f"compare bundles of one operator (`{PROG} verify BUNDLE` names a bundle's operator)")
+    if args.op is not None and args.op != a.operator:
+        raise CliError(f"--op {args.op}: both bundles hold {a.operator}", f"drop --op, or pass --op {a.operator}")
+    return a.op
+
+
 def cmd_compare(args) -> int:
     from .bundles import load_bundle
     from .metrics import compare_outputs
 
     a, b = load_bundle(args.a), load_bundle(args.b)
+    op = _compared_operator(args, a, b)
     print(f"A (expected): {_describe(a)}")
     print(f"B (actual):   {_describe(b)}")
     names_a, names_b = a.names(), b.names()
@@ -484,11 +544,12 @@ def cmd_compare(args) -> int:
     if differing and not args.allow_different_inputs:
         raise CliError(f"inputs differ between the bundles for {len(differing)} case(s): {named}",
                        "the outputs are not comparable; pass --allow-different-inputs to compare anyway")
-    report: Dict[str, Any] = {"a": str(a.path), "b": str(b.path), "metric": args.metric,
+    report: Dict[str, Any] = {"a": str(a.path), "b": str(b.path), "operator": op.name, "metric": args.metric,
                               "threshold": args.threshold, "cases": {}, "only_in_a": only_a, "only_in_b": only_b,
                               "inputs_differ": differing, "inputs_differ_tensors": differing_tensors}
     failures: List[str] = []
-    header = f"{'case':<52} {'output':<8} {'rel_rms':>10} {'max_abs':>10} {'max_rel':>10} {'bit_equal':>9}"
+    width = max([8] + [len(n) for n in op.output_names])
+    header = f"{'case':<52} {'output':<{width}} {'rel_rms':>10} {'max_abs':>10} {'max_rel':>10} {'bit_equal':>9}"
     print(header)
     print("-" * len(header))
     for name in common:
@@ -500,7 +561,7 @@ def cmd_compare(args) -> int:
             report["cases"][name] = {"skipped": f"{side}: {why or 'no outputs'}"}
             continue
         try:
-            metrics = compare_outputs(cb.outputs, ca.outputs)
+            metrics = compare_outputs(cb.outputs, ca.outputs, op=op)
         except (TypeError, ValueError) as exc:
             print(f"{name:<52} ERROR: {exc}")
             report["cases"][name] = {"error": str(exc)}
@@ -517,7 +578,7 @@ def cmd_compare(args) -> int:
             if args.threshold is not None and not m[args.metric] <= args.threshold:
                 flag = "  > threshold"
                 failures.append(f"{name}/{output}: {args.metric} {_fmt(m[args.metric])}")
-            print(f"{name:<52} {output:<8} {_fmt(m['rel_rms']):>10} {_fmt(m['max_abs']):>10} "
+            print(f"{name:<52} {output:<{width}} {_fmt(m['rel_rms']):>10} {_fmt(m['max_abs']):>10} "
                   f"{_fmt(m['max_rel']):>10} {bit:>9}{flag}")
             note = _zero_sign_note(output, m)
             if note:
@@ -552,40 +613,46 @@ def cmd_verify(args) -> int:
     bundle = verify_bundle(args.bundle)
     with_out = sum(c.outputs is not None for c in bundle)
     files = len(bundle) + with_out
-    print(f"OK {bundle.path}: schema_version {bundle.schema_version}, {len(bundle)} case(s) ({with_out} with "
-          f"outputs, {len(bundle) - with_out} skipped), {files} tensor file(s) verified (sha256, shapes, dtypes)")
+    print(f"OK {bundle.path}: schema_version {bundle.schema_version}, operator {bundle.operator}, {len(bundle)} "
+          f"case(s) ({with_out} with outputs, {len(bundle) - with_out} skipped), {files} tensor file(s) verified "
+          "(sha256, shapes, dtypes)")
     return 0
 
 
 def cmd_upgrade(args) -> int:
-    from .bundles import SCHEMA_VERSION, upgrade_bundle
+    from .bundles import SCHEMA_VERSION, load_bundle, upgrade_bundle
 
     out = upgrade_bundle(args.bundle, args.out, overwrite=args.overwrite)
-    print(f"OK {out}: {args.bundle} verified and written as schema_version {SCHEMA_VERSION}")
+    print(f"OK {out}: {args.bundle} verified and written as schema_version {SCHEMA_VERSION} (operator "
+          f"{load_bundle(out).operator})")
     return 0
 
 
 def cmd_import_golden(args) -> int:
     from .bundles import golden_to_bundle, load_bundle
 
+    op = _operator_of(args.op)
     source = args.golden
-    if source is None:
-        from . import golden
-
-        source = golden.default_path()
-    if not Path(source).is_file():
-        raise CliError(f"golden file {source} not found", "pass the path of upstream_h200_seed_cases.pt")
+    if source is not None and not Path(source).is_file():
+        raise CliError(f"golden file {source} not found", "pass the path of a golden file of the seed-case layout "
+                                                          "(upstream_h200_seed_cases.pt), or none for the "
+                                                          "operator's own golden data")
+    try:
+        op.load("golden")
+    except ValueError as exc:
+        raise CliError(f"import-golden: {exc}", f"golden data exists for {', '.join(_operators_with('golden'))}") \
+            from None
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise CliError(f"{out} already exists", "pass --overwrite or choose another --out")
-    golden_to_bundle(source, out, overwrite=args.overwrite)
-    print(f"wrote {out}: {len(load_bundle(out))} golden case(s) from {source}")
+    golden_to_bundle(source, out, overwrite=args.overwrite, op=op)
+    origin = source if source is not None else f"the golden data of {op.name}"
+    print(f"wrote {out}: {len(load_bundle(out))} golden case(s) of {op.name} from {origin}")
     return 0
 
 
 def _first_sentence(text: str) -> str:
-    head = text.split(" Evidence:")[0]
-    return head.split(". ")[0].rstrip(".") + "."
+    return text.split(". ")[0].rstrip(".") + "."
 
 
 def cmd_presets(args) -> int:
@@ -593,14 +660,17 @@ def cmd_presets(args) -> int:
 
     rows = []
     for name in presets.names():
-        text = presets.describe(name)
-        evidence = text.split("Evidence:", 1)[1].strip() if "Evidence:" in text else "-"
-        rows.append((name, presets.get(name).lp_dtype, _first_sentence(text), evidence.split(". ")[0].rstrip(".")))
+        what, *per_operator = presets.describe(name).splitlines()
+        rows.append((name, presets.get(name).lp_dtype, _first_sentence(what),
+                     [line.partition(": ") for line in per_operator]))
     width = max(len(r[0]) for r in rows)
-    print(f"{'preset':<{width}}  {'lp':<8}  models / evidence")
-    for name, lp, what, evidence in rows:
+    print(f"{'preset':<{width}}  {'lp':<8}  models / evidence per operator")
+    for name, lp, what, per_operator in rows:
         print(f"{name:<{width}}  {lp:<8}  {what}")
-        print(f"{'':<{width}}  {'':<8}  evidence: {evidence}")
+        for operator, _, evidence in per_operator:
+            label = "not defined" if evidence == "not defined by this preset" else \
+                f"evidence: {_first_sentence(evidence)}"
+            print(f"{'':<{width}}  {'':<8}  {operator} {label}")
     return 0
 
 
@@ -625,27 +695,47 @@ def cmd_policy_diff(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------- parser
+def _op_argument(parser, what: str) -> None:
+    """``--op NAME``: the registered operators, the default one named (CLI defaults may name operators)."""
+    from .ops import registry
+
+    parser.add_argument("--op", choices=registry.OPERATORS, default=None, metavar="NAME",
+                        help=f"the operator, one of {', '.join(registry.OPERATORS)}; {what}")
+
+
+def _backends_help() -> str:
+    """Which operators have each backend (from the operator specs)."""
+    return "; ".join(f"{backend}: {', '.join(_operators_with(loader)) or 'none'}"
+                     for backend, loader in BACKEND_LOADERS.items())
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+    from .ops import registry
 
+    default_op = registry.DEFAULT_OPERATOR
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks instead of one-line errors")
     parser = argparse.ArgumentParser(
         prog=PROG, parents=[common],
-        description="Rounding semantics of the Mamba-3 MIMO backward kernel mamba_mimo_bwd_fwd: run backends into "
-                    "result bundles, compare and verify bundles, inspect policies.",
+        description="Rounding semantics of the kernels of the Mamba-3 MIMO op "
+                    f"({', '.join(registry.OPERATORS)}): run backends into result bundles, compare and verify "
+                    "bundles, inspect policies.",
         epilog="Workflow (run on machine A, compare on machine B): docs/workflow.md")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("run", parents=[common], help="run a backend over cases and write a bundle",
-                       description="Run a backend over cases and write a result bundle (inputs and outputs).")
+                       description="Run a backend of one operator over cases and write a result bundle (inputs and "
+                                   f"outputs). Backends by operator: {_backends_help()}.")
+    _op_argument(p, f"default {default_op}, or the operator of --inputs-from")
     p.add_argument("--backend", required=True, choices=BACKENDS)
     p.add_argument("--policy", help="preset name or policy JSON file (reference/triton; default upstream_sm90). "
                                     "Cases whose dtype differs from the policy's lp_dtype run with lp_dtype adapted")
     src = p.add_argument_group("cases (one source)")
-    src.add_argument("--grid", help="a named grid of mimo_numerics.cases (smoke, gate, sweep)")
+    src.add_argument("--grid", help="a named grid of the operator's cases (smoke, gate, sweep; the forward also "
+                                    "whole_op)")
     src.add_argument("--case", action="append", metavar="SPEC",
                      help="a case: key=value list (B=1,S=32,N=64,P=64,R=4,C=16,has_z=true,...), JSON or @file.json; "
                           "repeatable")
@@ -662,7 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse cases whose dtype differs from the policy's lp_dtype instead of adapting the policy")
     p.add_argument("--allow-slow-interpreter", action="store_true",
                    help="triton on cpu: run even when the interpreter's estimate for the run (sum over its cases) "
-                        "is above the limit (INTERPRETER_LIMIT_S of mimo_numerics.kernels)")
+                        "is above the limit (INTERPRETER_LIMIT_S of the operator's kernels)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_run)
 
@@ -671,7 +761,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "against A. Exit 1 when a metric exceeds --threshold (NaN counts as exceeding), "
                                    "outputs mismatch, or a case is in one bundle only.")
     p.add_argument("a", help="expected bundle (e.g. the upstream or golden run)")
-    p.add_argument("b", help="actual bundle")
+    p.add_argument("b", help="actual bundle, of the same operator")
+    _op_argument(p, "default: the bundles' operator (both must hold the same one; --op checks it)")
     p.add_argument("--threshold", type=float, help="fail when --metric exceeds this for any case/output")
     p.add_argument("--metric", choices=METRICS, default="rel_rms", help="metric the threshold applies to")
     p.add_argument("--allow-different-inputs", action="store_true",
@@ -684,18 +775,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle")
     p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("upgrade", parents=[common], help="rewrite an older bundle (schema_version 1) as the current "
-                                                         "schema, after verifying its files",
+    p = sub.add_parser("upgrade", parents=[common], help="rewrite an older bundle (schema_version 1 or 2) as the "
+                                                         "current schema, after verifying its files",
                        description="Verify an older bundle (file sha256 and sizes, inputs digests) and write it again "
-                                   "with the current schema (manifest digest, outputs digests). --out may be the "
-                                   "bundle itself with --overwrite.")
+                                   "with the current schema (operator, manifest digest, outputs digests; bundles "
+                                   f"before schema_version 3 hold {default_op}). --out may be the bundle itself with "
+                                   "--overwrite.")
     p.add_argument("bundle")
     p.add_argument("--out", required=True, help="bundle directory to create")
     p.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --out")
     p.set_defaults(func=cmd_upgrade)
 
-    p = sub.add_parser("import-golden", parents=[common], help="convert the golden upstream .pt file into a bundle")
-    p.add_argument("golden", nargs="?", help="path of upstream_h200_seed_cases.pt (default: the repository's)")
+    p = sub.add_parser("import-golden", parents=[common], help="convert golden upstream data into a bundle")
+    p.add_argument("golden", nargs="?", help="a golden file of the seed-case layout (upstream_h200_seed_cases.pt); "
+                                             "default: the operator's own golden data (the repository's seed cases "
+                                             f"for {default_op}, the whole-op H200 cases for the others)")
+    _op_argument(p, f"default {default_op}")
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_import_golden)
@@ -714,8 +809,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_policy_diff)
     p.set_defaults(func=lambda args: _usage_error(p))
 
-    sub.add_parser("report", help="write a report (mimo_numerics.report; 'report --help' for its options)",
-                   add_help=False)
+    sub.add_parser("report", help="write a report of one operator (--op; mimo_numerics.report; 'report --help' for "
+                                  "its options)", add_help=False)
     return parser
 
 
@@ -724,7 +819,15 @@ def _usage_error(parser) -> int:
     raise CliError("missing action", f"see {parser.prog} --help")
 
 
+def _has_option(parser: argparse.ArgumentParser, option: str) -> bool:
+    return any(option in action.option_strings for action in parser._actions)
+
+
 def _run_report(argv: Sequence[str]) -> int:
+    """``report``: the options of ``mimo_numerics.report.add_report_arguments``, plus ``--op`` where the report
+    module does not define it (then only the default operator is reported on, and another one is refused)."""
+    from .ops import registry
+
     try:
         from . import report
     except ImportError as exc:
@@ -732,7 +835,16 @@ def _run_report(argv: Sequence[str]) -> int:
                        "update mimo_numerics (report.py is part of the package)") from None
     parser = argparse.ArgumentParser(prog=f"{PROG} report", description="Write a report (mimo_numerics.report).")
     report.add_report_arguments(parser)
+    own_op = not _has_option(parser, "--op")
+    if own_op:
+        parser.add_argument("--op", choices=registry.OPERATORS, default=registry.DEFAULT_OPERATOR, metavar="NAME",
+                            help=f"the operator (default {registry.DEFAULT_OPERATOR}; this report module covers "
+                                 "only that one)")
     args = parser.parse_args(list(argv))
+    if own_op and args.op != registry.DEFAULT_OPERATOR:
+        raise CliError(f"report --op {args.op}: this mimo_numerics.report writes reports of "
+                       f"{registry.DEFAULT_OPERATOR} only",
+                       f"drop --op, or compare bundles of {args.op} with `{PROG} compare`")
     try:
         return int(report.run_report(args) or 0)
     except report.ReportError as exc:
@@ -755,6 +867,8 @@ def _hint_for(exc: BaseException) -> str:
     if isinstance(exc, (NotADirectoryError, IsADirectoryError, PermissionError)):
         return "check the path and its permissions"
     name = type(exc).__name__
+    if name == "PolicyUndefined":
+        return f"{PROG} presets shows which operators each preset defines"
     if name in ("UpstreamUnavailable",):
         return "see docs/workflow.md (upstream on a GPU machine, offline wheel folder)"
     if name == "UpstreamUnsupported":

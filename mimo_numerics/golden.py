@@ -100,6 +100,12 @@ def golden_case(name: str, path: Optional[PathLike] = None) -> Tuple[dict, dict]
     return cases[name]
 
 
+def upstream_outputs(name: str, path: Optional[PathLike] = None) -> dict:
+    """Upstream's outputs of golden case ``name`` by output name (the interface the operators' golden modules
+    share); ``KeyError`` listing the names for an unknown case."""
+    return golden_case(name, path)[1]
+
+
 def golden_kwargs(name: str, path: Optional[PathLike] = None) -> dict:
     """The seed-formula keyword arguments the case was drawn with (``kw`` in the file)."""
     data = _raw(path)

@@ -11,8 +11,6 @@ from typing import Dict, Mapping, Optional, Sequence, Union
 
 import torch
 
-from .outputs import OUTPUT_NAMES
-
 FormatLike = Union[str, torch.dtype]
 
 _FORMATS = {
@@ -201,27 +199,29 @@ def bit_equal_fraction(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return (a == e).to(torch.float64).mean().item()
 
 
-def _outputs_by_name(outputs, label: str) -> Mapping[str, Optional[torch.Tensor]]:
+def _outputs_by_name(outputs, label: str, names: Sequence[str]) -> Mapping[str, Optional[torch.Tensor]]:
     if isinstance(outputs, Mapping):
-        unknown = sorted(set(outputs) - set(OUTPUT_NAMES))
-        missing = [n for n in OUTPUT_NAMES if n not in outputs]
+        unknown = sorted(set(outputs) - set(names))
+        missing = [n for n in names if n not in outputs]
         if unknown or missing:
-            raise ValueError(f"{label} must have exactly the outputs {list(OUTPUT_NAMES)}; "
+            raise ValueError(f"{label} must have exactly the outputs {list(names)}; "
                              f"unknown {unknown}, missing {missing}")
         return outputs
     if hasattr(outputs, "_asdict"):
         return outputs._asdict()
-    if isinstance(outputs, (tuple, list)) and len(outputs) == len(OUTPUT_NAMES):
-        return dict(zip(OUTPUT_NAMES, outputs))
-    raise TypeError(f"{label} must be a MimoBwdFwdOutputs, a 5-tuple or a dict by output name, "
+    if isinstance(outputs, (tuple, list)) and len(outputs) == len(names):
+        return dict(zip(names, outputs))
+    raise TypeError(f"{label} must be the outputs NamedTuple, a {len(names)}-tuple or a dict by output name, "
                     f"got {type(outputs).__name__}")
 
 
-def compare_outputs(actual, expected) -> Dict[str, Optional[Dict[str, float]]]:
-    """Metrics of each of the five outputs of ``mamba_mimo_bwd_fwd``.
+def compare_outputs(actual, expected, op=None) -> Dict[str, Optional[Dict[str, float]]]:
+    """Metrics of each output of operator ``op`` (default: the registry's default operator).
 
     Args:
-        actual, expected: ``MimoBwdFwdOutputs`` (or a 5-tuple in that order, or a dict keyed by ``OUTPUT_NAMES``).
+        actual, expected: the operator's outputs NamedTuple (or a tuple in that order, or a dict keyed by its output
+            names).
+        op (str | Operator, optional): the operator whose outputs these are.
 
     Returns:
         dict: output name -> ``{"rel_rms", "max_abs", "max_rel", "bit_equal_fraction"}`` (floats;
@@ -230,10 +230,13 @@ def compare_outputs(actual, expected) -> Dict[str, Optional[Dict[str, float]]]:
     Raises:
         ValueError: naming the output when only one side is None or the shapes differ.
     """
-    a_all = _outputs_by_name(actual, "actual")
-    e_all = _outputs_by_name(expected, "expected")
+    from . import operator as _operator
+
+    names = _operator.get(op).output_names
+    a_all = _outputs_by_name(actual, "actual", names)
+    e_all = _outputs_by_name(expected, "expected", names)
     result: Dict[str, Optional[Dict[str, float]]] = {}
-    for name in OUTPUT_NAMES:
+    for name in names:
         a, e = a_all[name], e_all[name]
         if a is None and e is None:
             result[name] = None

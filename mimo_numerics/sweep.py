@@ -1,12 +1,17 @@
-"""Sweeps over many cases × policies, in parallel across processes, with a progress bar.
+"""Sweeps over many cases × policies of one operator, in parallel, with a progress bar.
 
-:func:`parallel_map` runs a picklable function over items with ``concurrent.futures.ProcessPoolExecutor`` in the
-``spawn`` start method (safe with torch and on every OS; ``workers=1`` runs in-process, without a pool) and keeps the
-input order. Each worker limits torch to one intra-op thread so ``workers`` processes use ``workers`` cores.
+:func:`parallel_map` maps a picklable function over items and keeps the input order. ``workers=1`` runs in this
+process; otherwise an **executor** (:data:`EXECUTORS`) spreads the items: ``"process"`` uses
+``concurrent.futures.ProcessPoolExecutor`` in the ``spawn`` start method (safe with torch and on every OS), each worker
+limited to ``threads_per_worker`` torch intra-op threads so ``workers`` processes use ``workers`` cores. An executor
+is one function ``executor(fn, items, *, workers, bar, desc, threads_per_worker) -> list`` (results in input order,
+``bar.update()`` once per finished item, a failed item raised as a ``RuntimeError`` naming it); adding one (e.g. Ray)
+is adding such a function to :data:`EXECUTORS`.
 
-:func:`run_sweep` evaluates every (case, policy) pair against a baseline (the ``fp64`` preset or the oracle) and,
-for golden cases, against the real H200 outputs too. Cases are ``CaseSpec`` objects (``mimo_numerics.cases``) or
-golden case names (``mimo_numerics.golden``).
+:func:`run_sweep` evaluates every (case, policy) pair of an operator (``op``, default the registry's default
+operator) against a baseline (the ``fp64`` preset or the FP64 oracle) and, for golden cases, against the real H200
+outputs too. Cases are the operator's case specs (``op.cases(grid)``: ``CaseSpec``, ``StoredCase``, ``OpCaseSpec``)
+or the names of its golden cases (``op.load("golden")``). Tasks carry the operator's *name* to the worker processes.
 
 The progress bar is ``tqdm`` (``tqdm.auto``: a widget in Jupyter, text on stderr elsewhere); ``progress=False`` silences
 it.
@@ -25,9 +30,13 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 
 from tqdm.auto import tqdm
 
-from .cases import CaseSpec
+from . import operator as _operator
 
-CaseLike = Union[CaseSpec, str]
+#: A case spec object (anything with ``case_id`` that ``op.draw`` takes) or a golden case name.
+CaseLike = Any
+OperatorLike = Union[str, _operator.Operator, None]
+#: Presets a sweep compares by default, where they define the operator.
+DEFAULT_POLICIES = ("fp32", "seed_bf16", "upstream_sm90")
 
 
 # ---------------------------------------------------------------------------------------------- progress
@@ -54,79 +63,112 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+# ---------------------------------------------------------------------------------------------- executors
+def _map_in_process(fn: Callable[[Any], Any], items: List[Any], *, workers: int, bar: tqdm, desc: str,
+                    threads_per_worker: int) -> List[Any]:
+    """The items one after the other in this process (an exception propagates as is)."""
+    results = []
+    for item in items:
+        results.append(fn(item))
+        bar.update()
+    return results
+
+
+def _map_processes(fn: Callable[[Any], Any], items: List[Any], *, workers: int, bar: tqdm, desc: str,
+                   threads_per_worker: int) -> List[Any]:
+    """The items across ``workers`` spawned processes (``ProcessPoolExecutor``), in input order."""
+    results: List[Any] = [None] * len(items)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
+                             initargs=(threads_per_worker,)) as pool:
+        futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+        for future in as_completed(futures):
+            index = futures[future]
+            try:
+                results[index] = future.result()
+            except Exception as exc:
+                for other in futures:
+                    other.cancel()
+                raise RuntimeError(f"{desc}: item {index} ({items[index]!r}) failed: {exc}") from exc
+            bar.update()
+    return results
+
+
+#: Executors of :func:`parallel_map` by name (module docstring: the interface of one).
+EXECUTORS: Dict[str, Callable[..., List[Any]]] = {"process": _map_processes}
+
+
 def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: Optional[int] = None,
-                 progress: bool = True, desc: str = "sweep", threads_per_worker: int = 1) -> List[Any]:
-    """``[fn(item) for item in items]`` across ``workers`` spawned processes, in input order.
+                 progress: bool = True, desc: str = "sweep", threads_per_worker: int = 1,
+                 executor: str = "process") -> List[Any]:
+    """``[fn(item) for item in items]`` across ``workers`` workers of ``executor``, in input order.
 
     Args:
         fn (callable): a module-level (picklable) function.
         items (iterable): picklable arguments.
-        workers (int, optional): process count; default :func:`default_workers`, capped at the item count.
-            ``1`` runs in this process without a pool.
+        workers (int, optional): worker count; default :func:`default_workers`, capped at the item count.
+            ``1`` runs in this process, with no executor.
         progress (bool): show a progress bar on stderr.
         desc (str): the bar's label.
         threads_per_worker (int): torch intra-op threads in each worker.
+        executor (str): a key of :data:`EXECUTORS` (``"process"``).
 
     Returns:
         list: the results, in the order of ``items``. An exception in a worker is raised here as a ``RuntimeError``
         naming the item (the original exception is its cause); in-process, the exception propagates as is.
     """
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; executors: {list(EXECUTORS)}")
     items = list(items)
     if workers is None:
         workers = default_workers()
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     workers = min(workers, max(len(items), 1))
-    results: List[Any] = [None] * len(items)
+    run = _map_in_process if workers == 1 else EXECUTORS[executor]
     with progress_bar(len(items), desc, enabled=progress) as bar:
-        if workers == 1:
-            for i, item in enumerate(items):
-                results[i] = fn(item)
-                bar.update()
-            return results
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
-                                 initargs=(threads_per_worker,)) as pool:
-            futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
-            for future in as_completed(futures):
-                index = futures[future]
-                try:
-                    results[index] = future.result()
-                except Exception as exc:
-                    for other in futures:
-                        other.cancel()
-                    raise RuntimeError(f"{desc}: item {index} ({items[index]!r}) failed: {exc}") from exc
-                bar.update()
-    return results
+        return run(fn, items, workers=workers, bar=bar, desc=desc, threads_per_worker=threads_per_worker)
 
 
-# ---------------------------------------------------------------------------------------------- sweeps
+# ---------------------------------------------------------------------------------------------- cases
 @dataclass(frozen=True)
 class SweepTask:
-    """One (case, policy) evaluation: ``case`` is a ``CaseSpec`` or a golden case name; ``policy`` a preset name or
-    policy JSON dict; ``baseline`` ``"fp64"`` (reference preset) or ``"oracle"``."""
+    """One (case, policy) evaluation: ``case`` is a case spec or a golden case name of operator ``op`` (a registry
+    name; None: the default operator); ``policy`` a preset name or policy JSON dict; ``baseline`` ``"fp64"``
+    (reference preset) or ``"oracle"``."""
 
     case: CaseLike
     policy: Union[str, Dict[str, Any]]
     baseline: str = "fp64"
+    op: Optional[str] = None
 
 
 def case_label(case: CaseLike) -> str:
-    """A case's id: ``CaseSpec.case_id`` or the golden name."""
-    return case.case_id if isinstance(case, CaseSpec) else str(case)
+    """A case's id: its spec's ``case_id`` or the golden name."""
+    return str(case) if isinstance(case, str) else case.case_id
 
 
-def load_case(case: CaseLike):
-    """``(inputs, device outputs or None)`` of a CaseSpec (inputs drawn on the CPU) or a golden case name."""
-    if isinstance(case, CaseSpec):
-        from .cases import make_inputs
-
-        return make_inputs(case), None
-    from .golden import golden_case
-
-    return golden_case(case)
+def golden_case_spec(name: str, op: OperatorLike = None):
+    """The ``StoredCase`` of golden case ``name`` of operator ``op`` (``KeyError`` listing the names otherwise)."""
+    op = _operator.get(op)
+    stored = {spec.case_id: spec for spec in op.load("golden")()}
+    if name not in stored:
+        raise KeyError(f"unknown golden case {name!r} of {op.name}; known cases: {list(stored)}")
+    return stored[name]
 
 
+def load_case(case: CaseLike, op: OperatorLike = None):
+    """``(inputs, device outputs or None)`` of a case spec (inputs drawn on the CPU) or a golden case name of
+    operator ``op`` (its stored inputs and the upstream outputs, by output name)."""
+    from .bundles import golden_outputs
+
+    op = _operator.get(op)
+    if isinstance(case, str):
+        return op.draw(golden_case_spec(case, op), "cpu"), golden_outputs(case, op)
+    return op.draw(case, "cpu"), None
+
+
+# ---------------------------------------------------------------------------------------------- sweeps
 def evaluate_task(task: SweepTask) -> Dict[str, Any]:
     """Evaluate one task (runs in a worker): per output, rel RMS / max rel / bit-equal fraction vs the baseline,
     and vs the device outputs when the case has them. A policy whose ``lp_dtype`` differs from the case's is run in
@@ -134,29 +176,42 @@ def evaluate_task(task: SweepTask) -> Dict[str, Any]:
     from . import presets
     from .metrics import compare_outputs
     from .policy import RoundingPolicy
-    from .sensitivity import baseline_outputs
-    from .inference import run_reference
 
-    from .inference import lp_dtype_of
-
+    op = _operator.get(task.op)
     policy = (RoundingPolicy.from_dict(task.policy) if isinstance(task.policy, dict)
               else presets.resolve(task.policy))
     label = task.policy if isinstance(task.policy, str) else policy.name
     start = time.monotonic()
-    inputs, device = load_case(task.case)
-    lp = lp_dtype_of(inputs)
+    spec = golden_case_spec(task.case, op) if isinstance(task.case, str) else task.case
+    inputs, device = load_case(task.case, op)
+    lp = spec.dtype
     if policy.lp_dtype != lp:  # a float16 case: the same policy in float16
         policy = policy.replace(lp_dtype=lp)
         label = f"{label}[{lp}]"
-    outputs = run_reference(inputs, policy)
-    base = baseline_outputs(inputs, task.baseline)[0]
-    record: Dict[str, Any] = {"case": case_label(task.case), "policy": label, "policy_json": policy.to_dict(),
-                              "baseline": task.baseline,
-                              "vs_baseline": _clean(compare_outputs(outputs, base))}
+    outputs = op.run_reference(inputs, policy)
+    base = _baseline(op, inputs, task.baseline, lp)
+    record: Dict[str, Any] = {"case": case_label(task.case), "policy": label, "operator": op.name,
+                              "policy_json": policy.to_dict(), "baseline": task.baseline,
+                              "vs_baseline": _clean(compare_outputs(outputs, base, op=op))}
     if device is not None:
-        record["vs_device"] = _clean(compare_outputs(outputs, device))
+        record["vs_device"] = _clean(compare_outputs(outputs, device, op=op))
     record["seconds"] = time.monotonic() - start
     return record
+
+
+BASELINES = ("fp64", "oracle")
+
+
+def _baseline(op: _operator.Operator, inputs: dict, baseline: str, lp: str):
+    """The outputs the errors are measured against: the ``fp64`` preset in the case's lp dtype, or the oracle."""
+    from . import presets
+    from .bundles import outputs_of
+
+    if baseline == "oracle":
+        return outputs_of(op.run_oracle(inputs), op)  # oracles return a tensor (forward), a dict (stage 2), ...
+    if baseline == "fp64":
+        return op.run_reference(inputs, presets.get("fp64").replace(lp_dtype=lp))
+    raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
 
 
 def _clean(metrics: Dict[str, Any]) -> Dict[str, Any]:
@@ -168,11 +223,23 @@ def _clean(metrics: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def default_output(op: OperatorLike = None) -> str:
+    """The output a sweep table shows by default: the operator's first output along the tokens (stage 1's ``dz``,
+    the forward's ``o``, stage 2's ``dq``), else its first output."""
+    op = _operator.get(op)
+    along_tokens = [s.name for s in op.outputs if s.sequence_axis is not None and s.sequence_axis[0] == "token"]
+    return (along_tokens or list(op.output_names))[0]
+
+
 @dataclass
 class SweepResult:
-    """Records of :func:`run_sweep`, one per (case, policy), in case-major order."""
+    """Records of :func:`run_sweep`, one per (case, policy), in case-major order, of operator ``operator``."""
 
     records: List[Dict[str, Any]] = field(default_factory=list)
+    operator: Optional[str] = None
+
+    def __post_init__(self):
+        self.operator = _operator.get(self.operator).name
 
     def pivot(self, output: str, metric: str = "rel_rms", against: str = "vs_baseline") -> Dict[str, Dict[str, Any]]:
         """``{case: {policy: value}}`` of one output's metric (``against``: vs_baseline or vs_device)."""
@@ -183,17 +250,18 @@ class SweepResult:
         return table
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"records": self.records}
+        return {"operator": self.operator, "records": self.records}
 
     def save_json(self, path) -> None:
         with open(path, "w", encoding="utf-8") as fh:
             json.dump(self.to_dict(), fh, indent=1)
 
-    def to_markdown(self, output: str = "dz", metric: str = "rel_rms", against: str = "vs_baseline") -> str:
-        """Cases as rows, policies as columns, for one output."""
+    def to_markdown(self, output: Optional[str] = None, metric: str = "rel_rms", against: str = "vs_baseline") -> str:
+        """Cases as rows, policies as columns, for one output (default :func:`default_output`)."""
+        output = output or default_output(self.operator)
         table = self.pivot(output, metric, against)
         policies = list(dict.fromkeys(p for row in table.values() for p in row))
-        lines = [f"{output} {metric} ({against})", "", "| case | " + " | ".join(policies) + " |",
+        lines = [f"{self.operator}: {output} {metric} ({against})", "", "| case | " + " | ".join(policies) + " |",
                  "|" + "---|" * (len(policies) + 1)]
         for case, row in table.items():
             cells = ["–" if row.get(p) is None else f"{row[p]:.3g}" for p in policies]
@@ -202,50 +270,78 @@ class SweepResult:
 
 
 def run_sweep(cases: Sequence[CaseLike], policies: Sequence[Union[str, Any]], baseline: str = "fp64",
-              workers: Optional[int] = None, progress: bool = True) -> SweepResult:
-    """Evaluate every (case, policy) pair in parallel (see :func:`evaluate_task`).
+              workers: Optional[int] = None, progress: bool = True, op: OperatorLike = None,
+              executor: str = "process") -> SweepResult:
+    """Evaluate every (case, policy) pair of operator ``op`` in parallel (see :func:`evaluate_task`).
 
     Args:
-        cases: ``CaseSpec`` objects and/or golden case names.
-        policies: preset names or ``RoundingPolicy`` objects.
+        cases: the operator's case specs and/or golden case names.
+        policies: preset names, policy JSON paths or ``RoundingPolicy`` objects; each must define the operator
+            (``PolicyUndefined`` naming it otherwise, before anything runs).
         baseline (str): ``"fp64"`` or ``"oracle"``.
-        workers (int, optional): processes (default: the CPU count; 1: in-process).
+        workers (int, optional): workers (default: the CPU count; 1: in-process).
         progress (bool): progress bar on stderr.
+        op (str | Operator, optional): the operator (default: the registry's default operator).
+        executor (str): how the tasks are spread (:data:`EXECUTORS`).
 
     Returns:
         SweepResult
     """
+    from . import presets
     from .policy import RoundingPolicy
 
-    tasks = [SweepTask(case, p.to_dict() if isinstance(p, RoundingPolicy) else p, baseline)
+    op = _operator.get(op)
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+    for policy in policies:
+        presets.resolve(policy).section(op.name)  # PolicyUndefined names the policy and the operator
+    tasks = [SweepTask(case, p.to_dict() if isinstance(p, RoundingPolicy) else p, baseline, op.name)
              for case in cases for p in policies]
-    return SweepResult(parallel_map(evaluate_task, tasks, workers=workers, progress=progress, desc="sweep"))
+    records = parallel_map(evaluate_task, tasks, workers=workers, progress=progress, desc=f"sweep {op.name}",
+                           executor=executor)
+    return SweepResult(records, operator=op.name)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m mimo_numerics.sweep``: a grid and/or the golden cases × policies, in parallel."""
+    """``python -m mimo_numerics.sweep``: a grid and/or the golden cases × policies of one operator, in parallel."""
     import argparse
 
-    from .cases import grid, grid_names
-    from .golden import golden_names
+    from . import presets
+    from .ops import registry
 
     parser = argparse.ArgumentParser(prog="python -m mimo_numerics.sweep", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--grid", action="append", default=[], choices=grid_names(),
-                        help="a case grid of mimo_numerics.cases (repeatable)")
+    parser.add_argument("--op", choices=registry.OPERATORS, default=registry.DEFAULT_OPERATOR,
+                        help=f"the operator (default {registry.DEFAULT_OPERATOR})")
+    parser.add_argument("--grid", action="append", default=[],
+                        help="a case grid of the operator (op.cases; repeatable; default smoke)")
     parser.add_argument("--golden", action="store_true", help="also the golden H200 cases (compared to the device)")
-    parser.add_argument("--policies", default="fp32,seed_bf16,upstream_sm90", help="comma-separated presets")
-    parser.add_argument("--baseline", default="fp64", choices=("fp64", "oracle"))
+    parser.add_argument("--policies", default=None,
+                        help=f"comma-separated presets (default: those of {','.join(DEFAULT_POLICIES)} that define "
+                             "the operator)")
+    parser.add_argument("--baseline", default="fp64", choices=BASELINES)
     parser.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
-    parser.add_argument("--output", default="dz", help="output shown in the printed table")
+    parser.add_argument("--executor", default="process", choices=tuple(EXECUTORS))
+    parser.add_argument("--output", default=None, help="output shown in the printed table (default: the first "
+                                                       "output along the tokens)")
     parser.add_argument("--out", default=None, help="write all records as JSON here")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    specs: List[CaseLike] = [spec for name in (args.grid or ([] if args.golden else ["smoke"]))
-                             for spec in grid(name)]
+    op = _operator.get(args.op)
+    try:
+        specs: List[CaseLike] = [spec for name in (args.grid or ([] if args.golden else ["smoke"]))
+                                 for spec in op.cases(name)]
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.golden:
-        specs += list(golden_names())
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    result = run_sweep(specs, policies, args.baseline, args.workers, progress=not args.quiet)
+        specs += [spec.case_id for spec in op.load("golden")()]
+    if args.policies is None:
+        policies = [p for p in DEFAULT_POLICIES if presets.get(p).defines(op.name)]
+    else:
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if args.output is not None and args.output not in op.output_names:
+        parser.error(f"--output {args.output}: not an output of {op.name}; outputs: {', '.join(op.output_names)}")
+    result = run_sweep(specs, policies, args.baseline, args.workers, progress=not args.quiet, op=op,
+                       executor=args.executor)
     if args.out:
         result.save_json(args.out)
     print(result.to_markdown(args.output))

@@ -123,3 +123,21 @@ def test_legacy_bundle_tampering_is_still_refused(tmp_path):
     target.write_bytes(bytes(data[:-8]))
     with pytest.raises(BundleError, match=rf"{target.name}: truncated or corrupt tensor file"):
         load_bundle(copy, verify=False)
+
+
+def test_schema_2_bundle_reads_as_stage_1_and_upgrades_to_the_current_schema(tmp_path):
+    # written before bundles named their operator: read, verified, as a bundle of the package's first operator
+    from mimo_numerics.ops import registry
+
+    assert _manifest()["schema_version"] == 2 and "operator" not in _manifest()
+    legacy = load_bundle(BUNDLE)
+    assert legacy.schema_version == 2 and legacy.operator == registry.V1_OPERATOR == bundles.LEGACY_OPERATOR
+    assert all(case.operator == registry.V1_OPERATOR for case in legacy)
+    out = bundles.upgrade_bundle(BUNDLE, tmp_path / "v3")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["schema_version"] == bundles.SCHEMA_VERSION and manifest["operator"] == registry.V1_OPERATOR
+    upgraded = load_bundle(out)
+    assert upgraded.meta["upgraded_from"] == {"schema_version": 2, "created": legacy.created}
+    for a, b in zip(legacy, upgraded):
+        assert (a.name, a.spec, a.policy, a.meta) == (b.name, b.spec, b.policy, b.meta)
+        assert a.inputs_digest == b.inputs_digest and a.outputs_digest == b.outputs_digest

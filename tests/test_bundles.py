@@ -60,9 +60,10 @@ def _write_manifest(path, manifest, reseal=True):
 
 
 def _as_version_1(path):
-    """Turn a bundle into what schema_version 1 wrote: no manifest_sha256, no outputs_digest."""
+    """Turn a bundle into what schema_version 1 wrote: no manifest_sha256, no outputs_digest, no operator."""
     manifest = _manifest(path)
     del manifest["manifest_sha256"]
+    del manifest["operator"]
     manifest["schema_version"] = 1
     for entry in manifest["cases"]:
         del entry["outputs_digest"]
@@ -286,7 +287,8 @@ def test_manifest_digest_refuses_any_edit_and_ignores_formatting(pair_copy):
     assert load_bundle(pair_copy, verify=False).cases[0].device_name == "NVIDIA H100"  # verify=False: no digests
     del manifest["manifest_sha256"]
     _write_manifest(pair_copy, manifest, reseal=False)
-    with pytest.raises(BundleError, match=r"manifest.json: no manifest_sha256 in a schema_version 2 manifest"):
+    with pytest.raises(BundleError, match=rf"manifest.json: no manifest_sha256 in a schema_version "
+                                          rf"{bundles.SCHEMA_VERSION} manifest"):
         load_bundle(pair_copy)
     with pytest.raises(BundleError, match=r"top level has missing key\(s\) \['manifest_sha256'\]"):
         load_bundle(pair_copy, verify=False)
@@ -546,3 +548,149 @@ def test_decode_rejects_garbage(name):
 def test_encode_refuses_dtypes_bundles_do_not_store():
     with pytest.raises(TypeError, match="tensor 'a' has dtype torch.complex64, which bundles cannot store"):
         encode_safetensors({"a": torch.zeros(2, dtype=torch.complex64)})
+
+
+# ---------------------------------------------------------------------------------------------------------- operators
+FWD, STAGE2 = "mamba_mimo_fwd", "mamba_mimo_bwd_bwd"
+SMALL_SPECS = (cases.CaseSpec(seqlen=12, state_dim=16, value_dim=16, rank=2, chunk_size=4, has_z=True, has_d=True),
+               cases.CaseSpec(seqlen=10, state_dim=16, value_dim=8, rank=1, chunk_size=4, reduce_o=False,
+                              dtype="float16"))
+
+
+def _reference_cases(op_name, specs=SMALL_SPECS):
+    from mimo_numerics import operator
+
+    op = operator.get(op_name)
+    items = []
+    for spec in specs:
+        x = op.draw(spec)
+        policy = reference._presets.get("upstream_sm90" if spec.dtype == "bfloat16" else "upstream_sm90_fp16")
+        items.append(BundleCase(name=spec.case_id, inputs=x, outputs=op.run_reference(x, policy), spec=spec,
+                                policy=policy, backend="reference", operator=op_name))
+    return items
+
+
+@pytest.mark.parametrize("op_name", [FWD, STAGE2])
+def test_bundles_of_the_forward_and_stage2_round_trip(tmp_path, op_name):
+    from mimo_numerics import operator
+    from mimo_numerics.ops.mamba3_mimo.cases import small_case
+
+    op = operator.get(op_name)
+    specs = SMALL_SPECS + ((small_case(seqlen=12, rank=2, chunk_size=4, seed=3),) if op_name == FWD else ())
+    items = _reference_cases(op_name, specs)
+    path = save_bundle(tmp_path / "b", items)
+    manifest = _manifest(path)
+    assert manifest["schema_version"] == bundles.SCHEMA_VERSION and manifest["operator"] == op_name
+    loaded = load_bundle(path)
+    assert loaded.operator == op_name and loaded.op is op
+    for item, case in zip(items, loaded):
+        assert case.operator == op_name and case.spec == item.spec and case.policy == item.policy
+        assert type(case.outputs) is bundles.outputs_type(op) and case.outputs._fields == op.output_names
+        for name in op.input_names:
+            assert bit_identical(case.inputs[name], item.inputs[name]), (case.name, name)
+        for name in op.output_names:
+            assert bit_identical(getattr(case.outputs, name), getattr(item.outputs, name)), (case.name, name)
+        assert case.inputs_digest == item.inputs_digest and case.outputs_digest == item.outputs_digest
+        stored = st.load_file(str(path / f"{case.name}.inputs.safetensors"))
+        assert sorted(stored) == sorted(n for n in op.input_names if item.inputs[n] is not None)
+    entry = manifest["cases"][-1]
+    if op_name == FWD:  # a whole-op spec is stored by its class
+        assert entry["spec_type"] == "mimo_numerics.ops.mamba3_mimo.cases:OpCaseSpec"
+    assert sorted(entry["tensors"]["outputs"]) == sorted(op.output_names)
+
+
+def test_a_bundle_holds_the_cases_of_one_operator(tmp_path):
+    stage1 = _reference_cases(bundles.LEGACY_OPERATOR, SMALL_SPECS[:1])
+    fwd = _reference_cases(FWD, SMALL_SPECS[1:])
+    with pytest.raises(ValueError, match=r"one operator; these cases are of \['mamba_mimo_bwd_fwd', 'mamba_mimo_fwd'\]"):
+        save_bundle(tmp_path / "x", stage1 + fwd)
+    with pytest.raises(ValueError, match="the cases are of operator mamba_mimo_fwd, not mamba_mimo_bwd_bwd"):
+        save_bundle(tmp_path / "x", fwd, op=STAGE2)
+    assert not (tmp_path / "x").exists()
+    assert load_bundle(save_bundle(tmp_path / "empty", [], op=STAGE2)).operator == STAGE2
+
+
+def test_inputs_of_another_operator_are_refused(tmp_path):
+    x = cases.make_inputs(SMALL_SPECS[0])  # stage 1's inputs: the forward's plus dout
+    with pytest.raises(BundleError, match=r"have \['dout'\], which are not inputs of mamba_mimo_fwd"):
+        save_bundle(tmp_path / "x", [BundleCase(name="c", inputs=x, operator=FWD)])
+    fwd_inputs = {k: v for k, v in x.items() if k != "dout"}
+    with pytest.raises(BundleError, match=r"lack \['dout', 'states', 'qk_dot'\] \(inputs of mamba_mimo_bwd_bwd\)"):
+        save_bundle(tmp_path / "x", [BundleCase(name="c", inputs=fwd_inputs, operator=STAGE2)])
+    ok = BundleCase(name="c", inputs=fwd_inputs, operator=FWD)
+    assert load_bundle(save_bundle(tmp_path / "ok", [ok])).case("c").operator == FWD
+
+
+def test_output_layouts_follow_the_operator_and_its_branches(tmp_path):
+    fwd_full, = _reference_cases(FWD, SMALL_SPECS[1:])  # no mimo_o: o is [B, S, R, H, P]
+    o = fwd_full.outputs.o
+    assert o.dim() == 5
+    with pytest.raises(BundleError, match=r"output o of case .* has shape \[1, 10, 1, 1, 8\], but the case implies "
+                                          r"\[1, 10, 1, 8\]"):
+        reduced = cases.make_inputs(SMALL_SPECS[1].replace(reduce_o=True, dtype="bfloat16"))
+        reduced.pop("dout")
+        save_bundle(tmp_path / "x", [fwd_full.replace(inputs=reduced, spec=None, policy=None)])
+    stage2, = _reference_cases(STAGE2, SMALL_SPECS[1:])  # no d: no dD
+    assert stage2.outputs.dD is None
+    extra = stage2.outputs._replace(dD=torch.zeros(1, 1))
+    with pytest.raises(BundleError, match="output dD of case .* is present, but its branch is off"):
+        save_bundle(tmp_path / "x", [stage2.replace(outputs=extra)])
+    wrong = stage2.outputs._replace(dSSdA=stage2.outputs.dSSdA[..., :2])
+    with pytest.raises(BundleError, match=r"output dSSdA of case .* has shape .* but the case implies \[1, 1, 3, 4, 4\]"):
+        save_bundle(tmp_path / "x", [stage2.replace(outputs=wrong)])
+    with pytest.raises(BundleError, match="must be a MimoBwdBwdOutputs .*, got MambaMimoFwdOutputs"):
+        save_bundle(tmp_path / "x", [stage2.replace(outputs=fwd_full.outputs)])
+
+
+@pytest.mark.parametrize("op_name", [FWD, STAGE2])
+def test_golden_cases_of_the_forward_and_stage2_convert_losslessly(tmp_path, op_name):
+    from mimo_numerics import operator
+
+    op = operator.get(op_name)
+    golden_module = bundles.operator_module(op, "golden")
+    stored = op.load("golden")()
+    converted = cases_from_golden(op=op_name)
+    path = save_bundle(tmp_path / "b", converted)
+    loaded = load_bundle(path)
+    assert loaded.operator == op_name and loaded.names() == tuple(s.case_id for s in stored)
+    for spec, case in zip(stored, loaded):
+        upstream = golden_module.upstream_outputs(spec.case_id)
+        for name in op.output_names:
+            assert bit_identical(getattr(case.outputs, name), upstream.get(name)), (case.name, name)
+        for name in op.input_names:
+            assert bit_identical(case.inputs[name], spec.inputs[name]), (case.name, name)
+        assert case.backend == "upstream" and case.policy is None and case.versions["tilelang"] == "0.1.8"
+        assert case.spec[bundles.STORED_CASE_KEY] == spec.case_id and case.spec["seqlen"] == spec.seqlen
+    # the stored sizes are checked against the tensors like a CaseSpec's
+    manifest = _manifest(path)
+    manifest["cases"][0]["spec"]["heads"] += 1
+    _write_manifest(path, manifest)
+    with pytest.raises(BundleError, match=r"the input tensors disagree with the case spec: H=2 \(spec says 3\)"):
+        load_bundle(path)
+
+
+def test_stage1_golden_default_is_the_seed_file():
+    from mimo_numerics import golden
+
+    by_default = cases_from_golden()
+    by_path = cases_from_golden(GOLDEN)
+    assert [c.name for c in by_default] == [c.name for c in by_path] == list(golden.golden_names())
+    assert all(a.spec == b.spec and a.meta == b.meta and a.outputs_digest == b.outputs_digest
+               for a, b in zip(by_default, by_path))
+
+
+def test_outputs_of_takes_what_the_operators_return():
+    from mimo_numerics import operator
+
+    fwd, stage2 = operator.get(FWD), operator.get(STAGE2)
+    x = stage2.draw(SMALL_SPECS[0])
+    oracle = stage2.run_oracle(x)  # stage 2's oracle returns a dict
+    out = bundles.outputs_of(oracle, STAGE2)
+    assert type(out) is bundles.outputs_type(STAGE2) and out.dD is oracle["dD"]
+    assert bundles.outputs_of(out, STAGE2) is out and bundles.outputs_of(tuple(out), STAGE2) == out
+    o = fwd.run_oracle(fwd.draw(SMALL_SPECS[0]))  # the forward's returns its one tensor
+    assert bundles.outputs_of(o, FWD).o is o
+    with pytest.raises(ValueError, match=r"must have exactly the keys \['o'\], got \['dq'\]"):
+        bundles.outputs_of({"dq": o}, FWD)
+    with pytest.raises(ValueError, match="are 12 tensors"):
+        bundles.outputs_of((o,), STAGE2)

@@ -369,3 +369,225 @@ def test_python_dash_m_entry_point():
     assert result.returncode == 0
     for command in ("run", "compare", "verify", "upgrade", "presets", "policy", "report", "import-golden"):
         assert command in result.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------- operators
+FWD, STAGE2 = "mamba_mimo_fwd", "mamba_mimo_bwd_bwd"
+
+
+def test_progress_is_a_tqdm_bar(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "run", "--backend", "reference", "--case", SMALL, "--out", str(tmp_path / "b"))
+    assert code == 0 and "run mamba_mimo_bwd_fwd: 100%|" in err and "1/1 [" in err
+    code, _, err = run_cli(capsys, "run", "--backend", "reference", "--case", SMALL, "--out", str(tmp_path / "c"),
+                           "--quiet")
+    assert code == 0 and err == ""
+
+
+def test_forward_golden_data_run_and_compare_end_to_end(tmp_path, capsys):
+    """The forward through the CLI: its golden H200 cases as a bundle, the reference on their inputs, and compare
+    within the forward's measured gate (tolerances: fwd_golden_upstream_sm90_rel_rms, on the 7 ``g_`` cases)."""
+    from mimo_numerics import tolerances
+
+    golden = tmp_path / "golden_fwd"
+    code, out, _ = run_cli(capsys, "import-golden", "--op", FWD, "--out", str(golden))
+    assert code == 0 and f"12 golden case(s) of {FWD}" in out
+    code, out, _ = run_cli(capsys, "verify", str(golden))
+    assert code == 0 and f"operator {FWD}, 12 case(s)" in out
+    ref = tmp_path / "ref_fwd"
+    code, _, err = run_cli(capsys, "run", "--backend", "reference", "--inputs-from", str(golden), "--only", "g_*",
+                           "--out", str(ref), "--quiet")
+    assert code == 0, err
+    bundle = load_bundle(ref)
+    assert bundle.operator == FWD and len(bundle) == 7 and bundle.meta["operator"] == FWD
+    assert {c.policy.name for c in bundle} == {"upstream_sm90"}
+    threshold = str(tolerances.get("fwd_golden_upstream_sm90_rel_rms"))
+    code, text, _ = run_cli(capsys, "compare", str(golden), str(ref), "--allow-missing", "--threshold", threshold,
+                            "--json", str(tmp_path / "m.json"))
+    assert code == 0, text
+    assert f"[{FWD}; 12 cases; backend upstream" in text and "OK: 7 case(s) compared (within threshold)" in text
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["operator"] == FWD and all(set(m) == {"o"} for m in metrics["cases"].values())
+    # the threshold has teeth: the fp32 preset is above it (on the case where it is nearest: 6.2e-3, tolerances)
+    fp32 = tmp_path / "fp32_fwd"
+    assert cli.main(["run", "--backend", "reference", "--policy", "fp32", "--inputs-from", str(golden), "--only",
+                     "g_*_plain", "--out", str(fp32), "--quiet"]) == 0
+    code, text, _ = run_cli(capsys, "compare", str(golden), str(fp32), "--allow-missing", "--threshold", threshold)
+    assert code == 1 and "> threshold" in text
+
+
+def test_stage2_golden_data_run_and_compare(tmp_path, capsys):
+    """Stage 2 through the CLI on two golden cases: dq, dk, dv, dmimo_v of the reference within the stage-2 gate
+    (tolerances: stage2_golden_lp_rel_rms); the partial terms are judged on Σ|terms| elsewhere, so no threshold."""
+    from mimo_numerics import tolerances
+
+    golden = tmp_path / "golden_s2"
+    assert cli.main(["import-golden", "--op", STAGE2, "--out", str(golden)]) == 0
+    ref = tmp_path / "ref_s2"
+    code, _, err = run_cli(capsys, "run", "--backend", "reference", "--inputs-from", str(golden), "--only",
+                           "g_*_plain", "--only", "g_*_nored_z", "--out", str(ref), "--quiet")
+    assert code == 0, err
+    code, text, _ = run_cli(capsys, "compare", str(golden), str(ref), "--allow-missing", "--json", "-")
+    assert code == 0, text
+    report = json.loads(text[text.index("{"):text.rindex("}") + 1])
+    assert report["operator"] == STAGE2 and len(report["cases"]) == 2
+    for case in report["cases"].values():
+        assert set(case) == set(load_bundle(ref).op.output_names)
+        for output in ("dq", "dk", "dv", "dmimo_v"):
+            assert case[output]["rel_rms"] <= tolerances.get("stage2_golden_lp_rel_rms"), output
+    assert report["cases"]["g_B1_S64_H2_N64_P64_R4_C16_plain"]["dD"] is None  # no D in that case
+
+
+@pytest.mark.parametrize("op_name", [FWD, STAGE2])
+def test_run_other_operators_on_grids_and_cases(op_name, tmp_path, capsys):
+    out = tmp_path / "b"
+    code, _, err = run_cli(capsys, "run", "--op", op_name, "--backend", "reference", "--policy", "fp32", "--case",
+                           SMALL, "--grid", "smoke", "--only", "seed_*", "--out", str(out), "--quiet")
+    assert code == 0, err
+    bundle = load_bundle(out)
+    assert bundle.operator == op_name and len(bundle) == 3
+    assert [c.policy.name for c in bundle] == ["fp32", "custom", "fp32"]  # smoke's fp16 case: no fp32 fp16 preset
+    assert bundle[1].meta["policy_name"] == "fp32 with lp_dtype=float16"
+    # --inputs-from takes the bundle's operator; another --op is refused
+    again = tmp_path / "again"
+    code, _, err = run_cli(capsys, "run", "--backend", "reference", "--inputs-from", str(out), "--out", str(again),
+                           "--quiet")
+    assert code == 0, err
+    assert load_bundle(again).operator == op_name
+    code, text, _ = run_cli(capsys, "compare", str(out), str(again), "--op", op_name)
+    assert code == 0 and "OK: 3 case(s) compared" in text
+    code, _, err = run_cli(capsys, "run", "--op", "mamba_mimo_bwd_fwd", "--backend", "reference", "--inputs-from",
+                           str(out), "--out", str(tmp_path / "never"))
+    assert code == 2 and f"holds cases of {op_name}" in err and f"pass --op {op_name}" in err
+    code, _, err = run_cli(capsys, "compare", str(out), str(again), "--op", "mamba_mimo_bwd_fwd")
+    assert code == 2 and f"both bundles hold {op_name}" in err
+
+
+def test_forward_whole_op_grid(tmp_path, capsys):
+    from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec
+
+    code, _, err = run_cli(capsys, "run", "--op", FWD, "--backend", "reference", "--grid", "whole_op", "--only",
+                           "*_s0", "--out", str(tmp_path / "w"), "--quiet")
+    assert code == 0, err
+    [case] = load_bundle(tmp_path / "w").cases
+    assert isinstance(case.spec, OpCaseSpec) and case.name == case.spec.case_id
+    code, _, err = run_cli(capsys, "run", "--backend", "reference", "--grid", "whole_op", "--out", str(tmp_path / "x"))
+    assert code == 2 and "unknown grid 'whole_op' of mamba_mimo_bwd_fwd" in err
+
+
+def test_compare_refuses_bundles_of_different_operators(smoke_reference, tmp_path, capsys):
+    other = tmp_path / "fwd"
+    assert run_cli(capsys, "run", "--op", FWD, "--backend", "reference", "--grid", "smoke", "--out", str(other),
+                   "--quiet")[0] == 0
+    code, out, err = run_cli(capsys, "compare", str(smoke_reference), str(other))
+    assert code == 2 and err.count("\n") == 1
+    assert f"the bundles hold different operators: A ({smoke_reference}) mamba_mimo_bwd_fwd, B ({other}) {FWD}" in err
+
+
+def test_backends_an_operator_lacks_are_one_line(tmp_path, capsys):
+    for op_name in (FWD, STAGE2):
+        code, _, err = run_cli(capsys, "run", "--op", op_name, "--backend", "triton", "--case", SMALL, "--out",
+                               str(tmp_path / "t"))
+        assert code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"mimo-numerics: error: --backend triton: operator {op_name} has no kernels (hint: "
+                              "--backend triton exists for mamba_mimo_bwd_fwd; use --backend reference or upstream "
+                              f"for {op_name})")
+    code, _, err = run_cli(capsys, "run", "--op", FWD, "--backend", "reference", "--policy", "seed_bf16", "--case",
+                           SMALL, "--out", str(tmp_path / "t"))
+    assert code == 2 and "--policy seed_bf16: policy 'seed_bf16' defines no rounding for operator 'mamba_mimo_fwd'" in err
+    assert "mimo-numerics presets shows which operators each preset defines" in err
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the error raised without CUDA")
+@pytest.mark.parametrize("op_name", [FWD, STAGE2])
+def test_run_upstream_of_other_operators_without_cuda_is_one_line(op_name, tmp_path, capsys):
+    code, _, err = run_cli(capsys, "run", "--op", op_name, "--backend", "upstream", "--grid", "smoke", "--out",
+                           str(tmp_path / "u"))
+    assert code == 2 and err.count("\n") == 1 and err.startswith("mimo-numerics: error: CUDA is not available")
+
+
+def test_run_upstream_forward_with_a_stand_in_runner(tmp_path, capsys, monkeypatch):
+    """``run --backend upstream`` on the forward, the runner replaced by a stand-in (no CUDA here): the runner's
+    module gives the CUDA check, the source info, the launch record and the refusal class; a refused case is recorded
+    as skipped."""
+    from mimo_numerics import presets
+    from mimo_numerics.ops.mamba3_mimo import upstream as runners
+
+    from mimo_numerics import operator
+
+    fwd = operator.get(FWD)
+
+    def stand_in(*tensors, chunk_size, rotary_dim_divisor, source_dir=None):
+        inputs = dict(zip(fwd.input_names, tensors), chunk_size=chunk_size, rotary_dim_divisor=rotary_dim_divisor)
+        if inputs["q"].shape[2] == 1:
+            raise runners.UpstreamUnsupported("upstream limitation: stand-in refuses R = 1")
+        runners.last_launch.clear()
+        runners.last_launch.update(kernel="stand-in")
+        return fwd.run_reference(inputs, presets.get("upstream_sm90_fp16" if inputs["q"].dtype == torch.float16
+                                                     else "upstream_sm90"))
+
+    monkeypatch.setattr(runners, "run_forward", stand_in)
+    monkeypatch.setattr(runners, "check_cuda", lambda device=None: None)
+    monkeypatch.setattr(runners, "source_info", lambda source_dir=None: {"mamba_ssm": "stand-in"})
+    code, _, err = run_cli(capsys, "run", "--op", FWD, "--backend", "upstream", "--device", "cpu", "--grid", "smoke",
+                           "--out", str(tmp_path / "u"))
+    assert code == 0, err
+    assert "skip: seed_B1_S12_H1_G1_N16_P16_R1_C4_ro-D_fp16_s123_rd2: upstream limitation: stand-in refuses R = 1" in err
+    bundle = load_bundle(tmp_path / "u")
+    assert bundle.operator == FWD and [c.outputs is None for c in bundle] == [False, False, True]
+    assert all(c.policy is None and c.backend == "upstream" and c.versions["mamba_ssm"] == "stand-in" for c in bundle)
+    assert bundle[0].meta["upstream_launch"] == {"kernel": "stand-in"} and bundle[2].skipped.startswith("upstream")
+
+
+def test_policy_show_names_the_file_in_json_errors(tmp_path, capsys):
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"schema_version": 2, "base": "upstream_sm90",')
+    code, _, err = run_cli(capsys, "policy", "show", str(broken))
+    assert code == 2 and err.count("\n") == 1
+    assert f"policy file {broken} is not valid JSON" in err
+    assert "preset names" not in err and "must end in .json" not in err and "fix the file" in err
+    future = tmp_path / "future.json"
+    future.write_text('{"schema_version": 2, "base": "upstream_sm90", "special_functions": "fast"}')
+    code, _, err = run_cli(capsys, "policy", "show", str(future))
+    assert code == 2 and f"policy file {future}: RoundingPolicy.special_functions='fast'" in err
+    listed = tmp_path / "list.json"
+    listed.write_text("[1]")
+    code, _, err = run_cli(capsys, "policy", "diff", "upstream_sm90", str(listed))
+    assert code == 2 and f"policy data in {listed} must be a dict" in err and "Traceback" not in err
+
+
+class _StandInReport:
+    """A ``mimo_numerics.report`` stand-in recording the parsed arguments (``with_op``: it defines ``--op``)."""
+
+    class ReportError(Exception):
+        hint = None
+
+    def __init__(self, with_op):
+        self.with_op, self.seen = with_op, []
+
+    def add_report_arguments(self, parser):
+        parser.add_argument("--case", default="x")
+        if self.with_op:
+            parser.add_argument("--op", default="theirs")
+        return parser
+
+    def run_report(self, args):
+        self.seen.append(vars(args))
+        return 0
+
+
+def test_report_op_is_passed_on_or_refused(capsys, monkeypatch):
+    import mimo_numerics
+
+    plain = _StandInReport(with_op=False)
+    monkeypatch.setattr(mimo_numerics, "report", plain, raising=False)
+    monkeypatch.setitem(sys.modules, "mimo_numerics.report", plain)
+    assert cli.main(["report", "--case", "c"]) == 0
+    assert plain.seen == [{"case": "c", "op": "mamba_mimo_bwd_fwd"}]
+    code, _, err = run_cli(capsys, "report", "--op", FWD)
+    assert code == 2 and "report --op mamba_mimo_fwd: this mimo_numerics.report writes reports of " \
+                         "mamba_mimo_bwd_fwd only" in err and len(plain.seen) == 1
+    own = _StandInReport(with_op=True)  # a report module with its own --op gets it unchanged
+    monkeypatch.setattr(mimo_numerics, "report", own, raising=False)
+    monkeypatch.setitem(sys.modules, "mimo_numerics.report", own)
+    assert cli.main(["report", "--op", FWD]) == 0 and own.seen == [{"case": "x", "op": FWD}]

@@ -314,6 +314,18 @@ def _version_1(m):  # a downgrade to the schema without digests (one flipped byt
     m["schema_version"] = 1
 
 
+def _version_2(m):  # a downgrade to the schema without the operator, keeping its key
+    m["schema_version"] = 2
+
+
+def _operator_changed(m):  # another operator: the digest refuses it; resealed, the tensor tables do
+    m["operator"] = "mamba_mimo_fwd"
+
+
+def _operator_unknown(m):
+    m["operator"] = "mamba_mimo_bwd_fwd_v2"
+
+
 MANIFEST_EDITS = [
     pytest.param(_spec_seed, id="spec_seed_digit"),
     pytest.param(_spec_type_key, id="spec_type_key_renamed"),
@@ -321,6 +333,8 @@ MANIFEST_EDITS = [
     pytest.param(_policy_key, id="policy_key_renamed"),
     pytest.param(_case_name, id="case_name_changed"),
     pytest.param(_version_1, id="schema_version_downgraded"),
+    pytest.param(_version_2, id="schema_version_downgraded_to_2"),
+    pytest.param(_operator_changed, id="operator_changed"),
 ]
 
 
@@ -351,7 +365,8 @@ def _tensor_table_name(m):
     (_top_level_key, "the manifest's top level has unknown key(s) ['comment']"),
     (_file_info_key, "\"files\".inputs of case 'case0' has unknown key(s) ['sha512']"),
     (_tensor_table_name, "\"tensors\".outputs of case 'case0' has unknown key(s) ['dmimo_q']"),
-    (_version_1, "the manifest's top level has unknown key(s) ['manifest_sha256']"),
+    (_version_1, "the manifest's top level has unknown key(s) ['manifest_sha256', 'operator']"),
+    (_version_2, "the manifest's top level has unknown key(s) ['operator']"),
 ], ids=lambda v: getattr(v, "__name__", "")[1:] if callable(v) else "")
 @pytest.mark.parametrize("verify", [True, False])
 def test_unknown_keys_are_refused_even_in_a_resealed_manifest(bundle_dir, edit, text, verify):
@@ -407,6 +422,9 @@ def _files_path_escape(m):
     (_spec_type_unknown, "unknown spec_type"),
     (_scalars_missing, "lacks chunk_size/rotary_dim_divisor"),
     (_files_path_escape, "bad or duplicate file path"),
+    (_operator_changed, "\"tensors\".inputs of case 'case0' has unknown key(s) ['dout']; expected exactly ['q', "),
+    (_operator_changed, "(the inputs of operator mamba_mimo_fwd, which the manifest names)"),
+    (_operator_unknown, "unknown operator 'mamba_mimo_bwd_fwd_v2'"),
 ], ids=lambda v: getattr(v, "__name__", "")[1:] if callable(v) else "")
 def test_manifest_from_the_future_or_broken_is_refused(bundle_dir, edit, text):
     COUNTS["bundle_manifest_edits[enumerated]"] += 1

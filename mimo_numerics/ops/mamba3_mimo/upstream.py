@@ -21,6 +21,13 @@ returns (before anything downstream changes them in place, such as ``ddA += ...`
 
 This is the format of ``shared/golden/upstream_h200_full_op_cases.pt``. Upstream refusals (a tail S % C != 0 in the
 backward, 1 < G < H, a compile failure) are caught and recorded; with ``backward=False`` only the forward runs.
+
+Two runners launch one kernel each, with the arguments of the operator specs (tensors in the operator's API order,
+``chunk_size``, ``rotary_dim_divisor``), for ``mimo-numerics run --backend upstream`` on the forward and stage 2:
+:func:`run_forward` calls upstream's ``mamba_mimo_forward`` and :func:`run_stage2` launches the ``mamba_mimo_bwd_bwd``
+TileLang kernel with the output allocation of ``mamba_mimo_bwd_combined``. Both were written against the upstream
+source and tested on the CPU with stand-in modules (``tests/test_upstream_runners.py``); this change did not run them
+on a GPU.
 """
 
 from __future__ import annotations
@@ -32,6 +39,13 @@ import torch
 
 from ... import upstream as _stage1_upstream
 from .cases import OP_INPUT_NAMES
+
+# The errors and the CUDA check are the stage-1 runner's (one loader for every upstream file); the CLI finds them here
+# too, next to the runners of this module.
+UpstreamError = _stage1_upstream.UpstreamError
+UpstreamUnavailable = _stage1_upstream.UpstreamUnavailable
+UpstreamUnsupported = _stage1_upstream.UpstreamUnsupported
+check_cuda = _stage1_upstream.check_cuda
 
 _ROOT_T = "mamba_ssm/ops/tilelang/mamba3/"
 _ROOT_TR = "mamba_ssm/ops/triton/mamba3/"
@@ -216,3 +230,183 @@ def identical(a: Any, b: Any) -> List[str]:
             elif ta is not tb and ta != tb:
                 bad.append(f"{section}.{name}")
     return bad
+
+
+# ---------------------------------------------------------------------------------------------------------- runners
+_FWD = "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_fwd"
+#: Launch constants of ``mamba_mimo_bwd_combined``'s second kernel (``bb_threads``, ``bb_num_stages``).
+STAGE2_THREADS = 256
+STAGE2_NUM_STAGES = 0
+#: How the last runner call launched its kernel (recorded per case by the CLI): ``{"kernel", ...}``.
+last_launch: Dict[str, Any] = {}
+_stage2_kernels: Dict[tuple, Any] = {}
+
+
+def _files(*modules: str, check_hash: bool = True):
+    """The entries of :data:`FILES` for ``modules`` (in :data:`FILES` order), hashes dropped without ``check_hash``."""
+    return tuple((name, path, digest if check_hash else None) for name, path, digest in FILES if name in modules)
+
+
+def forward_module(source_dir=None, *, check_hash: bool = True):
+    """Upstream's ``mamba3_mimo_fwd`` module (one file, no other ``mamba_ssm`` import)."""
+    return _stage1_upstream.load_upstream_files(_files(_FWD, check_hash=check_hash), source_dir)[_FWD]
+
+
+def stage2_module(source_dir=None, *, check_hash: bool = True):
+    """Upstream's ``mamba3_mimo_bwd`` module (with the Triton utilities it imports)."""
+    files = _files("mamba_ssm.ops.triton.mamba3.mamba3_mimo_utils", _BWD, check_hash=check_hash)
+    return _stage1_upstream.load_upstream_files(files, source_dir)[_BWD]
+
+
+def source_info(source_dir=None) -> Dict[str, str]:
+    """``{"source_dir", "mamba_ssm", "files_sha256"}``: the found source and the sha256 of every file of
+    :data:`FILES` there (``mimo_numerics.upstream.source_info`` plus the whole op's files)."""
+    info = dict(_stage1_upstream.source_info(source_dir))
+    root = _stage1_upstream.find_source(source_dir)
+    info["files_sha256"] = {path: (_stage1_upstream._sha256(root / path) if (root / path).is_file() else None)
+                            for _, path, _ in FILES}
+    return info
+
+
+def _compile_failure(exc: Exception, kernel: str, dims) -> _stage1_upstream.UpstreamError:
+    """An upstream failure as an error of this module: a TVM check that fails while compiling (``Check failed``,
+    e.g. the forward's ``m_warp * n_warp == num_warps`` for R = 1, C = 16, recorded in the whole-op golden data) is an
+    upstream limitation for these sizes (:class:`UpstreamUnsupported`); anything else an :class:`UpstreamError`."""
+    text = str(exc)
+    last = text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
+    sizes = (f"N={dims.state_dim} P={dims.value_dim} R={dims.rank} C={dims.chunk_size} "
+             f"dtype={str(dims.lp_dtype).replace('torch.', '')}")
+    if "Check failed" in text:
+        return UpstreamUnsupported(f"upstream limitation: TileLang does not compile {kernel} for {sizes}: {last}")
+    return UpstreamError(f"upstream's {kernel} failed to compile or run for {sizes}: {last}")
+
+
+def _device_context(device: torch.device):
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def run_forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum,
+                chunk_size: int = 16, rotary_dim_divisor: int = 4, *, source_dir=None, check_hash: bool = True):
+    """Upstream's forward kernel on CUDA tensors: ``mamba_mimo_forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d,
+    mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum, chunk_size=, rotary_dim_divisor=, dtype=)``, as
+    ``mamba3_mimo`` calls it (``return_state=False``, upstream's launch defaults: 128 threads, 0 stages).
+
+    Not run on a GPU by the change that wrote it: its argument handling is tested with a stand-in module.
+
+    Args:
+        q..segsum, chunk_size, rotary_dim_divisor: as the forward reference
+            (``ops.mamba_mimo_fwd.reference.mamba_mimo_fwd``), all on one CUDA device; ``q, k, v, z, trap`` bfloat16
+            or float16, which becomes upstream's ``dtype``.
+        source_dir: the mamba-ssm source (``mimo_numerics.upstream.find_source``).
+        check_hash (bool): require the 2.3.2.post1 kernel file.
+
+    Returns:
+        MambaMimoFwdOutputs: ``o`` as upstream wrote it (``[B, S, H, P]`` with ``mimo_o``, else ``[B, S, R, H, P]``;
+        lp).
+
+    Raises:
+        TypeError, ValueError: invalid inputs (the forward's ``validate_inputs``), before CUDA is looked for.
+        UpstreamUnavailable: no CUDA, missing packages or source. UpstreamUnsupported: sizes TileLang does not
+        compile (a failing TVM check). UpstreamError: another compile failure.
+    """
+    from ..mamba_mimo_fwd.spec import MambaMimoFwdOutputs
+    from ..mamba_mimo_fwd.validation import validate_inputs
+
+    tensors = (q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum)
+    dims = validate_inputs(*tensors, chunk_size, rotary_dim_divisor)
+    check_cuda(dims.device)
+    module = forward_module(source_dir, check_hash=check_hash)
+    args = [None if t is None else t.contiguous() for t in tensors]
+    last_launch.clear()
+    last_launch.update(kernel="mamba_mimo_forward", dtype=str(dims.lp_dtype).replace("torch.", ""))
+    with _device_context(dims.device):
+        try:  # compiles (cached by TileLang) and launches
+            o, _, _ = module.mamba_mimo_forward(*args, chunk_size=dims.chunk_size,
+                                                rotary_dim_divisor=dims.rotary_dim_divisor, dtype=dims.lp_dtype)
+        except Exception as exc:  # TileLang raises TVM errors of various types
+            raise _compile_failure(exc, "mamba_mimo_fwd", dims) from exc
+    return MambaMimoFwdOutputs(o=o)
+
+
+def _stage2_kernel(module, dims, threads: int, num_stages: int):
+    """The compiled stage-2 kernel for these sizes (cached), as ``mamba_mimo_bwd_combined`` builds it."""
+    dtype = str(dims.lp_dtype).replace("torch.", "")
+    key = (id(module), dims.state_dim, dims.value_dim, dims.rank, dims.has_z, dims.has_d, dims.reduce_o,
+           dims.chunk_size, dims.rotary_dim_divisor, dtype, threads, num_stages)
+    if key not in _stage2_kernels:
+        T = module.T
+        try:
+            _stage2_kernels[key] = module.mamba_mimo_bwd_bwd(
+                T.dynamic("B"), T.dynamic("S"), T.dynamic("H"), T.dynamic("G"),
+                dims.state_dim, dims.value_dim, dims.rank, dims.has_z, dims.has_d, dims.reduce_o,
+                dims.chunk_size, dims.rotary_dim_divisor, dtype, threads, num_stages)
+        except Exception as exc:  # TVM errors of various types
+            raise _compile_failure(exc, "mamba_mimo_bwd_bwd", dims) from exc
+    return _stage2_kernels[key]
+
+
+def run_stage2(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap,
+               d, qk_dot, segsum, chunk_size: int = 16, rotary_dim_divisor: int = 4, *, source_dir=None,
+               check_hash: bool = True, poison: bool = True, threads: int = STAGE2_THREADS,
+               num_stages: int = STAGE2_NUM_STAGES):
+    """Upstream's stage-2 TileLang kernel ``mamba_mimo_bwd_bwd`` on CUDA tensors, launched as
+    ``mamba_mimo_bwd_combined`` launches it (``mamba3_mimo_bwd.py`` L1249-1310): B, S, H, G dynamic; N, P, R, the
+    branch flags, C, the rotary divisor, ``dtype``, 256 threads and 0 stages compile-time; outputs allocated as
+    upstream does (``dq``/``dk`` ``[B, S, R, H, N]`` in lp, passed as ``[B, S·R, H, N]`` views; ``dv`` like ``v``;
+    ``dmimo_v`` ``[B, H, R, P]`` and ``dD`` ``[B, H]`` float32; the partial terms zero-filled); absent optional
+    inputs and ``dD`` passed as None, as upstream passes them. The outputs are the raw per-head / per-batch tensors,
+    before the wrapper's sums (which refuse 1 < G < H; the kernel itself does not).
+
+    Not run on a GPU by the change that wrote it: its argument handling is tested with a stand-in module.
+
+    Args:
+        dout..segsum, chunk_size, rotary_dim_divisor: as the stage-2 reference
+            (``ops.mamba_mimo_bwd_bwd.reference.mamba_mimo_bwd_bwd``; ``states`` and ``qk_dot`` stage 1's lp
+            outputs), all on one CUDA device.
+        source_dir: the mamba-ssm source. check_hash (bool): require the 2.3.2.post1 kernel file.
+        poison (bool): fill the buffers upstream allocates with ``torch.empty`` (``dq, dk, dv, dmimo_v, dD``) with
+            NaN, so that an element the kernel never writes shows up (default True).
+        threads, num_stages (int): launch constants; upstream uses 256 and 0.
+
+    Returns:
+        MimoBwdBwdOutputs: the twelve raw outputs as the kernel wrote them.
+
+    Raises:
+        TypeError, ValueError: invalid inputs (stage 2's ``validate_inputs``), before CUDA is looked for.
+        UpstreamUnavailable, UpstreamUnsupported, UpstreamError: as :func:`run_forward`.
+    """
+    from ..mamba_mimo_bwd_bwd.spec import MimoBwdBwdOutputs
+    from ..mamba_mimo_bwd_bwd.validation import validate_inputs
+
+    dims = validate_inputs(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
+                           da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor)
+    check_cuda(dims.device)
+    module = stage2_module(source_dir, check_hash=check_hash)
+    kernel = _stage2_kernel(module, dims, threads, num_stages)
+    B, S, H, N, P, R = dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank
+    dev, lp, f32 = dims.device, dims.lp_dtype, torch.float32
+
+    def empty(shape, dtype):
+        t = torch.empty(shape, dtype=dtype, device=dev)
+        return t.fill_(float("nan")) if poison else t
+
+    def zeros(shape):
+        return torch.zeros(shape, dtype=f32, device=dev)
+
+    dq, dk = empty((B, S, R, H, N), lp), empty((B, S, R, H, N), lp)
+    dv, dmimo_v = empty((B, S, H, P), lp), empty((B, H, R, P), f32)
+    dD = empty((B, H), f32) if dims.has_d else None
+    dangles = zeros((B, S, H, N // dims.rotary_dim_divisor))
+    dfactor, dgamma_diag, ddA, ddA_cs_rev, ddA_cs = (zeros((B, H, S)) for _ in range(5))
+    dSSdA = zeros((B, H, dims.nchunks, dims.chunk_size, dims.chunk_size))
+    c = lambda t: None if t is None else t.contiguous()  # noqa: E731
+    args = [c(dout), c(q), c(k), c(v), c(q_bias), c(k_bias), c(mimo_v), c(mimo_o), dk.view(B, S * R, H, N), dv,
+            dmimo_v, c(states), dq.view(B, S * R, H, N), c(z), c(mimo_z), c(angles), c(da_cs), c(da_cs_rev), c(dt),
+            c(trap), dfactor, dgamma_diag, dangles, c(d), dD, c(qk_dot), ddA, dSSdA, ddA_cs_rev, ddA_cs, c(segsum)]
+    last_launch.clear()
+    last_launch.update(kernel="mamba_mimo_bwd_bwd", threads=threads, num_stages=num_stages,
+                       dtype=str(lp).replace("torch.", ""))
+    with _device_context(dev):
+        kernel(*args)
+    return MimoBwdBwdOutputs(dq=dq, dk=dk, dv=dv, dmimo_v=dmimo_v, dD=dD, dangles=dangles, dfactor=dfactor,
+                             dgamma_diag=dgamma_diag, ddA=ddA, dSSdA=dSSdA, ddA_cs_rev=ddA_cs_rev, ddA_cs=ddA_cs)
