@@ -115,56 +115,22 @@ def operator_module(op: OperatorLike, what: str) -> types.ModuleType:
 
 def validate_case_inputs(inputs: Mapping[str, Any], op: OperatorLike = None) -> Dims:
     """Check an inputs dict (tensors by ``op.input_names``, plus ``op.scalar_inputs``) as operator ``op``'s own API
-    does, with the ``validate_inputs`` of its reference module; returns the ``Dims``.
+    does (``Operator.check_inputs``); returns the ``Dims``.
 
     Raises:
         KeyError: an input name is missing. TypeError, ValueError: the operator's validation errors.
     """
-    op = _operator.get(op)
-    check = operator_module(op, "reference").validate_inputs
-    return check(*op.args(inputs), **op.kwargs(inputs))
-
-
-@functools.lru_cache(maxsize=None)
-def _outputs_type_of(name: str) -> type:
-    op = _operator.get(name)
-    module = operator_module(op, "reference")
-    for value in vars(module).values():
-        if isinstance(value, type) and issubclass(value, tuple) and getattr(value, "_fields", None) == op.output_names:
-            return value
-    raise TypeError(f"the reference module {module.__name__} of {op.name} has no outputs NamedTuple with the fields "
-                    f"{list(op.output_names)}")
+    return _operator.get(op).check_inputs(inputs)
 
 
 def outputs_type(op: OperatorLike = None) -> type:
-    """The NamedTuple class of operator ``op``'s outputs: the one its reference returns (fields ``op.output_names``)."""
-    return _outputs_type_of(_operator.get(op).name)
+    """The NamedTuple class of operator ``op``'s outputs."""
+    return _operator.get(op).load("outputs_type")
 
 
 def outputs_of(value, op: OperatorLike = None):
-    """``value`` as operator ``op``'s outputs NamedTuple (:func:`outputs_type`): the NamedTuple itself, a dict by
-    output name (as stage 2's oracle returns), a tuple in output order, or the one tensor of a one-output operator
-    (as the forward's oracle returns).
-
-    Raises:
-        ValueError: a dict with other keys, a tuple of another length. TypeError: anything else.
-    """
-    op = _operator.get(op)
-    kind, names = outputs_type(op), op.output_names
-    if isinstance(value, kind):
-        return value
-    if isinstance(value, Mapping):
-        if set(value) != set(names):
-            raise ValueError(f"outputs of {op.name} must have exactly the keys {list(names)}, got {sorted(value)}")
-        return kind(**{n: value[n] for n in names})
-    if isinstance(value, torch.Tensor) and len(names) == 1:
-        return kind(value)
-    if isinstance(value, tuple):
-        if len(value) != len(names):
-            raise ValueError(f"outputs of {op.name} are {len(names)} tensors {list(names)}, got {len(value)}")
-        return kind(*value)
-    raise TypeError(f"outputs of {op.name} must be a {kind.__name__}, a dict or tuple of its outputs, got "
-                    f"{type(value).__name__}")
+    """``value`` as operator ``op``'s outputs NamedTuple (``Operator.as_outputs``)."""
+    return _operator.get(op).as_outputs(value)
 
 
 # ---------------------------------------------------------------------------------------------------------- cases
@@ -953,7 +919,7 @@ def golden_outputs(name: str, op: OperatorLike = None) -> Dict[str, Optional[tor
     ``upstream_outputs`` of its golden module; ``KeyError`` for an unknown name, ``ValueError`` where the operator has
     no golden data)."""
     op = _operator.get(op)
-    found = operator_module(op, "golden").upstream_outputs(name)
+    found = _operator.get(op).load("golden_outputs")(name)
     if found is None:
         raise ValueError(f"golden case {name!r} has no upstream outputs of {op.name} (upstream refused it)")
     return {n: found.get(n) for n in op.output_names}

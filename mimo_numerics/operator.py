@@ -80,6 +80,9 @@ class Operator:
         golden (str | None), upstream (str | None), kernels (str | None): loaders, where they exist (``golden``
             returns the H200 cases as ``StoredCase`` objects).
         golden_outputs (str | None): ``fn(case_name)`` -> upstream's outputs of that golden case by name.
+        outputs_type (str): ``"module:Class"`` of the outputs NamedTuple (fields ``output_names``).
+        validate (str): ``"module:function"`` checking the inputs as the API does (``fn(*tensors, **scalars)``,
+            returning the ``Dims``; errors name the argument).
         docs (str): where the operator's math is written out.
         knob_sites (mapping): knob -> the sites it acts through (e.g. ``diag_mode`` acts only where an lp mul+add
             pair is carried in lp: stage 1's ``diag_accum``); a one-on sensitivity row of that knob turns them on.
@@ -98,6 +101,8 @@ class Operator:
     oracle: str
     make_inputs: str
     grids: str
+    outputs_type: str = ""
+    validate: str = ""
     golden: Optional[str] = None
     golden_outputs: Optional[str] = None
     upstream: Optional[str] = None
@@ -109,9 +114,10 @@ class Operator:
     # ------------------------------------------------------------------ lazy loaders
     def load(self, what: str) -> Callable:
         """The function behind ``reference``, ``oracle``, ``make_inputs``, ``grids``, ``golden``,
-        ``golden_outputs``, ``upstream`` or ``kernels`` (``ValueError`` naming the operator when it has none)."""
+        ``golden_outputs``, ``outputs_type``, ``validate``, ``upstream`` or ``kernels`` (``ValueError`` naming the
+        operator when it has none)."""
         path = getattr(self, what)
-        if path is None:
+        if not path:
             raise ValueError(f"operator {self.name} has no {what}")
         return _load(path)
 
@@ -147,8 +153,32 @@ class Operator:
         return self.load("reference")(*self.args(inputs), **self.kwargs(inputs), policy=policy, record=record)
 
     def run_oracle(self, inputs: Mapping[str, Any]):
-        """The FP64 oracle's outputs on ``inputs``."""
-        return self.load("oracle")(*self.args(inputs), **self.kwargs(inputs))
+        """The FP64 oracle's outputs on ``inputs``, as the outputs NamedTuple."""
+        return self.as_outputs(self.load("oracle")(*self.args(inputs), **self.kwargs(inputs)))
+
+    def check_inputs(self, inputs: Mapping[str, Any]):
+        """Validate an inputs dict as the API does; returns the ``Dims``."""
+        return self.load("validate")(*self.args(inputs), **self.kwargs(inputs))
+
+    def as_outputs(self, value):
+        """``value`` as the outputs NamedTuple: the NamedTuple itself, a dict by output name, a tuple in output
+        order, or the one tensor of a one-output operator (``ValueError``/``TypeError`` otherwise)."""
+        import torch
+
+        kind, names = self.load("outputs_type"), self.output_names
+        if isinstance(value, kind):
+            return value
+        if isinstance(value, Mapping):
+            if set(value) != set(names):
+                raise ValueError(f"outputs of {self.name} must have exactly the keys {list(names)}, got "
+                                 f"{sorted(value)}")
+            return kind(**{n: value[n] for n in names})
+        if isinstance(value, torch.Tensor) and len(names) == 1:
+            return kind(value)
+        if isinstance(value, tuple) and len(value) == len(names):
+            return kind(*value)
+        raise TypeError(f"outputs of {self.name} must be its outputs NamedTuple, a dict or a tuple of {list(names)}, "
+                        f"got {type(value).__name__}")
 
     def cases(self, grid: str) -> tuple:
         """The case specs of ``grid`` (``ValueError`` listing the grids)."""
