@@ -811,6 +811,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("report", help="write a report of one operator (--op; mimo_numerics.report; 'report --help' for "
                                   "its options)", add_help=False)
+    sub.add_parser("sweep", help="cases x policies of one operator in parallel, on a process pool or Ray "
+                                 "(--executor ray --address ...; mimo_numerics.sweep; 'sweep --help')", add_help=False)
     return parser
 
 
@@ -890,6 +892,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rest = [a for a in argv if a != "--debug"]
         if rest and rest[0] == "report":
             return _run_report(rest[1:])
+        if rest and rest[0] == "sweep":
+            from . import sweep
+
+            return int(sweep.main(rest[1:]) or 0)
         parser = build_parser()
         args = parser.parse_args(argv)
         args.argv = argv

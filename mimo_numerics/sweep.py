@@ -94,13 +94,62 @@ def _map_processes(fn: Callable[[Any], Any], items: List[Any], *, workers: int, 
     return results
 
 
-#: Executors of :func:`parallel_map` by name (module docstring: the interface of one).
-EXECUTORS: Dict[str, Callable[..., List[Any]]] = {"process": _map_processes}
+def _one_thread(fn: Callable[[Any], Any], item: Any, threads: int) -> Any:
+    """``fn(item)`` with ``threads`` torch intra-op threads (as the process pool's workers run), restored after."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return fn(item)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _map_ray(fn: Callable[[Any], Any], items: List[Any], *, workers: int, bar: tqdm, desc: str,
+             threads_per_worker: int, address: Optional[str] = None, num_gpus: Optional[float] = None) -> List[Any]:
+    """One Ray task per item, in input order, on a local Ray instance (``workers`` CPUs, started here and shut down
+    afterwards) or on the cluster at ``address`` (``"auto"``, ``"ray://head:10001"``), ``num_gpus`` per task.
+    An instance already running in this process (``ray.init`` in a notebook) is used and left running."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError("executor='ray' needs Ray: pip install 'mimo_numerics[ray]' (and 'ray[client]' for a "
+                          "ray:// address)") from exc
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, num_cpus=None if address else workers, include_dashboard=False,
+                 log_to_driver=False)
+    try:
+        task = ray.remote(num_cpus=threads_per_worker, num_gpus=num_gpus or 0)(_one_thread)
+        fn_ref = ray.put(fn)
+        pending = {task.remote(fn_ref, item, threads_per_worker): i for i, item in enumerate(items)}
+        results: List[Any] = [None] * len(items)
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                index = pending.pop(ref)
+                try:
+                    results[index] = ray.get(ref)
+                except Exception as exc:
+                    for other in pending:
+                        ray.cancel(other)
+                    raise RuntimeError(f"{desc}: item {index} ({items[index]!r}) failed: {exc}") from exc
+                bar.update()
+        return results
+    finally:
+        if started:
+            ray.shutdown()
+
+
+#: Executors of :func:`parallel_map` by name (module docstring: the interface of one); ``"ray"`` also takes
+#: ``address`` and ``num_gpus`` (docs/sweeps.md).
+EXECUTORS: Dict[str, Callable[..., List[Any]]] = {"process": _map_processes, "ray": _map_ray}
 
 
 def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: Optional[int] = None,
                  progress: bool = True, desc: str = "sweep", threads_per_worker: int = 1,
-                 executor: str = "process") -> List[Any]:
+                 executor: str = "process", **executor_options) -> List[Any]:
     """``[fn(item) for item in items]`` across ``workers`` workers of ``executor``, in input order.
 
     Args:
@@ -111,7 +160,8 @@ def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: Option
         progress (bool): show a progress bar on stderr.
         desc (str): the bar's label.
         threads_per_worker (int): torch intra-op threads in each worker.
-        executor (str): a key of :data:`EXECUTORS` (``"process"``).
+        executor (str): a key of :data:`EXECUTORS` (``"process"``, ``"ray"``).
+        executor_options: the executor's own options (``"ray"``: ``address``, ``num_gpus``).
 
     Returns:
         list: the results, in the order of ``items``. An exception in a worker is raised here as a ``RuntimeError``
@@ -119,15 +169,21 @@ def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: Option
     """
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; executors: {list(EXECUTORS)}")
+    if executor == "process" and executor_options:
+        raise ValueError(f"{sorted(executor_options)} apply to executor='ray' only")
     items = list(items)
     if workers is None:
         workers = default_workers()
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     workers = min(workers, max(len(items), 1))
-    run = _map_in_process if workers == 1 else EXECUTORS[executor]
+    if workers == 1 and executor == "process":
+        run, executor_options = _map_in_process, {}
+    else:
+        run = EXECUTORS[executor]
     with progress_bar(len(items), desc, enabled=progress) as bar:
-        return run(fn, items, workers=workers, bar=bar, desc=desc, threads_per_worker=threads_per_worker)
+        return run(fn, items, workers=workers, bar=bar, desc=desc, threads_per_worker=threads_per_worker,
+                   **executor_options)
 
 
 # ---------------------------------------------------------------------------------------------- cases
@@ -271,7 +327,8 @@ class SweepResult:
 
 def run_sweep(cases: Sequence[CaseLike], policies: Sequence[Union[str, Any]], baseline: str = "fp64",
               workers: Optional[int] = None, progress: bool = True, op: OperatorLike = None,
-              executor: str = "process") -> SweepResult:
+              executor: str = "process", address: Optional[str] = None,
+              num_gpus: Optional[float] = None) -> SweepResult:
     """Evaluate every (case, policy) pair of operator ``op`` in parallel (see :func:`evaluate_task`).
 
     Args:
@@ -282,7 +339,9 @@ def run_sweep(cases: Sequence[CaseLike], policies: Sequence[Union[str, Any]], ba
         workers (int, optional): workers (default: the CPU count; 1: in-process).
         progress (bool): progress bar on stderr.
         op (str | Operator, optional): the operator (default: the registry's default operator).
-        executor (str): how the tasks are spread (:data:`EXECUTORS`).
+        executor (str): how the tasks are spread (:data:`EXECUTORS`: ``"process"``, ``"ray"``).
+        address (str, optional), num_gpus (float, optional): Ray only (docs/sweeps.md): the cluster to use (None: a
+            local instance for this call) and the GPUs each task reserves.
 
     Returns:
         SweepResult
@@ -297,8 +356,9 @@ def run_sweep(cases: Sequence[CaseLike], policies: Sequence[Union[str, Any]], ba
         presets.resolve(policy).section(op.name)  # PolicyUndefined names the policy and the operator
     tasks = [SweepTask(case, p.to_dict() if isinstance(p, RoundingPolicy) else p, baseline, op.name)
              for case in cases for p in policies]
+    options = {k: v for k, v in (("address", address), ("num_gpus", num_gpus)) if v is not None}
     records = parallel_map(evaluate_task, tasks, workers=workers, progress=progress, desc=f"sweep {op.name}",
-                           executor=executor)
+                           executor=executor, **options)
     return SweepResult(records, operator=op.name)
 
 
@@ -321,6 +381,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--baseline", default="fp64", choices=BASELINES)
     parser.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
     parser.add_argument("--executor", default="process", choices=tuple(EXECUTORS))
+    parser.add_argument("--address", default=None, help="Ray cluster address (executor ray; default: a local "
+                                                        "instance)")
+    parser.add_argument("--num-gpus", type=float, default=None, help="GPUs per Ray task (executor ray)")
     parser.add_argument("--output", default=None, help="output shown in the printed table (default: the first "
                                                        "output along the tokens)")
     parser.add_argument("--out", default=None, help="write all records as JSON here")
@@ -340,8 +403,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if args.output is not None and args.output not in op.output_names:
         parser.error(f"--output {args.output}: not an output of {op.name}; outputs: {', '.join(op.output_names)}")
+    if args.executor != "ray" and (args.address is not None or args.num_gpus is not None):
+        parser.error("--address and --num-gpus apply to --executor ray only")
     result = run_sweep(specs, policies, args.baseline, args.workers, progress=not args.quiet, op=op,
-                       executor=args.executor)
+                       executor=args.executor, address=args.address, num_gpus=args.num_gpus)
     if args.out:
         result.save_json(args.out)
     print(result.to_markdown(args.output))

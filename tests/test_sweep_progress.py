@@ -55,8 +55,8 @@ def test_the_executor_is_one_pluggable_function(monkeypatch):
     monkeypatch.setitem(sweep.EXECUTORS, "reversed", reversed_order)
     assert sweep.parallel_map(_double, range(4), workers=3, progress=False, executor="reversed") == [0, 2, 4, 6]
     assert seen == {"workers": 3, "desc": "sweep", "threads": 1}
-    with pytest.raises(ValueError, match=r"unknown executor 'ray'; executors: \['process', 'reversed'\]"):
-        sweep.parallel_map(_double, [1], executor="ray")
+    with pytest.raises(ValueError, match=r"unknown executor 'dask'; executors: \['process', 'ray', 'reversed'\]"):
+        sweep.parallel_map(_double, [1], executor="dask")
 
 
 # ---------------------------------------------------------------------------------------------------------- operators
