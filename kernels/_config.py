@@ -382,7 +382,7 @@ class LaunchConfig:
     Attributes:
         backend (str): "interpreter", "cuda" or "npu". dims (Dims): the validated sizes and branches.
         record (bool): per-stage records are written (``RECORD``; also FP32 states and the output kernel).
-        policy (Mapping): ``policy_constexprs(policy)``, unchanged.
+        policy_constexprs (Mapping): ``policy_constexprs(policy)``, unchanged.
         tuning (Mapping): the checked overrides (empty in normal use).
         plan (Plan): tiles, grids, warps, stages, register caps. switches (BackendSwitches): code forms.
         constexprs (Mapping): shared by the prep, state and output kernels: the policy's (``LPK`` + 2 with
@@ -396,7 +396,7 @@ class LaunchConfig:
     backend: str
     dims: Dims
     record: bool
-    policy: Mapping[str, object]
+    policy_constexprs: Mapping[str, object]
     tuning: Mapping[str, int]
     plan: Plan
     switches: BackendSwitches
@@ -482,5 +482,5 @@ def launch_config(policy, dims: Dims, backend: str, tuning: Optional[Mapping[str
         # both sums in one launch: rows of the stacked partials are (sum, b, h, chunk block)
         n_blk = -(-(R * P) // pl.BLKR)
         add("reduce", n_sums * B * H * n_blk, {"RP": R * P, "BLK": pl.BLKR, "CB": pl.CBR}, pl.warps_k4, 1)
-    return LaunchConfig(backend=backend, dims=dims, record=bool(record), policy=policy_cx, tuning=tuning, plan=pl,
-                        switches=sw, constexprs=MappingProxyType(cx), kernels=MappingProxyType(kernels))
+    return LaunchConfig(backend=backend, dims=dims, record=bool(record), policy_constexprs=policy_cx, tuning=tuning,
+                        plan=pl, switches=sw, constexprs=MappingProxyType(cx), kernels=MappingProxyType(kernels))

@@ -283,7 +283,7 @@ def test_launch_config_is_frozen_and_per_call():
     with pytest.raises(TypeError):
         base.kernels["state"].constexprs["ONE_DOT"] = False
     # the policy constexprs are policy_constexprs(policy), unchanged; the CUDA-only switches are off elsewhere
-    assert dict(base.policy) == kernels.policy_constexprs("upstream_sm90")
+    assert dict(base.policy_constexprs) == kernels.policy_constexprs("upstream_sm90")
     for backend in ("interpreter", "npu"):
         cfg = kernels.launch_config("upstream_sm90", dims, backend, tuning={"native_lp": 1, "rcp_approx": 1})
         sw = cfg.switches
