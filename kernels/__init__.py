@@ -9,20 +9,27 @@ Usage::
 
 CPU tensors run in Triton's interpreter (set up internally: nothing to export), CUDA tensors run compiled, NPU
 tensors go to triton-ascend. Importing this package never imports ``triton``; calling the kernels without it
-raises ``ImportError`` naming the extra to install. Design, grids and rounding sites: ``docs/kernels.md``.
+raises ``ImportError`` naming the extra to install. Benchmarks pass per-call overrides of tiles, warps and the
+bit-identical code forms as ``tuning={...}`` (keys ``TUNING_KEYS``); ``launch_config`` shows the frozen
+``LaunchConfig`` (constexprs, grids, launch options) a call would use. Design, grids and rounding sites:
+``docs/kernels.md``.
 """
 
 from .mimo_bwd_fwd import (  # noqa: F401
     INTERPRETER_LIMIT_S,
     SUPPORTED_DIMS,
+    TUNING_KEYS,
+    LaunchConfig,
     SlowInterpreterError,
     UnsupportedPolicyError,
     estimate_interpreter_seconds,
+    launch_config,
     mamba_mimo_bwd_fwd,
     plan,
     policy_constexprs,
     triton_available,
 )
 
-__all__ = ["mamba_mimo_bwd_fwd", "policy_constexprs", "UnsupportedPolicyError", "SlowInterpreterError",
-           "triton_available", "estimate_interpreter_seconds", "plan", "SUPPORTED_DIMS", "INTERPRETER_LIMIT_S"]
+__all__ = ["mamba_mimo_bwd_fwd", "policy_constexprs", "launch_config", "LaunchConfig", "TUNING_KEYS",
+           "UnsupportedPolicyError", "SlowInterpreterError", "triton_available", "estimate_interpreter_seconds",
+           "plan", "SUPPORTED_DIMS", "INTERPRETER_LIMIT_S"]

@@ -3,8 +3,11 @@
 One source for NVIDIA GPUs, Triton-Ascend NPUs and Triton's CPU interpreter (``triton_portability.md``): lp inputs
 and outputs travel as int16 bit patterns, every rounding is an integer RNE helper of ``_rounding.py``, all math is
 FP32, every access has a mask and an in-bounds address, no inline assembly, no fp64, a 1-D grid. The math is
-``docs/semantics.md``; site numbers S… are those of ``upstream_rounding_sites.md``. The launcher
-(``mimo_bwd_fwd.py``) turns the policy into the constexpr switches named below (``policy_constexprs``).
+``docs/semantics.md``; site numbers S… are those of ``upstream_rounding_sites.md``. Every compile-time constant
+named below comes from one frozen ``LaunchConfig`` per call (``_config.launch_config``, from the policy, the
+backend and optional tuning overrides): the policy's switches and knobs through ``policy_constexprs`` (the only
+place the policy reaches Triton), tiles and grids from the plan, the CUDA code forms (``BackendSwitches``:
+bit-identical on or off); the launcher (``mimo_bwd_fwd.py``) passes each kernel only the constants it declares.
 
 Work is split so that chunks run in parallel (upstream walks all chunks of a (batch, head) in one program); fused
 rows of a chunk are i = t_local·R + r (C·R of them, padded to LP, a power of two ≥ 16):
@@ -357,7 +360,8 @@ def _mimo_prep_kernel(
 
     Compile-time constants:
         N, P, R, C: sizes. LP: padded fused rows. RB: rows per program (LP on the interpreter, 16 on devices).
-        AW: rotated columns per half (N / rotary_dim_divisor). W: record row width. LPK: 0 bf16, 1 fp16.
+        AW: rotated columns per half (N / rotary_dim_divisor). W: record row width. LPK: 0 bf16, 1 fp16 (2, 3:
+        the same through the device's cvt.rn, ``native_lp``).
         PSI_WEIGHT, QK_BIAS, DT_INPUT, QK_BIASED, PSIV, SHIFTED_GAMMA, TRAP_SCALE, ROTARY, K_SCALED, K_STATE,
         QK_DOT_INTERNAL: policy switches. QK_GEMM: same-step q̃·k̃ᵀ as one [LP, LP] GEMM (RB == LP) else as row
         products with the k̃ rows reloaded (no [LP, LP] tile; on the H200 also faster than an [RB, RB] GEMM over
@@ -482,7 +486,7 @@ def _mimo_state_kernel(
     FP32 h_c) when STORE_F32.
 
     Compile-time constants:
-        N, P, C, LP: sizes (LP = padded fused rows). BN, BP: tile. CB: chunks per decay load. LPK: lp format.
+        N, P, R, C, LP: sizes (LP = padded fused rows). BN, BP: tile. CB: chunks per decay load. LPK: lp format.
         K_STATE, PSIV: the workspaces hold lp bits. DOT_STATE_LP: feed the GEMM lp operands (devices only, both
         operands on the grid). ACCUMULATE: ``state_update="accumulate_into"`` (one K=16 slice of rows at a time
         into the live state) else ``"separate"`` (the chunk's sum first, then added). STORE_F32: store FP32 h_c.
@@ -960,7 +964,8 @@ def _mimo_out_kernel(
         QK_DOT_INTERNAL and PSIV. RECORD: write the per-stage records. PERSISTENT: loop over the n_virtual virtual
         programs (the launch has fewer programs). DIAG_LOOP: the diagonal's rank steps as a
         runtime loop (R > 8, and Ascend: unrolled, the fp16 steps without D crash triton-ascend's
-        triton-to-unstructure pass at N = P = 64, R = 4) instead of unrolled.
+        triton-to-unstructure pass at N = P = 64, R = 4) instead of unrolled. RCP_APPROX (CUDA): the Z gate's
+        reciprocal as div.approx (the bits of the div.full.f32 of ``/`` for its denominators in [1, 2]).
 
     Rounding sites: S4, S12 (q̃), S16 (q rotation), S19 (operand), S22, S26 (diag_accum, diag_mode), S27, S30,
     S34, S35, S36, S38 (dz_accum; DZ store); FP32: S9, S20, S21, S23, S24, S25, S28, S29, S31–S33, S37, S39.

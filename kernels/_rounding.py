@@ -7,8 +7,8 @@ the 16-bit pattern (carried as int16, never as a bf16/fp16 tensor).
 
 The format is a constexpr ``LPK``: 0 = bfloat16, 1 = float16 (integer helpers, the default on every backend);
 2 and 3 are the same formats rounded by the backend's native RNE conversion (``cvt.rn`` on NVIDIA: bit-identical
-results, fewer instructions; an opt-in performance switch of the launcher, never used by the interpreter, whose
-conversion truncates). One helper per format, used at every site:
+results, fewer instructions; the launcher's ``native_lp`` code form, on by default on CUDA only, never used by the
+interpreter, whose conversion truncates, nor on Ascend). One helper per format, used at every site:
 
 * ``_rne_bf16_u`` / ``_rne_f16_u``: FP32 bit pattern (int32) -> FP32 bit pattern of the RNE-rounded value.
   Subnormals (fp16: |x| < 2**-14 rounds to a multiple of 2**-24), overflow to inf, NaN kept NaN.

@@ -634,8 +634,8 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
     """The launches the project's launcher makes for the gated cases, asked from the launcher itself.
 
     ``mimo_numerics.kernels.mimo_bwd_fwd.build_launches(..., backend="npu")`` validates the inputs, derives the
-    constexprs (``policy_constexprs``), the Ascend tile plan and the grids, allocates the buffers and returns the
-    launches without running them. The gate calls it on small CPU inputs of each case; the kernels, arguments,
+    call's ``LaunchConfig`` (the policy's constexprs, the Ascend tile plan, the grids; no tuning overrides: the
+    gate compiles the default plan), allocates the buffers and returns the launches without running them. The gate calls it on small CPU inputs of each case; the kernels, arguments,
     constexprs and grids it compiles are exactly the launcher's. Runtime ints (B, S, H, …) are one
     representative size per case: B = 2, H = 2, G = 1, S = 3·C − 1 (three chunks, the last one padded), so none is
     specialised as 1 or as a multiple of 16 the way a unit batch would be.

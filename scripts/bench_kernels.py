@@ -48,7 +48,8 @@ SHAPES = {
 }
 #: upstream TileLang on an H200 (shared/docs/performance.md, two runs); not run by this script
 UPSTREAM_MS = {"a": "6.63, 6.72", "b": "1.75, 1.78", "c": "9.91, 10.07", "d": "3.85, 3.89"}
-#: tuning variants of the upstream_sm90 kernels (mimo_bwd_fwd.TUNING; none changes numerics)
+#: tuning variants of the upstream_sm90 kernels (the ``tuning=`` overrides of one call, keys
+#: ``kernels.TUNING_KEYS``; none changes numerics)
 VARIANTS = {
     "default": {},
     "emulated": {"native_lp": 0},
@@ -205,6 +206,10 @@ def main(argv=None) -> int:
         dev = torch.device("cuda")
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton interpreter, --smoke)"
     variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        print(f"unknown --variants {unknown}; known: {list(VARIANTS)}", file=sys.stderr)
+        return 2
     up_ok, up_why = (False, "--no-upstream") if args.no_upstream or dev.type != "cuda" else upstream.availability()
     print(f"upstream TileLang: {'timed in this run' if up_ok else 'not run: ' + up_why}")
     rows, breakdown, failures = [], [], []
@@ -232,32 +237,31 @@ def main(argv=None) -> int:
         runs = [("upstream_sm90", v, VARIANTS[v]) for v in variants] + [("seed_bf16", "default", {})]
         for preset, vname, tuning in runs:
             key = f"triton_{preset}" + ("" if vname == "default" else f"[{vname}]")
-            with mimo_bwd_fwd.tuning(tuning):
-                out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, poison=True)
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                errs = gate(out, refs[preset])
-                row[key + "_gate"] = errs
-                if not ok(errs):
-                    failures.append((shape, key, errs))
-                    row[key + "_ms"] = None
-                    print(f"[{shape}] {key}: GATE FAILED {errs} -> not timed")
-                    continue
-                prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=preset)
+            out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, poison=True, tuning=tuning)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            errs = gate(out, refs[preset])
+            row[key + "_gate"] = errs
+            if not ok(errs):
+                failures.append((shape, key, errs))
+                row[key + "_ms"] = None
+                print(f"[{shape}] {key}: GATE FAILED {errs} -> not timed")
+                continue
+            prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=preset, tuning=tuning)
 
-                def run_all(prep=prep):
-                    for launch in prep.launches:
-                        launch.run()
+            def run_all(prep=prep):
+                for launch in prep.launches:
+                    launch.run()
 
-                ms = do_bench(run_all, rep=args.rep, return_mode="median")
-                row[key + "_ms"] = ms
-                print(f"[{shape}] {key:34s} {ms:8.3f} ms  {row['bytes'] / ms / 1e6:7.0f} GB/s  "
-                      f"max gate err {max(errs.values()):.1e}")
-                if vname == "default" or preset == "upstream_sm90":
-                    for launch in prep.launches:
-                        kms = do_bench(launch.run, rep=max(20, args.rep // 4), return_mode="median")
-                        breakdown.append({"shape": shape, "config": key, "kernel": launch.name, "grid": launch.grid,
-                                          "ms": kms})
+            ms = do_bench(run_all, rep=args.rep, return_mode="median")
+            row[key + "_ms"] = ms
+            print(f"[{shape}] {key:34s} {ms:8.3f} ms  {row['bytes'] / ms / 1e6:7.0f} GB/s  "
+                  f"max gate err {max(errs.values()):.1e}")
+            if vname == "default" or preset == "upstream_sm90":
+                for launch in prep.launches:
+                    kms = do_bench(launch.run, rep=max(20, args.rep // 4), return_mode="median")
+                    breakdown.append({"shape": shape, "config": key, "kernel": launch.name, "grid": launch.grid,
+                                      "ms": kms})
         if not args.no_reference_timing:
             row["reference_upstream_sm90_ms"] = do_bench(
                 lambda: mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90"),

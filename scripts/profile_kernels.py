@@ -5,8 +5,8 @@
 
 The call is made once to compile and warm up, then once more between ``cudaProfilerStart`` / ``cudaProfilerStop``
 (``torch.cuda.profiler``), so ``--profile-from-start off`` captures exactly one call's launches. ``--tuning`` takes a
-JSON dict of ``mimo_bwd_fwd.TUNING`` overrides (no numerics change). Times under a profiler are not benchmark
-figures: use ``scripts/bench_kernels.py`` for those.
+JSON dict of the call's ``tuning=`` overrides (keys ``kernels.TUNING_KEYS``; no numerics change). Times under a
+profiler are not benchmark figures: use ``scripts/bench_kernels.py`` for those.
 """
 
 from __future__ import annotations
@@ -31,22 +31,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="a", help="a benchmark shape of scripts/bench_kernels.py (a, b, c, d)")
     ap.add_argument("--policy", default="upstream_sm90")
-    ap.add_argument("--tuning", default="{}", help="JSON dict of mimo_bwd_fwd.TUNING overrides")
+    ap.add_argument("--tuning", default="{}", help="JSON dict of tuning overrides (keys: kernels.TUNING_KEYS)")
     args = ap.parse_args(argv)
+    tuning = mimo_bwd_fwd.check_tuning(json.loads(args.tuning))  # a bad key fails before the GPU is touched
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     x = make_inputs(spec_of(args.shape), device=torch.device("cuda"))
-    with mimo_bwd_fwd.tuning(json.loads(args.tuning)):
-        prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=args.policy)
-        for launch in prep.launches:  # compile and warm up
-            launch.run()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()
-        for launch in prep.launches:
-            launch.run()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
+    prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=args.policy, tuning=tuning)
+    for launch in prep.launches:  # compile and warm up
+        launch.run()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for launch in prep.launches:
+        launch.run()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
     print("profiled:", ", ".join(f"{launch.name} grid {launch.grid}" for launch in prep.launches))
     return 0
 

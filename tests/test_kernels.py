@@ -195,9 +195,8 @@ def _check_tiled(spec, preset, overrides, check_plan):
     from mimo_numerics.kernels import mimo_bwd_fwd
 
     x = _inputs(spec)
-    with mimo_bwd_fwd.tuning(overrides):
-        check_plan(mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=preset).plan)
-        out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, poison=True)
+    check_plan(mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=preset, tuning=overrides).plan)
+    out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, poison=True, tuning=overrides)
     d = _distances(out, mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset))
     assert max(d.values()) <= GATE_RTOL, d
     for n in OUTPUT_NAMES:
@@ -235,24 +234,78 @@ def test_token_blocks_match_reference(preset):
     _check_tiled(spec, preset, dict(TB=16, RBK=2, JB=32), check_plan)
 
 
-def test_tuning_overrides_are_checked_and_restored():
+@pytest.mark.parametrize("tuning, error, match", [
+    ({"RBKK": 2}, ValueError, r"unknown keys \['RBKK'\]"),
+    ([("RBK", 2)], TypeError, "tuning must be a mapping"),
+    ({"TB": 16.0}, TypeError, r"values must be ints.*'TB'"),
+    ({"native_lp": True}, TypeError, r"values must be ints.*'native_lp'"),
+    ({"BN": 24}, ValueError, r"tuning\['BN'\]=24: must be a power of two"),
+    ({"warps_k3": 0}, ValueError, r"tuning\['warps_k3'\]=0: must be a power of two"),
+    ({"rcp_approx": 2}, ValueError, r"tuning\['rcp_approx'\]=2: must be 0 \(off\) or 1"),
+    ({"max_programs": 0}, ValueError, r"tuning\['max_programs'\]=0: must be >= 1"),
+    ({"maxnreg_k3": -1}, ValueError, r"tuning\['maxnreg_k3'\]=-1: must be >= 0"),
+], ids=["unknown", "not_mapping", "float", "bool", "not_pow2", "zero_warps", "switch", "max_programs", "maxnreg"])
+def test_bad_tuning_is_refused_naming_the_key(tuning, error, match):
+    x = _inputs(CASES[5])
+    with pytest.raises(error, match=match):
+        kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90", tuning=tuning)
+    dims = mn.validation.validate_inputs(*as_args(x), **as_kwargs(x))
+    with pytest.raises(error, match=match):
+        kernels.launch_config("upstream_sm90", dims, "cuda", tuning=tuning, sm_count=132)
+
+
+def test_launch_config_is_frozen_and_per_call():
+    """One frozen object per call, derived from (policy, backend, tuning) alone: no global state, so a tuned call
+    leaves the next untuned one as it was, and the caller's tuning dict is copied."""
+    import dataclasses
+
     from mimo_numerics.kernels import mimo_bwd_fwd
 
-    with pytest.raises(ValueError, match="unknown TUNING keys.*'RBKK'"):
-        with mimo_bwd_fwd.tuning({"RBKK": 2}):
-            pass
-    with pytest.raises(TypeError, match="overrides must be a dict"):
-        with mimo_bwd_fwd.tuning([("RBK", 2)]):
-            pass
-    with pytest.raises(TypeError, match="values must be ints.*'TB'"):
-        with mimo_bwd_fwd.tuning({"TB": 16.0}):
-            pass
-    before = dict(mimo_bwd_fwd.TUNING)
-    with pytest.raises(RuntimeError):
-        with mimo_bwd_fwd.tuning({"RBK": 2}):
-            assert mimo_bwd_fwd.TUNING == {"RBK": 2}
-            raise RuntimeError("inside")
-    assert mimo_bwd_fwd.TUNING == before
+    assert not hasattr(mimo_bwd_fwd, "TUNING") and not hasattr(mimo_bwd_fwd, "tuning")
+    spec = CaseSpec(seqlen=40, heads=4, state_dim=64, value_dim=64, rank=4, chunk_size=16, has_z=True, has_d=True)
+    x = _inputs(spec)
+    dims = mn.validation.validate_inputs(*as_args(x), **as_kwargs(x))
+    base = kernels.launch_config("upstream_sm90", dims, "cuda", sm_count=132)
+    overrides = {"RBK": 2, "warps_k3": 8, "native_lp": 0, "maxnreg_k3": 0}
+    tuned = kernels.launch_config("upstream_sm90", dims, "cuda", tuning=overrides, sm_count=132)
+    overrides["RBK"] = 4  # the config holds its own copy
+    assert tuned.plan.RBK == 2 and base.plan.RBK == 1 and tuned.tuning["RBK"] == 2
+    assert tuned.kernels["out"].options == {"num_warps": 8, "num_stages": 1, "enable_fp_fusion": False}
+    assert base.kernels["out"].options["maxnreg"] == 128 and base.kernels["out"].options["num_warps"] == 4
+    assert base.switches.native_lp and not tuned.switches.native_lp
+    assert base.constexprs["LPK"] == 2 and tuned.constexprs["LPK"] == 0
+    assert base == kernels.launch_config("upstream_sm90", dims, "cuda", sm_count=132)  # nothing leaked
+    assert list(base.kernels) == ["angles", "prep", "state", "out", "reduce"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        base.plan = tuned.plan
+    with pytest.raises(TypeError):
+        base.constexprs["LPK"] = 0
+    with pytest.raises(TypeError):
+        base.kernels["state"].constexprs["ONE_DOT"] = False
+    # the policy constexprs are policy_constexprs(policy), unchanged; the CUDA-only switches are off elsewhere
+    assert dict(base.policy_constexprs) == kernels.policy_constexprs("upstream_sm90")
+    for backend in ("interpreter", "npu"):
+        cfg = kernels.launch_config("upstream_sm90", dims, backend, tuning={"native_lp": 1, "rcp_approx": 1})
+        sw = cfg.switches
+        assert not (sw.native_lp or sw.state_one_dot or sw.rcp_approx or sw.walk_psiv_from_v), backend
+        assert cfg.constexprs["LPK"] == 0 and all(not kc.options for kc in cfg.kernels.values())
+    with pytest.raises(ValueError, match="backend must be one of"):
+        kernels.launch_config("upstream_sm90", dims, "metal")
+
+
+def test_build_launches_passes_the_config():
+    """Every launch gets its kernel's own constexprs and the options of the config, nothing else."""
+    from mimo_numerics.kernels import mimo_bwd_fwd
+
+    x = _inputs(CASES[0])
+    prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy="seed_bf16", backend="cuda",
+                                       sm_count=132, tuning={"stages_k3": 2})
+    assert [la.name for la in prep.launches] == list(prep.config.kernels)
+    for launch in prep.launches:
+        kc = prep.config.kernels[launch.name]
+        assert launch.grid == kc.grid and launch.options == dict(kc.options)
+        assert launch.constexprs == {k: v for k, v in kc.constexprs.items() if k in launch.kernel.arg_names}
+    assert prep.config.kernels["out"].options["num_stages"] == 2
 
 
 def test_npu_plan_builds_from_cpu_tensors():
@@ -517,9 +570,8 @@ def test_compiles_for_sm90_without_spills(policy, spec, tuning):
     from mimo_numerics.kernels import _devtools, mimo_bwd_fwd
 
     x = _inputs(spec)
-    with mimo_bwd_fwd.tuning(tuning):
-        prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=policy, backend="cuda",
-                                           sm_count=132)
+    prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=policy, backend="cuda", sm_count=132,
+                                       tuning=tuning)
     for row in _devtools.compile_launches(prep, arch=90):
         assert row["regs"] > 0 and row["stack"] <= (1024 if row["name"] == "out" else 0), row
 

@@ -161,14 +161,10 @@ _SAME_BITS_SWITCHES = ("native_lp", "state_one_dot", "rcp_approx", "walk_psiv_fr
 @pytest.mark.parametrize("switch", _SAME_BITS_SWITCHES)
 @pytest.mark.parametrize("preset", ["upstream_sm90", "seed_bf16", "upstream_sm90_fp16"])
 def test_gpu_performance_switches_are_bit_identical(preset, switch):
-    from mimo_numerics.kernels import mimo_bwd_fwd
-
     spec = _DET_CASE.replace(dtype="float16") if preset.endswith("fp16") else _DET_CASE
     x = make_inputs(spec, device="cuda")
-    with mimo_bwd_fwd.tuning({switch: 0}):
-        a = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset)
-    with mimo_bwd_fwd.tuning({switch: 1}):
-        b = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset)
+    a = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, tuning={switch: 0})
+    b = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, tuning={switch: 1})
     for n in OUTPUT_NAMES:
         if getattr(a, n) is not None:
             assert torch.equal(_bits(getattr(a, n)), _bits(getattr(b, n))), n
@@ -178,7 +174,7 @@ def test_gpu_rcp_approx_gives_the_same_bits():
     """The Z gate's reciprocal as div.approx (RCP_APPROX, the CUDA default) against the div.full.f32 of ``/``: the
     same FP32 bits for σ(x), σ(−x) and the gate, over 2**22 values from 1e-30 to 1e4 in magnitude and both signs,
     and the same outputs end to end."""
-    from mimo_numerics.kernels import _backend, mimo_bwd_fwd
+    from mimo_numerics.kernels import _backend
 
     mod = _backend.kernel_module(interpreted=False)
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -198,8 +194,8 @@ def test_gpu_rcp_approx_gives_the_same_bits():
     inp = make_inputs(spec, device="cuda")
     outs = []
     for approx in (0, 1):
-        with mimo_bwd_fwd.tuning({"rcp_approx": approx}):
-            outs.append(kernels.mamba_mimo_bwd_fwd(*as_args(inp), **as_kwargs(inp), policy="upstream_sm90"))
+        outs.append(kernels.mamba_mimo_bwd_fwd(*as_args(inp), **as_kwargs(inp), policy="upstream_sm90",
+                                               tuning={"rcp_approx": approx}))
     for name in OUTPUT_NAMES:
         if getattr(outs[0], name) is not None:
             assert torch.equal(_bits(getattr(outs[0], name)), _bits(getattr(outs[1], name))), name
