@@ -7,7 +7,7 @@ trimmed to the S valid tokens; the site in parentheses rounds it (catalog site n
 from __future__ import annotations
 
 from ...operator import Operator, Stage
-from ...outputs import INPUT_NAMES, OPTIONAL_INPUTS
+from .outputs import INPUT_NAMES, OPTIONAL_INPUTS
 
 _TOK = ("B", "H", "S", "R")
 
@@ -61,14 +61,14 @@ OPERATOR = Operator(
     knobs=("lp_dtype", "diag_mode", "math_dtype", "state_update", "silu_form", "round_outputs"),
     knob_sites={"diag_mode": ("diag_accum",)},
     reference="mimo_numerics.reference:mamba_mimo_bwd_fwd",
-    oracle="mimo_numerics.oracle:mamba_mimo_bwd_fwd_oracle",
-    outputs_type="mimo_numerics.outputs:MimoBwdFwdOutputs",
+    oracle="mimo_numerics.ops.mamba_mimo_bwd_fwd.oracle:mamba_mimo_bwd_fwd_oracle",
+    outputs_type="mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs:MimoBwdFwdOutputs",
     validate="mimo_numerics.validation:validate_inputs",
     make_inputs="mimo_numerics.cases:make_inputs",
     grids="mimo_numerics.cases:grids",
-    golden="mimo_numerics.golden:stored_cases",
-    golden_outputs="mimo_numerics.golden:upstream_outputs",
-    upstream="mimo_numerics.upstream:mamba_mimo_bwd_fwd",
+    golden="mimo_numerics.ops.mamba_mimo_bwd_fwd.golden:stored_cases",
+    golden_outputs="mimo_numerics.ops.mamba_mimo_bwd_fwd.golden:upstream_outputs",
+    upstream="mimo_numerics.ops.mamba_mimo_bwd_fwd.upstream:mamba_mimo_bwd_fwd",
     kernels="mimo_numerics.kernels:mamba_mimo_bwd_fwd",
     docs="docs/semantics.md",
 )
