@@ -12,6 +12,10 @@ at a time: off from ``upstream_sm90`` (rel RMS against upstream) and on alone fr
 reference under ``fp64``); (4) the one rounding flip behind the seed-formula case. Policies are the operator
 contract's stand-ins (``tests/bwd_bwd_support.py``). Deterministic on one machine (no timestamps); fp32 GEMMs go
 through BLAS, so the last digit of an fp32-level figure may differ elsewhere. About 2 minutes on 2 cores.
+
+The generic ``scripts/make_sensitivity_report.py --op mamba_mimo_bwd_bwd`` (``reports/
+sensitivity_mamba_mimo_bwd_bwd_golden.md``) ranks the sites on all 11 golden cases and every output and infers the
+policy, but gives means only; sections 1, 2 (with the max over cases) and 4 exist only here (:data:`DIFFERENCES`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,20 @@ from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import OUTPUT_NAMES  # noqa: E402
 
 DEFAULT_OUT = ROOT / "reports" / "stage2_site_sensitivity.md"
 FOCUS = ("dq", "dk", "dv")
+#: How this report differs from the generic one (written into the header).
+DIFFERENCES = (
+    "How this report differs from `reports/sensitivity_mamba_mimo_bwd_bwd_golden.md` (`python "
+    "scripts/make_sensitivity_report.py --op mamba_mimo_bwd_bwd`, the generic report every operator gets): here "
+    "the 7 shared cases only, the per-case golden table of section 1 (bit-equal fractions, the error over Σ|terms| "
+    "of the cancelling sums; the figures behind the stage-2 tolerances), the mean AND the max over the cases for "
+    "dq, dk, dv, one-on from the `fp32` preset (so `dv_accum` alone is rounded with `fp32`'s `mul_then_add`; the "
+    "generic report keeps `upstream_sm90`'s knobs, `fma`) and the diagnosis of the seed-formula case (section 4). "
+    "The generic report adds the 4 extra cases (R = 8, fp16, G = H with N = 32, R = 1 with C = 64), every output, "
+    "the rankings, the attribution from `fp32` to `upstream_sm90` and the policy inferred from upstream's outputs. "
+    "Cross-checked on 2026-12-01 (the generic script with `--cases` set to these 7): its one-off means against "
+    "upstream and one-on means against fp64 of dq, dk, dv agree with section 3 to the digits shown, except the "
+    "one-on of `dv_accum` (rounded there with `upstream_sm90`'s `fma`)."
+)
 
 
 def _table(head, rows):
@@ -171,6 +189,8 @@ def build(out: Path = DEFAULT_OUT) -> str:
         f"`{GOLDEN_FULL_OP}` ({len(cases)} cases; mamba-ssm 2.3.2.post1, tilelang 0.1.8, one H200; stage 2 fed "
         "upstream's own stage-1 `states` and `qk_dot`). Policies are the operator contract's stand-ins "
         "(`tests/bwd_bwd_support.py::stage2_policy`). Rel RMS = `||a − e|| / ||e||`.",
+        "",
+        DIFFERENCES,
         "",
         "## 1. Golden table",
         "",
