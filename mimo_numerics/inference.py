@@ -98,7 +98,8 @@ SEARCHED_KNOBS: Tuple[str, ...] = ("diag_mode", "state_update", "silu_form")
 
 def searched_fields(op=None) -> Tuple[str, ...]:
     """Every field the search varies for operator ``op``: its switches (bare site names), then the knobs."""
-    return tuple(registry.site_table(_operator.get(op).name)) + SEARCHED_KNOBS
+    op = _operator.get(op)
+    return tuple(registry.site_table(op.name)) + tuple(k for k in SEARCHED_KNOBS if k in op.knobs)
 
 
 #: The default operator's switches and searched fields (use :func:`searched_fields` for another operator).

@@ -327,9 +327,9 @@ class RoundingPolicy:
 
         return presets.name_of(self, operator=operator) or "custom"
 
-    def switches_on(self, operator: str) -> Tuple[str, ...]:
-        """Names of ``operator``'s switches that are on."""
-        return self.section(operator).on()
+    def switches_on(self, operator: Optional[str] = None) -> Tuple[str, ...]:
+        """Names of ``operator``'s switches that are on (default: the default operator's, stage 1, as before)."""
+        return self.section(registry.DEFAULT_OPERATOR if operator is None else operator).on()
 
     # ------------------------------------------------------------------ edits and comparisons
     def replace(self, **changes) -> "RoundingPolicy":

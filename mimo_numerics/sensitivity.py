@@ -312,6 +312,7 @@ class GapAttribution:
         interaction (dict): output -> ``gap − residual − Σ forward``: what one-at-a-time changes do not explain.
         metric (str): ``"rel_rms"`` or ``"distance"`` (the inference distance's per-output share).
         n_cases (int): cases averaged over.
+        operator (str): the operator whose fields were compared.
     """
 
     policy_a: RoundingPolicy
@@ -324,6 +325,7 @@ class GapAttribution:
     interaction: Dict[str, float]
     metric: str
     n_cases: int
+    operator: str = registry.DEFAULT_OPERATOR
 
     def ranked(self, output: str, direction: str = "forward") -> List[FieldContribution]:
         """Rows ranked by their ``direction`` contribution to ``output``, largest first (ties by field order)."""
@@ -341,7 +343,8 @@ class GapAttribution:
     def to_dict(self) -> Dict[str, Any]:
         """Plain JSON types."""
         return {"policy_a": self.policy_a.to_dict(), "policy_b": self.policy_b.to_dict(),
-                "name_a": self.policy_a.name, "name_b": self.policy_b.name, "target": self.target,
+                "name_a": self.policy_a.label(self.operator), "name_b": self.policy_b.label(self.operator),
+                "operator": self.operator, "target": self.target,
                 "outputs": list(self.outputs), "gap": dict(self.gap), "residual": dict(self.residual),
                 "rows": [r.to_dict() for r in self.rows], "interaction": dict(self.interaction),
                 "metric": self.metric, "n_cases": self.n_cases,
@@ -350,7 +353,8 @@ class GapAttribution:
     def to_markdown(self) -> str:
         """A Markdown table: per output, the gap and each field's forward (backward) contribution."""
         head = ["", *self.outputs]
-        lines = [f"Gap `{self.policy_a.name}` → `{self.policy_b.name}` ({self.metric} to {self.target}, "
+        lines = [f"Gap `{self.policy_a.label(self.operator)}` → `{self.policy_b.label(self.operator)}` "
+                 f"({self.metric} to {self.target}, "
                  f"{self.n_cases} case(s)); contributions: forward (backward)", "",
                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines.append("| **d(A)** | " + " | ".join(f"{self.gap[o]:.3g}" for o in self.outputs) + " |")
@@ -409,4 +413,4 @@ def attribute_gap(inputs: CasesLike, policy_a: PolicyLike, policy_b: PolicyLike,
     interaction = {o: da[o] - db[o] - sum(r.forward[o] for r in rows) for o in outputs}
     label = f"{b.label(op.name)} (policy B)" if target is None else _baseline_label(target)
     return GapAttribution(a, b, label, outputs, {o: da[o] for o in outputs}, {o: db[o] for o in outputs}, rows,
-                          interaction, metric, len(cases))
+                          interaction, metric, len(cases), op.name)

@@ -10,7 +10,7 @@ Sections: (1) the golden table per case and output (rel RMS against upstream und
 ``fp64``; bit-equal fraction; for dD, ddA, dangles the error relative to Σ|terms|); (2) knob variants; (3) one site
 at a time: off from ``upstream_sm90`` (rel RMS against upstream) and on alone from ``fp32`` (rel RMS against the
 reference under ``fp64``); (4) the one rounding flip behind the seed-formula case. Policies are the operator
-contract's stand-ins (``tests/bwd_bwd_support.py``). Deterministic on one machine (no timestamps); fp32 GEMMs go
+presets (``tests/bwd_bwd_support.py``). Deterministic on one machine (no timestamps); fp32 GEMMs go
 through BLAS, so the last digit of an fp32-level figure may differ elsewhere. About 2 minutes on 2 cores.
 
 The generic ``scripts/make_sensitivity_report.py --op mamba_mimo_bwd_bwd`` (``reports/
@@ -188,7 +188,7 @@ def build(out: Path = DEFAULT_OUT) -> str:
         f"{dirty}; torch {torch.__version__.split('+')[0]}, Python {platform.python_version()}, CPU. Golden data: "
         f"`{GOLDEN_FULL_OP.resolve().relative_to(ROOT)}` ({len(cases)} cases; mamba-ssm 2.3.2.post1, tilelang "
         "0.1.8, one H200; stage 2 fed "
-        "upstream's own stage-1 `states` and `qk_dot`). Policies are the operator contract's stand-ins "
+        "upstream's own stage-1 `states` and `qk_dot`). Policies are the presets "
         "(`tests/bwd_bwd_support.py::stage2_policy`). Rel RMS = `||a − e|| / ||e||`.",
         "",
         DIFFERENCES,
