@@ -1,74 +1,77 @@
-"""Accuracy gates for any implementation of ``mamba_mimo_bwd_fwd`` against a rounding policy.
+"""Accuracy gates for any implementation of an operator of the op, against a rounding policy.
 
 A kernel developer gates *their* kernel in *their* CI::
 
     import functools
-    from mimo_numerics.testing import assert_mamba_mimo_bwd_fwd
-    assert_mamba_mimo_bwd_fwd(functools.partial(my_kernel, policy=...), policy="upstream_sm90", cases="gate",
-                              device="cuda")
+    from mimo_numerics import testing
+    testing.assert_gate(functools.partial(my_kernel, policy=...), op="<operator>", policy="upstream_sm90",
+                        cases="gate", device="cuda")
 
-``fn`` is any callable with the reference's signature: the 17 tensors in API order (``INPUT_NAMES``) plus the
-keywords ``chunk_size=`` and ``rotary_dim_divisor=`` (and ``policy=`` when ``pass_policy=True``), returning the five
-outputs as a ``MimoBwdFwdOutputs``, a 5-tuple in ``OUTPUT_NAMES`` order or a dict keyed by output name. Inputs are
-drawn on the CPU (``mimo_numerics.cases.make_inputs``), copied to ``device`` for ``fn``, and its results are moved
-back to the CPU. The policy reference and the FP64 oracle run on the CPU, cached per (case, policy) for the process.
+``op`` is an operator of the registry (``mimo_numerics.ops.registry.OPERATORS``) by name, or its
+:class:`mimo_numerics.operator.Operator`; None (the default) is ``registry.DEFAULT_OPERATOR``, backward stage 1.
+For every registered operator this module also has ``check_<operator>`` and ``assert_<operator>``: :func:`check`
+and :func:`assert_gate` for that operator only (the default operator's pair is the package's first public gate API).
+
+``fn`` is any callable with the operator's reference signature: its tensors in API order (``op.input_names``) plus
+the keywords of ``op.scalar_inputs`` (``chunk_size=``, ``rotary_dim_divisor=``; and ``policy=`` when
+``pass_policy=True``), returning the outputs as the operator's outputs named tuple, a tuple in ``op.output_names``
+order, a dict keyed by output name or, for an operator with one output, that tensor. Inputs are drawn on the CPU
+(``op.draw``), copied to ``device`` for ``fn``, and its results are moved back to the CPU. The policy reference and
+the FP64 oracle run on the CPU, cached per (operator, case, policy) for the process.
 
 Every case and output is checked by structure and by two gates (``docs/gating.md`` explains the report):
 
 * **structure**: an output is present exactly when the reference has it (branch on/off), with the reference's shape
-  and dtype (lp outputs in the policy's ``lp_dtype``, ``dmimo_*`` in float32), on the input device, with no NaN/Inf
-  where the reference is finite; ``fn`` must not modify its inputs.
+  and dtype (``op.lp_outputs`` in the policy's ``lp_dtype``, the others in float32), on the input device, with no
+  NaN/Inf where the reference is finite; ``fn`` must not modify its inputs.
 * **same-policy gate**: ``rel_rms(fn, reference[P]) <= tol_same``, with
   ``tol_same = max(same_policy_rel_rms, noise_factor · noise)`` (``noise`` measured only when the error exceeds
   ``same_policy_rel_rms``, since it can only raise the tolerance). ``noise`` is this case's own FP32-order noise floor:
-  the largest ``rel_rms(reference[P'], reference[P])`` over FP32-level perturbations ``P'`` of the same policy (FP64
-  intermediate math, the other ``state_update`` order, a permuted state-dim summation order). On most cases it is 0
-  or ~1e-5 and the table's ``same_policy_rel_rms`` applies; where one flipped lp rounding of the state cascades into
-  many outputs it reaches 7e-4 (the real H200 upstream kernel differs from ``upstream_sm90`` by just as much there).
+  the largest ``rel_rms(reference[P'], reference[P])`` over FP32-level perturbations ``P'`` of the same policy
+  (:func:`noise_perturbations`: FP64 intermediate math, the other ``state_update`` order, a permuted state-dim
+  summation order), where one flipped lp rounding can cascade into many outputs.
 * **noise-floor gate** (flash-attention / PyTorch style):
   ``rel_rms(fn, oracle) <= alpha · rel_rms(reference[P], oracle) + floor``: a kernel may not be less accurate than
   the policy it claims.
 
-Defaults of ``tol_same``, ``noise_factor``, ``alpha`` and ``floor`` come from ``mimo_numerics.tolerances`` (entries
-``same_policy_rel_rms``, ``gate_same_policy_noise_factor``, ``gate_oracle_alpha``, ``gate_oracle_floor``), where the
-measurements behind them are recorded; :func:`measure_gate_noise` reproduces them. A gate fails, never warns.
+``tol_same``, ``noise_factor``, ``alpha`` and ``floor`` default to ``mimo_numerics.tolerances.gate_settings(operator,
+output, lp format)``: the most specific of the entries keyed by operator, output and format, falling back to the
+generic ``same_policy_rel_rms``, ``gate_same_policy_noise_factor``, ``gate_oracle_alpha``, ``gate_oracle_floor``;
+the measurements behind them are recorded there and :func:`measure_gate_noise` reproduces them. A gate fails, never
+warns.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 import textwrap
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
+from . import operator as _operator
 from . import presets as _presets
-from .ops import registry
 from . import tolerances as _tolerances
-from .cases import CaseSpec, as_kwargs, grid, make_inputs
 from .metrics import max_abs, rel_rms
-from .oracle import mamba_mimo_bwd_fwd_oracle
-from .outputs import INPUT_NAMES, OUTPUT_NAMES, MimoBwdFwdOutputs
-from .policy import RoundingPolicy
-from .reference import mamba_mimo_bwd_fwd as _reference
+from .ops import registry
+from .policy import ALL_KNOBS, RoundingPolicy
 
 __all__ = [
-    "check_mamba_mimo_bwd_fwd", "assert_mamba_mimo_bwd_fwd", "GateReport", "CaseResult", "OutputCheck",
-    "GateSettings", "resolve_cases", "case_inputs", "reference_outputs", "oracle_outputs", "self_noise",
-    "noise_perturbations", "permute_state_dim", "measure_gate_noise", "clear_cache", "policy_label",
-    "check_device", "DeviceUnavailableError",
+    "check", "assert_gate", "GateReport", "CaseResult", "OutputCheck", "GateSettings", "resolve_cases",
+    "case_inputs", "reference_outputs", "oracle_outputs", "self_noise", "noise_perturbations", "permute_state_dim",
+    "state_dim_axes", "measure_gate_noise", "clear_cache", "policy_label", "check_device", "DeviceUnavailableError",
 ]
 
-CasesLike = Union[str, CaseSpec, Iterable[CaseSpec]]
+OperatorLike = Union[None, str, "_operator.Operator"]
+CasesLike = Union[str, Any, Iterable[Any]]
 PolicyLike = Union[str, RoundingPolicy]
 
-#: Outputs rounded to the policy's low-precision dtype by the output store (the rest are FP32 sums).
-LP_OUTPUTS = ("states", "dz", "qk_dot")
 _DTYPE_MISMATCH = ("skip", "adapt")
 
 
@@ -95,7 +98,7 @@ def _device_index_error(text: str, dev: torch.device, count: int) -> Optional[De
 def check_device(device: Union[str, torch.device]) -> torch.device:
     """``device`` as a ``torch.device`` when torch can run on it here; :class:`DeviceUnavailableError` otherwise.
 
-    Checked once, before any case runs, by the CLI, the pytest plugin and :func:`check_mamba_mimo_bwd_fwd`, so an
+    Checked once, before any case runs, by the CLI, the pytest plugin and :func:`check`, so an
     absent CUDA device or a missing ``torch_npu`` is one clear message instead of a torch traceback per case.
     """
     text = str(device)
@@ -146,7 +149,7 @@ def check_device(device: Union[str, torch.device]) -> torch.device:
 # ---------------------------------------------------------------------------------------------------- settings
 @dataclass(frozen=True)
 class GateSettings:
-    """The thresholds one gate run applies.
+    """The thresholds one gate applies.
 
     Attributes:
         tol_same (float): lower bound of the same-policy tolerance (rel RMS against ``reference[P]``).
@@ -154,30 +157,32 @@ class GateSettings:
             per-case noise floor off.
         alpha (float): noise-floor gate factor on ``rel_rms(reference[P], oracle)``.
         floor (float): noise-floor gate additive term (rel RMS).
+        entries (tuple): ``(setting, tolerances entry)`` pairs for the values read from ``mimo_numerics.tolerances``
+            (a value given by the caller has none); not compared.
     """
 
     tol_same: float
     noise_factor: float
     alpha: float
     floor: float
+    entries: Tuple[Tuple[str, str], ...] = field(default=(), compare=False)
 
     @classmethod
-    def from_table(cls, tol_same=None, noise_factor=None, alpha=None, floor=None) -> "GateSettings":
-        """Settings with every ``None`` taken from ``mimo_numerics.tolerances``."""
-        values = {
-            "tol_same": _tolerances.get("same_policy_rel_rms") if tol_same is None else tol_same,
-            "noise_factor": (_tolerances.get("gate_same_policy_noise_factor") if noise_factor is None
-                             else noise_factor),
-            "alpha": _tolerances.get("gate_oracle_alpha") if alpha is None else alpha,
-            "floor": _tolerances.get("gate_oracle_floor") if floor is None else floor,
-        }
+    def from_table(cls, tol_same=None, noise_factor=None, alpha=None, floor=None, op: OperatorLike = None,
+                   output: Optional[str] = None, fmt: Optional[str] = None) -> "GateSettings":
+        """Settings with every ``None`` taken from ``tolerances.gate_settings(op, output, fmt)`` (the most specific
+        entry for the operator, output and lp format; ``op=None``: the default operator)."""
+        table = _tolerances.gate_settings(_operator.get(op).name, output, fmt)
+        given = {"tol_same": tol_same, "noise_factor": noise_factor, "alpha": alpha, "floor": floor}
+        values = {k: (table[k][0] if v is None else v) for k, v in given.items()}
         for name, value in values.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if values["alpha"] < 1.0:
             raise ValueError(f"alpha must be >= 1 (a kernel may be as accurate as its policy), got {values['alpha']}")
-        return cls(**{k: float(v) for k, v in values.items()})
+        entries = tuple((k, table[k][1]) for k, v in given.items() if v is None)
+        return cls(**{k: float(v) for k, v in values.items()}, entries=entries)
 
     def formulas(self) -> Tuple[str, str]:
         """The two gate formulas with these numbers: ``(same-policy, noise floor)``."""
@@ -188,37 +193,75 @@ class GateSettings:
         """The two gate formulas with these numbers, on one line."""
         return "; ".join(self.formulas())
 
+    def to_dict(self) -> dict:
+        """The four values and the tolerance entries they came from."""
+        return {"tol_same": self.tol_same, "noise_factor": self.noise_factor, "alpha": self.alpha,
+                "floor": self.floor, "entries": dict(self.entries)}
+
+
+class _SettingsByOutput:
+    """The settings of each (output, lp format) of one gate run: the caller's values, the rest from the table."""
+
+    def __init__(self, op, overrides: Mapping[str, Optional[float]]):
+        self._op, self._overrides, self._cache = op, dict(overrides), {}
+
+    def __call__(self, output: Optional[str] = None, fmt: Optional[str] = None) -> GateSettings:
+        key = (output, fmt)
+        if key not in self._cache:
+            self._cache[key] = GateSettings.from_table(**self._overrides, op=self._op, output=output, fmt=fmt)
+        return self._cache[key]
+
 
 # ---------------------------------------------------------------------------------------------------- cases
-def resolve_cases(cases: CasesLike) -> Tuple[CaseSpec, ...]:
-    """A grid name (``"smoke"``, ``"gate"``, ``"sweep"``), one ``CaseSpec`` or an iterable of them, as a tuple.
+def _case_types(op) -> tuple:
+    """The case-spec classes of ``op``'s grids (a subclass, e.g. a stored golden case, is accepted too)."""
+    types: List[type] = []
+    for specs in op.load("grids")().values():
+        for spec in specs:
+            if type(spec) not in types:
+                types.append(type(spec))
+    return tuple(types)
+
+
+def resolve_cases(cases: CasesLike, op: OperatorLike = None) -> tuple:
+    """A grid name of ``op`` (``op.cases(name)``: ``"smoke"``, ``"gate"``, ``"sweep"``, ...), one case spec or an
+    iterable of them, as a tuple.
 
     Raises:
-        ValueError: unknown grid name or an empty list. TypeError: an element that is not a ``CaseSpec``.
+        ValueError: unknown grid name (listing ``op``'s grids) or an empty list. TypeError: an element that is not a
+            case spec of ``op`` (the classes of its grids' specs, e.g. ``CaseSpec``).
     """
+    op = _operator.get(op)
     if isinstance(cases, str):
-        return tuple(grid(cases))
-    if isinstance(cases, CaseSpec):
+        return op.cases(cases)
+    types = _case_types(op)
+    if isinstance(cases, types):
         return (cases,)
     try:
         items = tuple(cases)
     except TypeError:
-        raise TypeError(f"cases must be a grid name, a CaseSpec or an iterable of CaseSpec, got "
+        raise TypeError(f"cases must be a grid name, a case spec ({_type_names(types)}) or an iterable of them, got "
                         f"{type(cases).__name__}") from None
     if not items:
-        raise ValueError("cases is empty: give a grid name or at least one CaseSpec")
+        raise ValueError("cases is empty: give a grid name or at least one case spec")
     for item in items:
-        if not isinstance(item, CaseSpec):
-            raise TypeError(f"every case must be a CaseSpec, got {type(item).__name__} ({item!r})")
+        if not isinstance(item, types):
+            raise TypeError(f"every case must be a {_type_names(types)} (a case spec of {op.name}), got "
+                            f"{type(item).__name__} ({item!r})")
     return items
 
 
+def _type_names(types: tuple) -> str:
+    return " or ".join(t.__name__ for t in types)
+
+
 # ---------------------------------------------------------------------------------------------------- caches
-_INPUTS: Dict[CaseSpec, dict] = {}
-_ORACLE: Dict[CaseSpec, MimoBwdFwdOutputs] = {}
-_REFERENCE: Dict[Tuple[CaseSpec, RoundingPolicy], MimoBwdFwdOutputs] = {}
-_NOISE: Dict[Tuple[CaseSpec, RoundingPolicy], Dict[str, Tuple[float, str]]] = {}
-_PERTURBED: Dict[Tuple[CaseSpec, RoundingPolicy], Dict[str, MimoBwdFwdOutputs]] = {}
+# Keys start with the operator's name: one case spec gives different inputs to different operators.
+_INPUTS: Dict[tuple, dict] = {}
+_ORACLE: Dict[tuple, Any] = {}
+_REFERENCE: Dict[tuple, Any] = {}
+_NOISE: Dict[tuple, Dict[str, Tuple[float, str]]] = {}
+_PERTURBED: Dict[tuple, Dict[str, Any]] = {}
 
 
 def clear_cache() -> None:
@@ -227,125 +270,233 @@ def clear_cache() -> None:
         cache.clear()
 
 
-def case_inputs(case: CaseSpec) -> dict:
-    """The CPU inputs of ``case`` (cached; treat them as read-only, the gate hands ``fn`` copies)."""
-    if case not in _INPUTS:
-        _INPUTS[case] = make_inputs(case, "cpu")
-    return _INPUTS[case]
+def case_inputs(case, op: OperatorLike = None) -> dict:
+    """The CPU inputs of ``case`` for ``op`` (cached; treat them as read-only, the gate hands ``fn`` copies)."""
+    op = _operator.get(op)
+    key = (op.name, case)
+    if key not in _INPUTS:
+        _INPUTS[key] = op.draw(case, "cpu")
+    return _INPUTS[key]
 
 
-def _args(inputs: dict) -> tuple:
-    return tuple(inputs[name] for name in INPUT_NAMES)
-
-
-def reference_outputs(case: CaseSpec, policy: PolicyLike) -> MimoBwdFwdOutputs:
-    """``reference.mamba_mimo_bwd_fwd`` of ``case`` under ``policy`` on the CPU (cached per (case, policy))."""
+def reference_outputs(case, policy: PolicyLike, op: OperatorLike = None):
+    """``op``'s policy reference on ``case`` under ``policy``, on the CPU, as the reference returns it (cached per
+    (operator, case, policy))."""
+    op = _operator.get(op)
     policy = _presets.resolve(policy)
-    key = (case, policy)
+    key = (op.name, case, policy)
     if key not in _REFERENCE:
-        inputs = case_inputs(case)
+        inputs = case_inputs(case, op)
         with torch.no_grad():
-            _REFERENCE[key] = _reference(*_args(inputs), **as_kwargs(inputs), policy=policy)
+            _REFERENCE[key] = op.run_reference(inputs, policy)
     return _REFERENCE[key]
 
 
-def oracle_outputs(case: CaseSpec) -> MimoBwdFwdOutputs:
-    """The FP64 oracle of ``case`` on the CPU (cached per case)."""
-    if case not in _ORACLE:
-        inputs = case_inputs(case)
+def oracle_outputs(case, op: OperatorLike = None):
+    """``op``'s FP64 oracle on ``case``, on the CPU, as the oracle returns it (a named tuple, a dict by output name
+    or, for a one-output operator, the tensor; cached per (operator, case))."""
+    op = _operator.get(op)
+    key = (op.name, case)
+    if key not in _ORACLE:
+        inputs = case_inputs(case, op)
         with torch.no_grad():
-            _ORACLE[case] = mamba_mimo_bwd_fwd_oracle(*_args(inputs), **as_kwargs(inputs))
-    return _ORACLE[case]
+            _ORACLE[key] = op.run_oracle(inputs)
+    return _ORACLE[key]
 
 
-def permute_state_dim(fn: Callable, seed: int = 0) -> Callable:
-    """Wrap ``fn`` so that it computes the same function with the state dimension N permuted.
+# ---------------------------------------------------------------------------------------------------- noise
+#: Shape letters of a state-dimension axis: ``N`` itself and ``N/d``, the rotary angles (one per pair of columns).
+_STATE_LETTERS = ("N", "N/d")
 
-    Every sum over N (``qk_dot``, the scores, the inter-chunk GEMM) then runs in another FP32 order, while the math
-    is unchanged: the permutation maps rotary pairs ``(j, N/2 + j)``, ``j < N/d``, to rotary pairs (permuting
-    ``angles`` with them) and the other columns among themselves; ``states`` is permuted back. This models a
-    correct kernel that sums in a different order.
 
-    Args:
-        fn: an implementation (signature as for :func:`check_mamba_mimo_bwd_fwd`).
-        seed (int): seed of the permutation.
+def _state_axis(letters: Sequence[str], where: str) -> Optional[Tuple[int, bool]]:
+    """``(axis counted from the end, paired)`` of the state-dimension letter of one tensor, None without one."""
+    found = [(i, letter) for i, letter in enumerate(letters) if letter in _STATE_LETTERS]
+    if not found:
+        return None
+    if len(found) > 1:
+        raise ValueError(f"{where} has {len(found)} state-dimension axes {list(letters)}; the permutation handles one")
+    index, letter = found[0]
+    if any(letter_.startswith("(") for letter_ in letters[index + 1:]):
+        raise ValueError(f"{where}: an optional axis after the state dimension ({list(letters)}) leaves its position "
+                         "from the end undetermined")
+    return index - len(letters), letter == "N/d"
+
+
+def state_dim_axes(op: OperatorLike = None) -> Tuple[Dict[str, Tuple[int, bool]], Dict[str, Tuple[int, bool]]]:
+    """The tensors of ``op`` indexed by the state dimension N, from their shape letters.
+
+    Inputs' letters are the spec's ``extra["input_shapes"]``, outputs' are ``op.outputs[i].shape``. A letter ``N``
+    is the state dimension; ``N/d`` is the rotary angles', one per rotated pair of columns ``(j, N/2 + j)``,
+    ``j < N/d``.
 
     Returns:
-        callable: same signature as ``fn``; returns a ``MimoBwdFwdOutputs``.
+        tuple: ``(inputs, outputs)``, each ``{name: (axis, paired)}`` with ``axis`` counted from the end (negative)
+        and ``paired`` true for an ``N/d`` axis.
+
+    Raises:
+        ValueError: the operator declares no input shapes (naming it).
     """
+    op = _operator.get(op)
+    shapes = op.extra.get("input_shapes")
+    if shapes is None:
+        raise ValueError(f"operator {op.name} declares no input shapes (its spec's extra['input_shapes']), so its "
+                         "state dimension cannot be permuted")
+    inputs = {name: _state_axis(tuple(shapes[name]), f"input {name} of {op.name}") for name in op.input_names}
+    outputs = {o.name: _state_axis(o.shape, f"output {o.name} of {op.name}") for o in op.outputs}
+    return ({k: v for k, v in inputs.items() if v is not None}, {k: v for k, v in outputs.items() if v is not None})
+
+
+def _state_permutation(n: int, width: int, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(perm, pair_perm)``: a permutation of the N columns that maps rotary pairs ``(j, N/2 + j)``, ``j < width``,
+    to rotary pairs (``pair_perm`` permutes ``j``) and the other columns among themselves."""
+    half = n // 2
+    gen = torch.Generator().manual_seed(seed)
+    pair_perm = torch.randperm(width, generator=gen)
+    free = torch.tensor([j for j in range(n) if not (j < width or half <= j < half + width)], dtype=torch.long)
+    perm = torch.arange(n)
+    perm[:width] = pair_perm
+    perm[half:half + width] = half + pair_perm
+    if free.numel():
+        perm[free] = free[torch.randperm(free.numel(), generator=gen)]
+    return perm, pair_perm
+
+
+def _state_sizes(tensors: Mapping[str, Optional[torch.Tensor]], axes: Mapping[str, Tuple[int, bool]],
+                 op_name: str) -> Tuple[int, int]:
+    """``(N, N/d)`` read off the inputs (``N/d`` = 0 without an angles input); ValueError when they disagree."""
+    sizes: Dict[bool, Tuple[int, str]] = {}
+    for name, (axis, paired) in axes.items():
+        tensor = tensors[name]
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        size = tensor.shape[axis]
+        if paired in sizes and sizes[paired][0] != size:
+            raise ValueError(f"{op_name}: input {name} has {'N/d' if paired else 'N'} = {size} but "
+                             f"{sizes[paired][1]} has {sizes[paired][0]}")
+        sizes.setdefault(paired, (size, name))
+    if False not in sizes:
+        raise ValueError(f"{op_name}: no input with a state-dimension axis was given")
+    n, width = sizes[False][0], sizes.get(True, (0, ""))[0]
+    if 2 * width > n:
+        raise ValueError(f"{op_name}: N/d = {width} rotary pairs do not fit N = {n} columns")
+    return n, width
+
+
+def permute_state_dim(fn: Callable, seed: int = 0, op: OperatorLike = None) -> Callable:
+    """Wrap ``fn`` so that it computes the same function with the state dimension N permuted.
+
+    Every sum over N (dot products of q and k, the scores, the state GEMMs) then runs in another FP32 order, while
+    the math is unchanged: the permutation maps rotary pairs ``(j, N/2 + j)``, ``j < N/d``, to rotary pairs
+    (permuting the ``N/d`` axis of the angles with them) and the other columns among themselves. Which inputs and
+    outputs have an N axis comes from the operator's shape letters (:func:`state_dim_axes`); the outputs' N axes are
+    permuted back. This models a correct kernel that sums in a different order.
+
+    Args:
+        fn: an implementation of ``op`` (signature as for :func:`check`).
+        seed (int): seed of the permutation.
+        op: the operator (default ``registry.DEFAULT_OPERATOR``).
+
+    Returns:
+        callable: same signature as ``fn``; returns ``fn``'s result in the form ``fn`` returned it (named tuple,
+        dict or tuple) with the outputs' N axes restored.
+    """
+    op = _operator.get(op)
+    in_axes, out_axes = state_dim_axes(op)
+    names = op.input_names
 
     @functools.wraps(fn)
-    def permuted(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d,
-                 segsum, *, chunk_size, rotary_dim_divisor, **kwargs):
-        n = q.shape[-1]
-        half, width = n // 2, n // rotary_dim_divisor
-        gen = torch.Generator().manual_seed(seed)
-        pair_perm = torch.randperm(width, generator=gen)
-        free = torch.tensor([j for j in range(n) if not (j < width or half <= j < half + width)], dtype=torch.long)
-        perm = torch.arange(n)
-        perm[:width] = pair_perm
-        perm[half:half + width] = half + pair_perm
-        if free.numel():
-            perm[free] = free[torch.randperm(free.numel(), generator=gen)]
-        inverse = torch.argsort(perm)
-        dev = q.device
-        p, pp, inv = perm.to(dev), pair_perm.to(dev), inverse.to(dev)
-        result = fn(dout, q[..., p].contiguous(), k[..., p].contiguous(), v, q_bias[..., p].contiguous(),
-                    k_bias[..., p].contiguous(), mimo_v, mimo_o, z, mimo_z, angles[..., pp].contiguous(), da_cs,
-                    da_cs_rev, dt, trap, d, segsum, chunk_size=chunk_size, rotary_dim_divisor=rotary_dim_divisor,
-                    **kwargs)
-        outs = _as_output_dict(result)
-        if isinstance(outs["states"], torch.Tensor):
-            outs["states"] = outs["states"][..., inv, :].contiguous()
-        return MimoBwdFwdOutputs(**outs)
+    def permuted(*tensors, **kwargs):
+        if len(tensors) != len(names):
+            raise TypeError(f"{op.name} takes {len(names)} tensors {list(names)}, got {len(tensors)}")
+        given = dict(zip(names, tensors))
+        n, width = _state_sizes(given, in_axes, op.name)
+        perm, pair_perm = _state_permutation(n, width, seed)
+        orders = {False: perm, True: pair_perm}
+        args = []
+        for name, tensor in given.items():
+            if name in in_axes and isinstance(tensor, torch.Tensor):
+                axis, paired = in_axes[name]
+                tensor = tensor.index_select(axis, orders[paired].to(tensor.device)).contiguous()
+            args.append(tensor)
+        result = fn(*args, **kwargs)
+        outs = _as_output_dict(result, op)
+        restored = {}
+        for name, (axis, paired) in out_axes.items():
+            value = outs[name]
+            if isinstance(value, torch.Tensor):
+                inverse = torch.argsort(orders[paired]).to(value.device)
+                restored[name] = value.index_select(axis, inverse).contiguous()
+        return _with_outputs(result, outs, restored, op)
 
     return permuted
 
 
-def noise_perturbations(policy: PolicyLike) -> Dict[str, Callable]:
-    """FP32-level perturbations of the reference under ``policy``: implementations of the same rounding policy.
+def _with_outputs(result, outs: Dict[str, Any], changes: Dict[str, Any], op):
+    """``result`` (as ``fn`` returned it) with some outputs replaced."""
+    if not changes:
+        return result
+    if hasattr(result, "_replace"):
+        return result._replace(**changes)
+    merged = dict(outs, **changes)
+    if isinstance(result, Mapping):
+        return merged
+    if isinstance(result, torch.Tensor):
+        return merged[op.output_names[0]]
+    return tuple(merged[n] for n in op.output_names)
+
+
+def noise_perturbations(policy: PolicyLike, op: OperatorLike = None) -> Dict[str, Callable]:
+    """FP32-level perturbations of ``op``'s reference under ``policy``: implementations of the same rounding policy.
 
     Returns:
         dict: label -> callable with the reference's signature: ``"fp64_math"`` (the same roundings with FP64
-        intermediate math; only when ``math_dtype="float32"``), ``"state_update"`` (the other ``state_update``
-        order: the two differ only in FP32 summation order), ``"state_dim_order"`` (:func:`permute_state_dim`).
+        intermediate math; when ``math_dtype`` acts on ``op`` and is ``"float32"``), ``"state_update"`` (the other
+        ``state_update`` order, when that knob acts on ``op``: the two differ only in FP32 summation order),
+        ``"state_dim_order"`` (:func:`permute_state_dim`, when ``op`` has inputs with an N axis).
     """
+    op = _operator.get(op)
     policy = _presets.resolve(policy)
-    other = "separate" if policy.state_update == "accumulate_into" else "accumulate_into"
+    reference = op.load("reference")
     variants = {}
-    if policy.math_dtype == "float32":
-        variants["fp64_math"] = functools.partial(_reference, policy=policy.replace(math_dtype="float64"))
-    variants["state_update"] = functools.partial(_reference, policy=policy.replace(state_update=other))
-    variants["state_dim_order"] = permute_state_dim(functools.partial(_reference, policy=policy), seed=0)
+    if "math_dtype" in op.knobs and policy.math_dtype == "float32":
+        variants["fp64_math"] = functools.partial(reference, policy=policy.replace(math_dtype="float64"))
+    if "state_update" in op.knobs:
+        other = "separate" if policy.state_update == "accumulate_into" else "accumulate_into"
+        variants["state_update"] = functools.partial(reference, policy=policy.replace(state_update=other))
+    if op.extra.get("input_shapes") is not None and state_dim_axes(op)[0]:
+        variants["state_dim_order"] = permute_state_dim(functools.partial(reference, policy=policy), seed=0, op=op)
     return variants
 
 
-def _perturbed_outputs(case: CaseSpec, policy: RoundingPolicy) -> Dict[str, MimoBwdFwdOutputs]:
-    key = (case, policy)
+def _perturbed_outputs(case, policy: RoundingPolicy, op) -> Dict[str, Any]:
+    key = (op.name, case, policy)
     if key not in _PERTURBED:
-        inputs = case_inputs(case)
+        inputs = case_inputs(case, op)
         with torch.no_grad():
-            _PERTURBED[key] = {label: variant(*_args(inputs), **as_kwargs(inputs))
-                               for label, variant in noise_perturbations(policy).items()}
+            _PERTURBED[key] = {label: variant(*op.args(inputs), **op.kwargs(inputs))
+                               for label, variant in noise_perturbations(policy, op).items()}
     return _PERTURBED[key]
 
 
-def self_noise(case: CaseSpec, policy: PolicyLike) -> Dict[str, Tuple[float, str]]:
+def self_noise(case, policy: PolicyLike, op: OperatorLike = None) -> Dict[str, Tuple[float, str]]:
     """This case's FP32-order noise floor per output: ``max rel_rms(reference[P'], reference[P])`` over
-    :func:`noise_perturbations`, with the label of the largest (cached per (case, policy)).
+    :func:`noise_perturbations`, with the label of the largest (cached per (operator, case, policy)).
 
     Returns:
         dict: output name -> ``(noise, label)``; ``(0.0, "")`` where every perturbation is bit-equal, and for
         absent outputs.
     """
+    op = _operator.get(op)
     policy = _presets.resolve(policy)
-    key = (case, policy)
+    key = (op.name, case, policy)
     if key not in _NOISE:
-        ref = reference_outputs(case, policy)
-        noise = {name: (0.0, "") for name in OUTPUT_NAMES}
-        for label, out in _perturbed_outputs(case, policy).items():
-            for name in OUTPUT_NAMES:
-                expected, got = getattr(ref, name), getattr(out, name)
+        ref = _as_output_dict(reference_outputs(case, policy, op), op)
+        noise = {name: (0.0, "") for name in op.output_names}
+        for label, out in _perturbed_outputs(case, policy, op).items():
+            out = _as_output_dict(out, op)
+            for name in op.output_names:
+                expected, got = ref[name], out[name]
                 if expected is None or got is None:
                     continue
                 value = rel_rms(got, expected)
@@ -370,6 +521,9 @@ class OutputCheck:
             ``err_same`` exceeds ``settings.tol_same`` (nan otherwise: it could not change the verdict).
         noise_source (str): the perturbation that produced ``noise``.
         tol_same (float): ``max(settings.tol_same, settings.noise_factor · noise)``.
+        tol_base (float): ``settings.tol_same`` of this output (the tolerance before the noise floor).
+        tol_entry (str): the ``mimo_numerics.tolerances`` entry of ``tol_base`` (the most specific entry for the
+            operator, output and format; ``""`` when the caller gave ``tol_same``).
         err_oracle (float): ``rel_rms(fn, oracle)``.
         ref_err_oracle (float): ``rel_rms(reference[P], oracle)``.
         bound_oracle (float): ``alpha · ref_err_oracle + floor``.
@@ -386,6 +540,8 @@ class OutputCheck:
     noise: float = math.nan
     noise_source: str = ""
     tol_same: float = math.nan
+    tol_base: float = math.nan
+    tol_entry: str = ""
     err_oracle: float = math.nan
     ref_err_oracle: float = math.nan
     bound_oracle: float = math.nan
@@ -438,9 +594,10 @@ class CaseResult:
     """The checks of one case.
 
     Attributes:
-        case (CaseSpec): the case.
+        case: the case spec (a ``CaseSpec`` or another spec class of the operator's grids).
         policy (RoundingPolicy | None): the policy the case was gated under (None when skipped).
-        outputs (list of OutputCheck): one per output name, in ``OUTPUT_NAMES`` order (empty when ``fn`` raised).
+        outputs (list of OutputCheck): one per output name, in ``op.output_names`` order (empty when ``fn``
+            raised).
         problems (list of str): case-level failures: ``fn`` raised, returned something unusable, modified inputs.
         skipped (str | None): why the case was not run.
         traceback (str | None): the traceback when ``fn`` raised.
@@ -449,7 +606,7 @@ class CaseResult:
             :meth:`GateReport.nearest_presets`); not part of ``to_dict``.
     """
 
-    case: CaseSpec
+    case: Any
     policy: Optional[RoundingPolicy]
     outputs: List[OutputCheck] = field(default_factory=list)
     problems: List[str] = field(default_factory=list)
@@ -479,9 +636,9 @@ class CaseResult:
                 "outputs": [o.to_dict() for o in self.outputs]}
 
 
-def policy_label(policy: RoundingPolicy) -> str:
-    """:func:`mimo_numerics.presets.label` of ``policy`` on the gated operator."""
-    return _presets.label(policy, operator=registry.DEFAULT_OPERATOR)
+def policy_label(policy: RoundingPolicy, op: OperatorLike = None) -> str:
+    """:func:`mimo_numerics.presets.label` of ``policy`` on operator ``op`` (its section and the knobs)."""
+    return _presets.label(policy, operator=_operator.get(op).name)
 
 
 # ---------------------------------------------------------------------------------------------------- nearest preset
@@ -506,6 +663,8 @@ class PresetMatch:
             when the preset was adapted to the case's dtype).
         nearest_policy (RoundingPolicy): that preset (adapted).
         nearest_distance (float): mean over outputs of ``rel_rms(fn, reference[nearest])``.
+        operator (str | None): the gated operator (None: the default operator); :meth:`differences` names its
+            sites and the knobs.
     """
 
     case_id: str
@@ -514,6 +673,7 @@ class PresetMatch:
     nearest: str
     nearest_policy: RoundingPolicy
     nearest_distance: float
+    operator: Optional[str] = None
 
     @property
     def better(self) -> bool:
@@ -522,15 +682,17 @@ class PresetMatch:
         return self.nearest_distance * NEAREST_PRESET_FACTOR <= self.claimed_distance and self.claimed_distance > 0
 
     def differences(self) -> str:
-        """The fields in which the nearest preset differs from the claimed policy, as ``field=value`` (nearest's)."""
-        return ", ".join(f"{k}={v[0]}" for k, v in self.nearest_policy.diff(self.claimed).items())
+        """The knobs and sites of the operator in which the nearest preset differs from the claimed policy, as
+        ``field=value`` (nearest's)."""
+        diff = self.nearest_policy.diff(self.claimed, operator=_operator.get(self.operator).name)
+        return ", ".join(f"{k}={v[0]}" for k, v in diff.items())
 
 
-def _outputs_distance(got: Mapping[str, torch.Tensor], ref: MimoBwdFwdOutputs) -> float:
+def _outputs_distance(got: Mapping[str, torch.Tensor], ref: Mapping[str, Optional[torch.Tensor]]) -> float:
     """Mean over the outputs both have (same shape) of ``rel_rms`` on the elements finite in both; nan if none."""
     values = []
     for name, tensor in got.items():
-        expected = getattr(ref, name)
+        expected = ref[name]
         if expected is None or tuple(expected.shape) != tuple(tensor.shape):
             continue
         mask = torch.isfinite(tensor) & torch.isfinite(expected)
@@ -539,45 +701,59 @@ def _outputs_distance(got: Mapping[str, torch.Tensor], ref: MimoBwdFwdOutputs) -
     return sum(values) / len(values) if values else math.nan
 
 
-def _candidate_presets(policy: RoundingPolicy) -> List[Tuple[str, RoundingPolicy]]:
-    """Every preset other than ``policy``, at ``policy``'s lp_dtype (presets of that dtype first; no duplicates)."""
+def _candidate_presets(policy: RoundingPolicy, op) -> List[Tuple[str, RoundingPolicy]]:
+    """Every preset that defines ``op`` and computes something other than ``policy`` there, at ``policy``'s lp_dtype
+    (presets of that dtype first; presets equal on ``op``'s section and the knobs counted once)."""
+    def numerics(p: RoundingPolicy) -> tuple:
+        return p.section(op.name), tuple(getattr(p, knob) for knob in ALL_KNOBS)
+
     found: List[Tuple[str, RoundingPolicy]] = []
-    seen = {policy}
+    seen = {numerics(policy)}
     names = sorted(_presets.names(), key=lambda n: _presets.get(n).lp_dtype != policy.lp_dtype)
     for name in names:
         preset = _presets.get(name)
+        if not preset.defines(op.name):
+            continue
         label = name
         if preset.lp_dtype != policy.lp_dtype:
             preset = preset.replace(lp_dtype=policy.lp_dtype)
             label = f"{name} at lp_dtype={policy.lp_dtype}"
-        if preset not in seen:
-            seen.add(preset)
+        key = numerics(preset)
+        if key not in seen:
+            seen.add(key)
             found.append((label, preset))
     return found
 
 
-def _case_size(case: CaseSpec) -> int:
-    return case.batch * case.seqlen * case.heads * max(case.state_dim, case.value_dim)
+def _case_size(case, op) -> int:
+    """B·S·H·max(N, P) of a case spec; the largest input's element count for specs without those sizes."""
+    try:
+        return case.batch * case.seqlen * case.heads * max(case.state_dim, case.value_dim)
+    except AttributeError:
+        tensors = [t for t in case_inputs(case, op).values() if isinstance(t, torch.Tensor)]
+        return max((t.numel() for t in tensors), default=0)
 
 
-def nearest_preset(case: CaseSpec, policy: RoundingPolicy, fn_outputs: Mapping[str, torch.Tensor]
+def nearest_preset(case, policy: RoundingPolicy, fn_outputs: Mapping[str, torch.Tensor], op: OperatorLike = None
                    ) -> Optional[PresetMatch]:
-    """Compare ``fn``'s outputs on ``case`` with the reference of every preset (CPU, cached per (case, preset)).
+    """Compare ``fn``'s outputs on ``case`` with ``op``'s reference under every preset that defines ``op`` (CPU,
+    cached per (case, preset)).
 
     Returns:
         PresetMatch | None: the nearest other preset by mean rel RMS, None when no output could be compared.
     """
-    claimed = _outputs_distance(fn_outputs, reference_outputs(case, policy))
+    op = _operator.get(op)
+    claimed = _outputs_distance(fn_outputs, _as_output_dict(reference_outputs(case, policy, op), op))
     if math.isnan(claimed):
         return None
     best = None
-    for label, candidate in _candidate_presets(policy):
-        distance = _outputs_distance(fn_outputs, reference_outputs(case, candidate))
+    for label, candidate in _candidate_presets(policy, op):
+        distance = _outputs_distance(fn_outputs, _as_output_dict(reference_outputs(case, candidate, op), op))
         if not math.isnan(distance) and (best is None or distance < best[2]):
             best = (label, candidate, distance)
     if best is None:
         return None
-    return PresetMatch(case.case_id, policy, claimed, best[0], best[1], best[2])
+    return PresetMatch(case.case_id, policy, claimed, best[0], best[1], best[2], operator=op.name)
 
 
 def _fmt(x: float) -> str:
@@ -633,21 +809,27 @@ def _short_problem(problem: str) -> str:
 
 @dataclass
 class GateReport:
-    """Result of :func:`check_mamba_mimo_bwd_fwd`.
+    """Result of :func:`check`.
 
     Attributes:
         policy (RoundingPolicy): the policy gated against.
         device (str): where ``fn`` ran.
-        settings (GateSettings): the thresholds applied.
+        settings (GateSettings): the operator's thresholds (an output or format with entries of its own in
+            ``mimo_numerics.tolerances`` is gated with those: the table's ``tol`` and ``limit`` columns show them).
         cases (list of CaseResult): one per case, in order.
+        operator (str): the gated operator's name (None given: the default operator).
     """
 
     policy: RoundingPolicy
     device: str
     settings: GateSettings
     cases: List[CaseResult]
+    operator: Optional[str] = None
     _nearest_cache: Dict[tuple, List["PresetMatch"]] = field(default_factory=dict, init=False, repr=False,
                                                               compare=False)
+
+    def __post_init__(self):
+        self.operator = _operator.get(self.operator).name
 
     @property
     def checked(self) -> List[CaseResult]:
@@ -684,13 +866,16 @@ class GateReport:
                         result[key] = (value, case.case_id, check.output)
         return result
 
+    def _label(self, policy: RoundingPolicy) -> str:
+        return policy_label(policy, self.operator)
+
     def summary(self) -> str:
         """One line: verdict, policy, device, counts."""
         n_checks = sum(1 for c in self.checked for o in c.outputs if o.status != "absent")
         n_bad = len(self.failures())
         skipped = len(self.cases) - len(self.checked)
         verdict = "PASSED" if self.passed else "FAILED"
-        text = (f"mamba_mimo_bwd_fwd gate {verdict}: policy {policy_label(self.policy)}, device {self.device}, "
+        text = (f"{self.operator} gate {verdict}: policy {self._label(self.policy)}, device {self.device}, "
                 f"{len(self.checked)} case(s) run, {len(self.failed_cases)} failed ({n_bad} failing check(s) of "
                 f"{n_checks} outputs)")
         if skipped:
@@ -709,7 +894,7 @@ class GateReport:
                     rows.append([o.output, "absent"] + blank + ["None in fn and reference (branch off)"])
                 continue
             notes = [_short_problem(p) for p in o.problems] + list(o.notes)
-            if not o.problems and o.tol_same > self.settings.tol_same:
+            if not o.problems and o.noise_source and o.tol_same > o.tol_base:
                 notes.append(f"tol from noise ({o.noise_source})")
             rows.append([o.output, o.status, _fmt(o.err_same), _fmt(o.noise), _fmt(o.tol_same), _pct(o.same_use),
                          _fmt(o.err_oracle), _fmt(o.ref_err_oracle), _num(o.oracle_ratio), _num(o.oracle_limit),
@@ -754,7 +939,7 @@ class GateReport:
         for case, rows in groups:
             title = f"case {case.case_id}"
             if case.policy is not None and case.policy != self.policy:
-                title += f" (gated under {policy_label(case.policy)})"
+                title += f" (gated under {self._label(case.policy)})"
             lines.extend(wrap(title + ":", subsequent_indent="    "))
             if case.skipped is not None:
                 lines.extend(wrap(f"skip: {case.skipped}", initial_indent="  ", subsequent_indent="    "))
@@ -782,9 +967,11 @@ class GateReport:
         key = (max_cases, max_size)
         cached = self._nearest_cache
         if key not in cached:
-            candidates = [c for c in self.failed_cases if c.fn_outputs and _case_size(c.case) <= max_size]
-            candidates.sort(key=lambda c: _case_size(c.case))
-            matches = [nearest_preset(c.case, c.policy, c.fn_outputs) for c in candidates[:max_cases]]
+            size = functools.partial(_case_size, op=self.operator)
+            candidates = [c for c in self.failed_cases if c.fn_outputs and size(c.case) <= max_size]
+            candidates.sort(key=lambda c: size(c.case))
+            matches = [nearest_preset(c.case, c.policy, c.fn_outputs, op=self.operator)
+                       for c in candidates[:max_cases]]
             cached[key] = [m for m in matches if m is not None]
         return cached[key]
 
@@ -800,20 +987,48 @@ class GateReport:
                      else f"on {len(matches)} failing cases, e.g. {first.case_id}")
             near = "0 (bit-exact)" if first.nearest_distance == 0 else _fmt(first.nearest_distance)
             text = (f"hint: outputs look like preset `{label}` {cases}: mean rel RMS {near} to it vs "
-                    f"{_fmt(first.claimed_distance)} to the claimed {policy_label(first.claimed)} (diff from claimed: "
+                    f"{_fmt(first.claimed_distance)} to the claimed {self._label(first.claimed)} (diff from claimed: "
                     f"{first.differences()})")
             lines.extend(textwrap.wrap(text, width=width, subsequent_indent="  ", break_long_words=False,
                                        break_on_hyphens=False))
         return lines
 
+    def output_settings(self) -> Dict[Tuple[str, str], GateSettings]:
+        """``{(output, lp format): settings}`` where an output was gated with tolerance entries of its own (keyed by
+        the operator and output or format in ``mimo_numerics.tolerances``) rather than :attr:`settings`."""
+        given = {k: getattr(self.settings, k) for k in ("tol_same", "noise_factor", "alpha", "floor")
+                 if k not in dict(self.settings.entries)}
+        formats = sorted({c.policy.lp_dtype for c in self.checked})
+        found = {}
+        for output in _operator.get(self.operator).output_names:
+            for fmt in formats:
+                own = GateSettings.from_table(**given, op=self.operator, output=output, fmt=fmt)
+                if own != self.settings:
+                    found[(output, fmt)] = own
+        return found
+
+    def _own_settings_lines(self) -> List[str]:
+        """One line naming the outputs gated with tolerances of their own, or none."""
+        base_entries = dict(self.settings.entries)
+        texts: Dict[str, str] = {}
+        for (output, fmt), own in self.output_settings().items():
+            own_entries = dict(own.entries)
+            changed = [f"{k} {getattr(own, k):g} ({own_entries.get(k, 'given')})"
+                       for k in ("tol_same", "noise_factor", "alpha", "floor")
+                       if getattr(own, k) != getattr(self.settings, k) or own_entries.get(k) != base_entries.get(k)]
+            texts.setdefault(f"{output}: {', '.join(changed)}", fmt)
+        if not texts:
+            return []
+        return ["outputs with tolerances of their own: " + "; ".join(texts)]
+
     def failure_message(self, width: int = FAILURE_WIDTH) -> str:
-        """The text of the ``AssertionError`` of :func:`assert_mamba_mimo_bwd_fwd` (and of the pytest fixture's
+        """The text of the ``AssertionError`` of :func:`assert_gate` (and of the pytest fixture's
         failure): summary, gate formulas, the failing cases' table and, when ``fn``'s outputs match another preset
         better than the claimed policy, that preset and how it differs; lines fit ``width`` columns."""
         wrap = functools.partial(textwrap.wrap, width=width, subsequent_indent="  ", break_long_words=False,
                                  break_on_hyphens=False)
         parts = wrap(self.summary())
-        for formula in self.settings.formulas():
+        for formula in list(self.settings.formulas()) + self._own_settings_lines():
             parts.extend(wrap(formula))
         failed = self.failed_cases
         if failed:
@@ -830,12 +1045,12 @@ class GateReport:
         return "\n".join(parts)
 
     def __str__(self) -> str:
-        return "\n".join([self.summary(), self.settings.describe(), self.table()])
+        return "\n".join([self.summary(), self.settings.describe()] + self._own_settings_lines() + [self.table()])
 
     def to_dict(self) -> dict:
         """JSON-serialisable form (``json.dumps(report.to_dict())``) for CI artifacts."""
-        return {"passed": self.passed, "policy": self.policy.to_dict(), "policy_label": policy_label(self.policy),
-                "device": self.device, "settings": vars(self.settings).copy(),
+        return {"passed": self.passed, "operator": self.operator, "policy": self.policy.to_dict(),
+                "policy_label": self._label(self.policy), "device": self.device, "settings": self.settings.to_dict(),
                 "cases": [c.to_dict() for c in self.cases]}
 
     def to_json(self, indent: int = 2) -> str:
@@ -849,33 +1064,38 @@ class GateReport:
 
 
 # ---------------------------------------------------------------------------------------------------- the gate
-def _as_output_dict(result) -> Dict[str, Optional[torch.Tensor]]:
-    """``fn``'s result as ``{output name: value}``; TypeError/ValueError naming what is wrong."""
+def _as_output_dict(result, op) -> Dict[str, Optional[torch.Tensor]]:
+    """``fn``'s result as ``{output name: value}`` for ``op``'s outputs; TypeError/ValueError naming what is
+    wrong."""
+    names = op.output_names
     if isinstance(result, Mapping):
-        unknown = sorted(str(k) for k in set(result) - set(OUTPUT_NAMES))
-        missing = [n for n in OUTPUT_NAMES if n not in result]
+        unknown = sorted(str(k) for k in set(result) - set(names))
+        missing = [n for n in names if n not in result]
         if unknown or missing:
-            raise ValueError(f"fn returned a dict whose keys are not the five outputs {list(OUTPUT_NAMES)}: "
+            raise ValueError(f"fn returned a dict whose keys are not the outputs {list(names)} of {op.name}: "
                              f"unknown {unknown}, missing {missing}")
-        return {n: result[n] for n in OUTPUT_NAMES}
+        return {n: result[n] for n in names}
     if hasattr(result, "_asdict"):
         as_dict = result._asdict()
-        if set(as_dict) == set(OUTPUT_NAMES):
-            return {n: as_dict[n] for n in OUTPUT_NAMES}
-        raise ValueError(f"fn returned a named tuple with fields {list(as_dict)}; expected {list(OUTPUT_NAMES)}")
+        if set(as_dict) == set(names):
+            return {n: as_dict[n] for n in names}
+        raise ValueError(f"fn returned a named tuple with fields {list(as_dict)}; expected {list(names)}")
     if isinstance(result, (tuple, list)):
-        if len(result) != len(OUTPUT_NAMES):
-            raise ValueError(f"fn returned a sequence of {len(result)} items; expected the 5 outputs "
-                             f"{list(OUTPUT_NAMES)} in that order")
-        return dict(zip(OUTPUT_NAMES, result))
-    raise TypeError(f"fn returned a {type(result).__name__}; expected a MimoBwdFwdOutputs, a 5-tuple in the order "
-                    f"{list(OUTPUT_NAMES)} or a dict keyed by those names")
+        if len(result) != len(names):
+            raise ValueError(f"fn returned a sequence of {len(result)} items; expected the {len(names)} outputs "
+                             f"{list(names)} in that order")
+        return dict(zip(names, result))
+    if isinstance(result, torch.Tensor) and len(names) == 1:
+        return {names[0]: result}
+    single = f", the tensor {names[0]}" if len(names) == 1 else ""
+    raise TypeError(f"fn returned a {type(result).__name__}; expected {op.name}'s outputs: a named tuple or a "
+                    f"{len(names)}-tuple in the order {list(names)}, a dict keyed by those names{single}")
 
 
-def _expected_dtype_reason(name: str, policy: RoundingPolicy) -> str:
+def _expected_dtype_reason(name: str, policy: RoundingPolicy, op) -> str:
     if not policy.round_outputs:
         return "round_outputs=False: unrounded outputs in the math dtype"
-    if name in LP_OUTPUTS:
+    if name in op.lp_outputs:
         return f"the policy's lp_dtype {policy.lp_dtype}"
     return "FP32 accumulation output"
 
@@ -886,7 +1106,7 @@ def _first_index(mask: torch.Tensor) -> tuple:
 
 def _check_output(name: str, got, ref: Optional[torch.Tensor], oracle: Optional[torch.Tensor],
                   noise_of: Callable[[], Tuple[float, str]], policy: RoundingPolicy, device: torch.device,
-                  settings: GateSettings) -> OutputCheck:
+                  settings: GateSettings, op) -> OutputCheck:
     if ref is None:
         if got is None:
             return OutputCheck(name, "absent")
@@ -901,7 +1121,7 @@ def _check_output(name: str, got, ref: Optional[torch.Tensor], oracle: Optional[
     if tuple(got.shape) != tuple(ref.shape):
         return OutputCheck(name, "FAIL", (f"shape {list(got.shape)}, expected {list(ref.shape)}",))
     if got.dtype != ref.dtype:
-        problems.append(f"dtype {got.dtype}, expected {ref.dtype} ({_expected_dtype_reason(name, policy)})")
+        problems.append(f"dtype {got.dtype}, expected {ref.dtype} ({_expected_dtype_reason(name, policy, op)})")
     if got.device != device:
         problems.append(f"on device {got.device}, expected the input device {device}")
     if got.is_complex() or not (got.is_floating_point()):
@@ -944,7 +1164,9 @@ def _check_output(name: str, got, ref: Optional[torch.Tensor], oracle: Optional[
         bit_equal = 1.0 if got.numel() == 0 else float(
             (got.contiguous().view(_int_view(got)) == ref.contiguous().view(_int_view(ref))).double().mean())
     return OutputCheck(name, "FAIL" if problems else "pass", tuple(problems), notes=notes, err_same=err_same,
-                       noise=noise_value, noise_source=noise_source, tol_same=tol, err_oracle=err_oracle,
+                       noise=noise_value, noise_source=noise_source, tol_same=tol,
+                       tol_base=settings.tol_same, tol_entry=dict(settings.entries).get("tol_same", ""),
+                       err_oracle=err_oracle,
                        ref_err_oracle=ref_err, bound_oracle=bound, max_abs=max_abs(g, r) if g.numel() else 0.0,
                        bit_equal=bit_equal, nonfinite=nonfinite)
 
@@ -966,8 +1188,8 @@ def _short_traceback(exc: BaseException, limit: int = 8) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-limit)).rstrip()
 
 
-def _run_case(fn: Callable, case: CaseSpec, policy: RoundingPolicy, device: torch.device, settings: GateSettings,
-              pass_policy: bool, dtype_mismatch: str) -> CaseResult:
+def _run_case(fn: Callable, case, policy: RoundingPolicy, device: torch.device, settings_of: _SettingsByOutput,
+              pass_policy: bool, dtype_mismatch: str, op) -> CaseResult:
     case_policy = policy
     if case.lp_dtype != policy.lp_torch_dtype:
         if dtype_mismatch == "skip":
@@ -975,35 +1197,35 @@ def _run_case(fn: Callable, case: CaseSpec, policy: RoundingPolicy, device: torc
                                                   f"{policy.lp_dtype} (dtype_mismatch='adapt' gates it under "
                                                   f"lp_dtype={case.dtype})")
         case_policy = policy.replace(lp_dtype=case.dtype)
-    inputs = case_inputs(case)
-    ref = reference_outputs(case, case_policy)
-    oracle = oracle_outputs(case)
+    inputs = case_inputs(case, op)
+    ref = _as_output_dict(reference_outputs(case, case_policy, op), op)
+    oracle = _as_output_dict(oracle_outputs(case, op), op)
     result = CaseResult(case, case_policy)
-    moved = {n: (None if inputs[n] is None else inputs[n].to(device, copy=True)) for n in INPUT_NAMES}
-    kwargs = as_kwargs(inputs)
+    moved = {n: (None if inputs[n] is None else inputs[n].to(device, copy=True)) for n in op.input_names}
+    kwargs = op.kwargs(inputs)
     if pass_policy:
         kwargs["policy"] = case_policy
     start = time.perf_counter()
     try:
-        raw = fn(*_args(moved), **kwargs)
+        raw = fn(*op.args(moved), **kwargs)
     except Exception as exc:  # noqa: BLE001 - any failure of fn is a gate failure, reported per case
         result.seconds = time.perf_counter() - start
         result.problems.append(f"fn raised {type(exc).__name__}: {_exception_summary(exc)}")
         result.traceback = _short_traceback(exc)
         return result
     try:
-        outs = _as_output_dict(raw)
+        outs = _as_output_dict(raw, op)
     except (TypeError, ValueError) as exc:
         result.seconds = time.perf_counter() - start
         result.problems.append(str(exc))
         return result
-    target = moved["q"].device
-    for name in OUTPUT_NAMES:
-        noise_of = functools.partial(lambda n: self_noise(case, case_policy)[n], name)
-        result.outputs.append(_check_output(name, outs[name], getattr(ref, name), getattr(oracle, name),
-                                            noise_of, case_policy, target, settings))
+    target = next(t.device for t in moved.values() if isinstance(t, torch.Tensor))
+    for name in op.output_names:
+        noise_of = functools.partial(lambda n: self_noise(case, case_policy, op)[n], name)
+        result.outputs.append(_check_output(name, outs[name], ref[name], oracle[name], noise_of,
+                                            case_policy, target, settings_of(name, case_policy.lp_dtype), op))
     result.seconds = time.perf_counter() - start
-    modified = [n for n in INPUT_NAMES if moved[n] is not None
+    modified = [n for n in op.input_names if moved[n] is not None
                 and not torch.equal(moved[n].detach().to("cpu"), inputs[n])]
     if modified:
         result.problems.append(f"fn modified its input(s) {modified} in place")
@@ -1024,26 +1246,32 @@ def _cpu_copies(outs: Mapping[str, object]) -> Dict[str, torch.Tensor]:
     return copies
 
 
-def check_mamba_mimo_bwd_fwd(fn: Callable, *, policy: PolicyLike, cases: CasesLike = "gate",
-                             device: Union[None, str, torch.device] = None, alpha: Optional[float] = None,
-                             floor: Optional[float] = None, tol_same: Optional[float] = None,
-                             noise_factor: Optional[float] = None, pass_policy: bool = False,
-                             dtype_mismatch: str = "skip") -> GateReport:
-    """Run ``fn`` over ``cases`` and check it against ``policy``; never raises for a failing ``fn``.
+def check(fn: Callable, *, op: OperatorLike = None, policy: PolicyLike, cases: CasesLike = "gate",
+          device: Union[None, str, torch.device] = None, alpha: Optional[float] = None,
+          floor: Optional[float] = None, tol_same: Optional[float] = None, noise_factor: Optional[float] = None,
+          pass_policy: bool = False, dtype_mismatch: str = "skip") -> GateReport:
+    """Run ``fn`` over ``cases`` and check it against ``op``'s reference under ``policy``; never raises for a
+    failing ``fn``.
 
     Args:
-        fn: the implementation under test: ``fn(*17 tensors, chunk_size=, rotary_dim_divisor=)`` returning the five
-            outputs (``MimoBwdFwdOutputs``, a 5-tuple in ``OUTPUT_NAMES`` order, or a dict by name). Wrap kernels
-            that take a policy with ``functools.partial(kernel, policy=...)``, or set ``pass_policy``.
-        policy: the policy ``fn`` claims to implement: a preset name, a ``RoundingPolicy`` or a policy JSON path.
-        cases: a grid name (``"smoke"``, ``"gate"``, ``"sweep"``), a ``CaseSpec`` or a list of them.
+        fn: the implementation under test: ``fn(*op.input_names tensors, chunk_size=, rotary_dim_divisor=)``
+            returning ``op``'s outputs (its named tuple, a tuple in ``op.output_names`` order, a dict by name, or the
+            tensor of a one-output operator). Wrap kernels that take a policy with
+            ``functools.partial(kernel, policy=...)``, or set ``pass_policy``.
+        op: the operator ``fn`` implements: a registered name or an ``Operator``; default
+            ``registry.DEFAULT_OPERATOR`` (backward stage 1).
+        policy: the policy ``fn`` claims to implement: a preset name, a ``RoundingPolicy`` or a policy JSON path; it
+            must define ``op``'s section.
+        cases: a grid name of ``op`` (``op.cases``: ``"smoke"``, ``"gate"``, ``"sweep"``, ...), a case spec or a list
+            of them.
         device: where ``fn`` runs (``"cpu"``, ``"cuda"``, ``"npu"``, ...; default ``"cpu"``). Inputs are copied
             there and results moved back; the reference and oracle always run on the CPU.
         alpha, floor: noise-floor gate ``rel_rms(fn, fp64) <= alpha·rel_rms(ref[P], fp64) + floor``; default
-            ``tolerances`` entries ``gate_oracle_alpha``, ``gate_oracle_floor``.
-        tol_same: lower bound of the same-policy tolerance; default entry ``same_policy_rel_rms``.
+            ``tolerances.gate_settings(op, output, lp format)`` (entries ``gate_oracle_alpha``, ``gate_oracle_floor``
+            or their operator-, output- and format-keyed forms).
+        tol_same: lower bound of the same-policy tolerance; default entry ``same_policy_rel_rms`` (or keyed forms).
         noise_factor: the same-policy tolerance is ``max(tol_same, noise_factor·noise)``; default entry
-            ``gate_same_policy_noise_factor``; 0 disables the per-case noise floor.
+            ``gate_same_policy_noise_factor`` (or keyed forms); 0 disables the per-case noise floor.
         pass_policy: also pass ``policy=`` (the case's policy) to ``fn``.
         dtype_mismatch: cases whose dtype differs from ``policy.lp_dtype`` are ``"skip"``-ped (reported) or, with
             ``"adapt"``, gated under ``policy.replace(lp_dtype=case.dtype)`` (use with ``pass_policy=True``).
@@ -1052,56 +1280,93 @@ def check_mamba_mimo_bwd_fwd(fn: Callable, *, policy: PolicyLike, cases: CasesLi
         GateReport: ``report.passed``, ``report.table()``, ``report.failures()``, ``report.to_dict()``.
 
     Raises:
-        TypeError, ValueError: for bad arguments (not for a failing ``fn``); ``DeviceUnavailableError`` (a
-        ``ValueError``) when ``device`` cannot be used here, before any case runs.
+        TypeError, ValueError: for bad arguments (not for a failing ``fn``): an unknown operator, a policy that
+        defines no semantics for it (``PolicyUndefined``), an unknown grid; ``DeviceUnavailableError`` (a
+        ``ValueError``) when ``device`` cannot be used here. All before any case runs.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    op = _operator.get(op)
     policy = _presets.resolve(policy)
-    case_list = resolve_cases(cases)
+    policy.section(op.name)  # PolicyUndefined (a ValueError) naming the operator, before any case runs
+    case_list = resolve_cases(cases, op)
     if dtype_mismatch not in _DTYPE_MISMATCH:
         raise ValueError(f"dtype_mismatch must be one of {_DTYPE_MISMATCH}, got {dtype_mismatch!r}")
-    settings = GateSettings.from_table(tol_same=tol_same, noise_factor=noise_factor, alpha=alpha, floor=floor)
+    overrides = {"tol_same": tol_same, "noise_factor": noise_factor, "alpha": alpha, "floor": floor}
+    settings = GateSettings.from_table(**overrides, op=op)
+    settings_of = _SettingsByOutput(op, overrides)
     dev = check_device("cpu" if device is None else device)
-    results = [_run_case(fn, case, policy, dev, settings, pass_policy, dtype_mismatch) for case in case_list]
-    return GateReport(policy=policy, device=str(dev), settings=settings, cases=results)
+    results = [_run_case(fn, case, policy, dev, settings_of, pass_policy, dtype_mismatch, op) for case in case_list]
+    return GateReport(policy=policy, device=str(dev), settings=settings, cases=results, operator=op.name)
 
 
-def assert_mamba_mimo_bwd_fwd(fn: Callable, **kwargs) -> GateReport:
-    """:func:`check_mamba_mimo_bwd_fwd`, raising ``AssertionError`` with the per-case, per-output table of the
-    failing cases (and tracebacks of ``fn``) when a gate fails or no case ran. Returns the report otherwise."""
-    return check_mamba_mimo_bwd_fwd(fn, **kwargs).raise_if_failed()
+def assert_gate(fn: Callable, **kwargs) -> GateReport:
+    """:func:`check`, raising ``AssertionError`` with the per-case, per-output table of the failing cases (and
+    tracebacks of ``fn``) when a gate fails or no case ran. Returns the report otherwise."""
+    return check(fn, **kwargs).raise_if_failed()
+
+
+# ---------------------------------------------------------------------------------------------------- per operator
+def _operator_gates(name: str) -> Tuple[Callable, Callable]:
+    """``check_<name>`` and ``assert_<name>``: :func:`check` and :func:`assert_gate` for operator ``name`` only."""
+
+    def check_operator(fn: Callable, **kwargs) -> GateReport:
+        if "op" in kwargs:
+            raise TypeError(f"check_{name} gates {name} only; use testing.check(fn, op=...) for another operator")
+        return check(fn, op=name, **kwargs)
+
+    def assert_operator(fn: Callable, **kwargs) -> GateReport:
+        return check_operator(fn, **kwargs).raise_if_failed()
+
+    signature = inspect.signature(check)
+    without_op = signature.replace(parameters=[p for p in signature.parameters.values() if p.name != "op"])
+    for function, base, verb in ((check_operator, "check", "Gate"), (assert_operator, "assert_gate", "Assert")):
+        function.__name__ = function.__qualname__ = f"{base.split('_')[0]}_{name}"
+        function.__signature__ = without_op
+        function.__doc__ = (f"{verb} an implementation of operator ``{name}``: :func:`{base}` with ``op=\"{name}\"``"
+                            f" (same arguments but ``op``; see :func:`{base}` and ``docs/gating.md``).")
+    return check_operator, assert_operator
+
+
+for _name in registry.OPERATORS:
+    globals()[f"check_{_name}"], globals()[f"assert_{_name}"] = _operator_gates(_name)
+    __all__ += [f"check_{_name}", f"assert_{_name}"]
+del _name
 
 
 # ---------------------------------------------------------------------------------------------------- measurement
 def measure_gate_noise(policy: PolicyLike = "upstream_sm90", cases: CasesLike = "gate",
-                       dtype_mismatch: str = "adapt") -> List[dict]:
-    """The measurements behind the gate defaults in ``tolerances.py``, for every case and output.
+                       dtype_mismatch: str = "adapt", op: OperatorLike = None) -> List[dict]:
+    """The measurements behind the gate defaults in ``tolerances.py``, for every case and output of ``op``.
 
     For each :func:`noise_perturbations` variant ``P'`` (correct implementations of the policy that differ at the
     FP32 level) records ``same = rel_rms(ref[P'], ref[P])``, ``ratio = rel_rms(ref[P'], fp64) /
     rel_rms(ref[P], fp64)`` and ``excess = rel_rms(ref[P'], fp64) - rel_rms(ref[P], fp64)``.
 
     Returns:
-        list of dict: ``{"case_id", "policy", "output", "ref_err_oracle", "variant", "same", "ratio", "excess"}``.
+        list of dict: ``{"operator", "case_id", "policy", "output", "ref_err_oracle", "variant", "same", "ratio",
+        "excess"}``.
     """
+    op = _operator.get(op)
     policy = _presets.resolve(policy)
     rows = []
-    for case in resolve_cases(cases):
+    for case in resolve_cases(cases, op):
         case_policy = policy
         if case.lp_dtype != policy.lp_torch_dtype:
             if dtype_mismatch == "skip":
                 continue
             case_policy = policy.replace(lp_dtype=case.dtype)
-        ref, oracle = reference_outputs(case, case_policy), oracle_outputs(case)
-        for label, out in _perturbed_outputs(case, case_policy).items():
-            for name in OUTPUT_NAMES:
-                r = getattr(ref, name)
+        ref = _as_output_dict(reference_outputs(case, case_policy, op), op)
+        oracle = _as_output_dict(oracle_outputs(case, op), op)
+        for label, out in _perturbed_outputs(case, case_policy, op).items():
+            out = _as_output_dict(out, op)
+            for name in op.output_names:
+                r = ref[name]
                 if r is None:
                     continue
-                o, v = getattr(oracle, name), getattr(out, name)
+                o, v = oracle[name], out[name]
                 ref_err, var_err = rel_rms(r, o), rel_rms(v, o)
-                rows.append({"case_id": case.case_id, "policy": policy_label(case_policy), "output": name,
-                             "ref_err_oracle": ref_err, "variant": label, "same": rel_rms(v, r),
+                rows.append({"operator": op.name, "case_id": case.case_id, "policy": policy_label(case_policy, op),
+                             "output": name, "ref_err_oracle": ref_err, "variant": label, "same": rel_rms(v, r),
                              "ratio": _ratio(var_err, ref_err), "excess": var_err - ref_err})
     return rows

@@ -173,6 +173,30 @@ OUTPUTS = (
     Stage("ddA_cs", ("B", "H", "S"), "partial: w.r.t. exp(da_cs)"),
 )
 
+#: Dimension letters of every tensor input (``"(R)"``: present only without ``mimo_o``; ``"N/d"``: the rotary
+#: angles, pairing column j of N with column N/2 + j for j < N/d). Tools read them from ``OPERATOR.extra``.
+INPUT_SHAPES = {
+    "dout": ("B", "S", "(R)", "H", "P"),
+    "q": ("B", "S", "R", "G", "N"),
+    "k": ("B", "S", "R", "G", "N"),
+    "v": ("B", "S", "H", "P"),
+    "q_bias": ("H", "R", "N"),
+    "k_bias": ("H", "R", "N"),
+    "mimo_v": ("H", "R", "P"),
+    "mimo_o": ("H", "R", "P"),
+    "states": ("B", "H", "nc", "N", "P"),
+    "z": ("B", "S", "H", "P"),
+    "mimo_z": ("H", "R", "P"),
+    "angles": ("B", "S", "H", "N/d"),
+    "da_cs": ("B", "H", "S"),
+    "da_cs_rev": ("B", "H", "S"),
+    "dt": ("B", "H", "S"),
+    "trap": ("B", "H", "S"),
+    "d": ("H",),
+    "qk_dot": ("B", "H", "S", "R", "R"),
+    "segsum": ("B", "H", "nc", "C", "C"),
+}
+
 OPERATOR = Operator(
     name="mamba_mimo_bwd_bwd",
     title="backward stage 2 of the Mamba-3 MIMO op (TileLang mamba_mimo_bwd_bwd)",
@@ -194,4 +218,5 @@ OPERATOR = Operator(
     golden_outputs="mimo_numerics.ops.mamba_mimo_bwd_bwd.golden:upstream_outputs",
     upstream="mimo_numerics.ops.mamba3_mimo.upstream:run_stage2",
     docs="docs/stage2.md",
+    extra={"input_shapes": INPUT_SHAPES},
 )

@@ -49,6 +49,28 @@ OUTPUTS = (
     Stage("qk_dot", ("B", "H", "S", "R", "R"), "same-step dot products of the biased, unrotated q and k (lp store)"),
 )
 
+#: Dimension letters of every tensor input (``"(R)"``: present only without ``mimo_o``; ``"N/d"``: the rotary
+#: angles, pairing column j of N with column N/2 + j for j < N/d). Tools read them from ``OPERATOR.extra``.
+INPUT_SHAPES = {
+    "dout": ("B", "S", "(R)", "H", "P"),
+    "q": ("B", "S", "R", "G", "N"),
+    "k": ("B", "S", "R", "G", "N"),
+    "v": ("B", "S", "H", "P"),
+    "q_bias": ("H", "R", "N"),
+    "k_bias": ("H", "R", "N"),
+    "mimo_v": ("H", "R", "P"),
+    "mimo_o": ("H", "R", "P"),
+    "z": ("B", "S", "H", "P"),
+    "mimo_z": ("H", "R", "P"),
+    "angles": ("B", "S", "H", "N/d"),
+    "da_cs": ("B", "H", "S"),
+    "da_cs_rev": ("B", "H", "S"),
+    "dt": ("B", "H", "S"),
+    "trap": ("B", "H", "S"),
+    "d": ("H",),
+    "segsum": ("B", "H", "nc", "C", "C"),
+}
+
 OPERATOR = Operator(
     name="mamba_mimo_bwd_fwd",
     title="backward stage 1 of the Mamba-3 MIMO op (TileLang mamba_mimo_bwd_fwd)",
@@ -71,4 +93,5 @@ OPERATOR = Operator(
     upstream="mimo_numerics.ops.mamba_mimo_bwd_fwd.upstream:mamba_mimo_bwd_fwd",
     kernels="mimo_numerics.kernels:mamba_mimo_bwd_fwd",
     docs="docs/semantics.md",
+    extra={"input_shapes": INPUT_SHAPES},
 )

@@ -99,6 +99,27 @@ _BY_NAME = {stage.name: stage for stage in STAGES}
 #: The output, with its shape (``(R)``: present without ``mimo_o``).
 OUTPUTS = (Stage("o", ("B", "S", "(R)", "H", "P"), "the forward output (lp store)", "out_accum"),)
 
+#: Dimension letters of every tensor input (``"(R)"``: present only without ``mimo_o``; ``"N/d"``: the rotary
+#: angles, pairing column j of N with column N/2 + j for j < N/d). Tools read them from ``OPERATOR.extra``.
+INPUT_SHAPES = {
+    "q": ("B", "S", "R", "G", "N"),
+    "k": ("B", "S", "R", "G", "N"),
+    "v": ("B", "S", "H", "P"),
+    "q_bias": ("H", "R", "N"),
+    "k_bias": ("H", "R", "N"),
+    "mimo_v": ("H", "R", "P"),
+    "mimo_o": ("H", "R", "P"),
+    "z": ("B", "S", "H", "P"),
+    "d": ("H",),
+    "mimo_z": ("H", "R", "P"),
+    "angles": ("B", "S", "H", "N/d"),
+    "da_cs": ("B", "H", "S"),
+    "da_cs_rev": ("B", "H", "S"),
+    "dt": ("B", "H", "S"),
+    "trap": ("B", "H", "S"),
+    "segsum": ("B", "H", "nc", "C", "C"),
+}
+
 OPERATOR = Operator(
     name="mamba_mimo_fwd",
     title="forward kernel of the Mamba-3 MIMO op (TileLang mamba_mimo_fwd)",
@@ -120,4 +141,5 @@ OPERATOR = Operator(
     golden_outputs="mimo_numerics.ops.mamba_mimo_fwd.golden:upstream_outputs",
     upstream="mimo_numerics.ops.mamba3_mimo.upstream:run_forward",
     docs="docs/forward.md",
+    extra={"input_shapes": INPUT_SHAPES},
 )
