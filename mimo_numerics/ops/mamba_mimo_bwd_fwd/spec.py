@@ -67,4 +67,5 @@ OPERATOR = Operator(
     upstream="mimo_numerics.upstream:mamba_mimo_bwd_fwd",
     kernels="mimo_numerics.kernels:mamba_mimo_bwd_fwd",
     docs="docs/semantics.md",
+    extra={"nonfinite_rules": "mimo_numerics.ops.mamba_mimo_bwd_fwd.nonfinite_rules"},
 )
