@@ -118,3 +118,9 @@ def stored_cases(path: Optional[PathLike] = None):
         fields = spec_from_seed_kwargs(golden_kwargs(name, path)).to_dict()
         out.append(StoredCase(**fields, source=name, inputs=inputs))
     return out
+
+
+def upstream_outputs(name: str, path: Optional[PathLike] = None) -> dict:
+    """The upstream outputs of one golden case by output name (None where a branch is off): the loader the
+    report uses for every operator's golden data."""
+    return golden_case(name, path)[1]
