@@ -78,9 +78,14 @@ def sequence_axis(stage: str, op: OpLike = None) -> Optional[Tuple[str, int]]:
     return None if spec is None else spec.sequence_axis
 
 
+def _kind(axis: Optional[Tuple[str, int]]) -> Optional[str]:
+    """``"token"``, ``"chunk"`` or None of a ``Stage.sequence_axis``."""
+    return None if axis is None else axis[0]
+
+
 def chunk_stages(op: OpLike = None) -> Tuple[str, ...]:
     """Run keys indexed by chunk (``nc`` axis), in pipeline order."""
-    return tuple(s for s in pipeline(op) if (sequence_axis(s, op) or ("",))[0] == "chunk")
+    return tuple(s for s in pipeline(op) if _kind(sequence_axis(s, op)) == "chunk")
 
 
 def no_sequence_stages(op: OpLike = None) -> Tuple[str, ...]:
@@ -104,14 +109,13 @@ def sequence_stages(op: OpLike = None, per: str = "token") -> Tuple[str, ...]:
     if per not in ("chunk", "token"):
         raise ValueError(f"per must be 'chunk' or 'token', got {per!r}")
     op = _operator.get(op)
-    axis = {s.name: s.sequence_axis for s in op.stages}
     main = [s.name for s in op.stages if not s.needs and s.name not in op.output_names
-            and (axis[s.name] or ("",))[0] == "token"][-1:]
-    token_outputs = [OUTPUT_PREFIX + s.name for s in op.outputs if (s.sequence_axis or ("",))[0] == "token"]
+            and _kind(s.sequence_axis) == "token"][-1:]
+    token_outputs = [OUTPUT_PREFIX + s.name for s in op.outputs if _kind(s.sequence_axis) == "token"]
     if per == "token":
         return tuple(main + token_outputs)
-    state = [s.name for s in op.stages if (axis[s.name] or ("",))[0] == "chunk"][:1]
-    chunk_outputs = [OUTPUT_PREFIX + s.name for s in op.outputs if (s.sequence_axis or ("",))[0] == "chunk"]
+    state = [s.name for s in op.stages if _kind(s.sequence_axis) == "chunk"][:1]
+    chunk_outputs = [OUTPUT_PREFIX + s.name for s in op.outputs if _kind(s.sequence_axis) == "chunk"]
     return tuple(state + main + chunk_outputs[:1] + token_outputs[:1])
 
 
@@ -131,8 +135,8 @@ def describe_stages(op: OpLike = None) -> str:
 
 
 def _token_axes(op: OpLike = None) -> Dict[str, int]:
-    return {s: sequence_axis(s, op)[1] for s in pipeline(op)
-            if (sequence_axis(s, op) or ("",))[0] == "token" and sequence_axis(s, op)[1] != 2}
+    axes = {s: sequence_axis(s, op) for s in pipeline(op)}
+    return {s: axis[1] for s, axis in axes.items() if _kind(axis) == "token" and axis[1] != 2}
 
 
 #: The pipeline of the default operator (backward stage 1): its record stages, then its outputs.

@@ -80,6 +80,16 @@ def test_stage_plot_shows_exact_zeros_on_their_own_line():
     assert ax.get_ylim()[0] < zero_tick < 3e-3 / 10  # below a gap under the smallest positive value
 
 
+def test_stage_plot_names_the_site_of_each_stage():
+    from mimo_numerics.drift import DriftRow, DriftTable
+
+    rows = [DriftRow("fp32", s, 1e-7, 1e-7, 0.1, 4) for s in ("gamma", "psiv", "out", "output.o")]
+    table = DriftTable("fp64", "bfloat16", rows, operator="mamba_mimo_fwd")
+    labels = [t.get_text() for t in plots.plot_stage_drift(table, sites=True).axes[0].get_xticklabels()]
+    assert labels == ["gamma", "psiv [psiv]", "out", "out:o [out_accum]"]  # Stage.site of the forward's spec
+    assert [t.get_text() for t in plots.plot_stage_drift(table).axes[0].get_xticklabels()][1] == "psiv"
+
+
 def test_sensitivity_scores_use_a_linear_axis_and_errors_a_log_axis():
     from mimo_numerics import presets
     from mimo_numerics.sensitivity import rank_sites

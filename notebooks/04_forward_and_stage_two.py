@@ -1,4 +1,4 @@
-# Source of 04_forward_and_stage2.ipynb (jupytext percent format); rebuild with scripts/build_notebooks.py.
+# Source of 04_forward_and_stage_two.ipynb (jupytext percent format); rebuild with scripts/build_notebooks.py.
 
 # %% [markdown]
 # # 04 · The forward and backward stage 2: where error enters, site by site
