@@ -14,7 +14,7 @@ from typing import Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 from matplotlib.figure import Figure
 
-from .drift import DriftTable, SequenceDrift
+from .drift import DriftTable, SequenceDrift, stage_sites
 from .inference import InferenceResult, describe_policy
 from .sensitivity import GapAttribution, SensitivityTable
 
@@ -80,9 +80,15 @@ def _short(stage: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- drift
-def plot_stage_drift(table: DriftTable, metric: str = "rel_rms", ax=None, title: Optional[str] = None) -> Figure:
-    """Error of every run against the baseline, stage by stage in pipeline order (log y)."""
+def plot_stage_drift(table: DriftTable, metric: str = "rel_rms", ax=None, title: Optional[str] = None,
+                     sites: bool = False) -> Figure:
+    """Error of every run against the baseline, stage by stage in the pipeline order of the table's operator (log y).
+
+    With ``sites``, each stage's tick also names the policy switch that rounds it (``Stage.site`` of the spec, as
+    ``stage [site]``), so a jump in the line can be read against the site that makes it.
+    """
     stages = table.stages()
+    site_of = stage_sites(table.operator) if sites else {}
     data = table.pivot(metric)
     fig, ax = _axes(ax, (max(8.0, 0.42 * len(stages) + 2), 4.8))
     floor = _zero_level([v for run in data.values() for v in run.values()])
@@ -100,11 +106,12 @@ def plot_stage_drift(table: DriftTable, metric: str = "rel_rms", ax=None, title:
                     markersize=style["markersize"], markerfacecolor="none", color=line.get_color())
     ax.set_yscale("log")
     ax.set_xticks(x)
-    ax.set_xticklabels([_short(s) for s in stages], rotation=60, ha="right", fontsize=8)
+    ax.set_xticklabels([_short(s) + (f" [{site_of[s]}]" if site_of.get(s) else "") for s in stages], rotation=60,
+                       ha="right", fontsize=8)
     names = {"rel_rms": "relative RMS error", "max_abs": "max abs error",
              "max_ulp": f"max error [{table.lp_dtype} ULP]"}
     ax.set_ylabel(f"{names.get(metric, metric)} vs {table.baseline}")
-    ax.set_xlabel("stage (pipeline order; out: = kernel output)")
+    ax.set_xlabel("stage (pipeline order; out: = kernel output" + ("; [site] = its rounding switch)" if sites else ")"))
     ax.grid(True, which="major", axis="y", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     if zero_drawn:

@@ -27,6 +27,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 import mimo_numerics as mn  # noqa: E402
 from mimo_numerics import nonfinite as nf  # noqa: E402
+from mimo_numerics import operator as _operator  # noqa: E402
+from mimo_numerics.ops import registry  # noqa: E402
 from mimo_numerics.cases import CaseSpec, make_inputs  # noqa: E402
 from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES  # noqa: E402
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as SWITCHES  # noqa: E402
@@ -329,6 +331,73 @@ def test_pipeline_and_sites_match_the_reference_record():
     _run(mn.reference.mamba_mimo_bwd_fwd, make_inputs(FIRST_SPEC), policy="upstream_sm90", record=record)
     assert list(record) == [s for s in nf.PIPELINE if s in record]  # recorded in pipeline order, every name known
     assert set(record) == {s for s in nf.PIPELINE if not s.startswith(nf.OUTPUT_PREFIX)}
+
+
+@pytest.mark.parametrize("op", registry.OPERATORS)
+def test_every_operators_pipeline_and_sites_match_its_reference_record(op):
+    from mimo_numerics import drift
+
+    assert nf.pipeline(op) == drift.pipeline(op)
+    switches = nf.stage_switches(op)
+    assert set(switches) == set(nf.pipeline(op))
+    assert {v for v in switches.values() if v} <= set(registry.site_table(op)) | {"round_outputs"}
+    assert {s for s, v in switches.items() if v == "round_outputs"} == {
+        nf.OUTPUT_PREFIX + o for o in _operator.get(op).lp_outputs}
+    record = {}
+    _operator.get(op).run_reference(_operator.get(op).draw(FIRST_SPEC), "upstream_sm90", record=record)
+    assert list(record) == [s for s in nf.pipeline(op) if s in record]
+    assert set(record) == {s for s in nf.pipeline(op) if not s.startswith(nf.OUTPUT_PREFIX)}
+
+
+#: Where a NaN at (an interior element of) an input of the forward and of stage 2 first shows, in pipeline order:
+#: the first stage (``ops/<op>/spec.py``) whose formula reads that input.
+FIRST_STAGE_OF = {
+    "mamba_mimo_fwd": {
+        "q": "q_biased", "k": "k_biased", "v": "psiv", "q_bias": "q_biased", "k_bias": "k_biased", "mimo_v": "psiv",
+        "mimo_o": "phi_gate", "z": "gate", "d": "d_term", "mimo_z": "gate", "angles": "q_rot", "da_cs": "inter",
+        "da_cs_rev": "k_state", "dt": "gamma", "trap": "gamma", "segsum": "causal_scores"},
+    "mamba_mimo_bwd_bwd": {
+        "dout": "dphio", "q": "q_biased", "k": "k_biased", "v": "dd_terms", "q_bias": "q_biased",
+        "k_bias": "k_biased", "mimo_v": "dd_terms", "mimo_o": "dphio", "states": "dda_terms", "z": "gate",
+        "mimo_z": "gate", "angles": "q_rot", "da_cs": "dphio_scaled", "da_cs_rev": "dpsiv_inter", "dt": "gamma",
+        "trap": "gamma", "d": "dpsiv_accum", "qk_dot": "dpsiv_accum", "segsum": "lkq_masked"},
+}
+
+
+@pytest.mark.parametrize("op, name", [(op, name) for op, table in FIRST_STAGE_OF.items() for name in table])
+def test_first_nonfinite_stage_of_a_nan_in_the_forward_and_stage_2(op, name):
+    x = _operator.get(op).draw(FIRST_SPEC)
+    y = nf.with_value(x, name, _interior_index(name, x), float("nan"), op=op)
+    assert nf.nonfinite_inputs(y, op=op) == {name: 1}
+    first = nf.locate_nonfinite(y, "upstream_sm90", op=op)
+    assert first is not None and first.stage == FIRST_STAGE_OF[op][name] and first.kind == "nan", (name, first)
+    assert first.switch == _operator.get(op).stage(first.stage).site
+
+
+@pytest.mark.parametrize("op, moved_to", [("mamba_mimo_fwd", "state_operand"), ("mamba_mimo_bwd_bwd", None)])
+def test_fp16_overflow_of_psiv_in_the_forward_and_stage_2(op, moved_to):
+    """v·Ψ above the FP16 range overflows at the ``psiv`` rounding of both; without it the forward's state still
+    overflows at its lp operand, while stage 2 keeps ΨV in FP32 and stays finite."""
+    x = _operator.get(op).draw(OVERFLOW_SPEC)
+    for name, factor in dict(mimo_v=4e3, v=30).items():
+        x[name] = (x[name].float() * factor).to(x[name].dtype)
+    assert not nf.nonfinite_inputs(x, op=op)
+    base = nf.locate_nonfinite(x, FP16, op=op)
+    assert base.stage == "psiv" and base.switch == "psiv" and base.kind in ("+inf", "-inf") and base.nan == 0
+    moved = nf.nonfinite_switches(x, FP16, op=op)
+    assert (moved["psiv"] and moved["psiv"].stage) == moved_to
+    assert all(v is not None and v.stage == "psiv" for k, v in moved.items() if k != "psiv")
+
+
+def test_propagation_rules_exist_for_stage_1_only():
+    x = _operator.get("mamba_mimo_fwd").draw(FIRST_SPEC)
+    with pytest.raises(ValueError, match="mamba_mimo_fwd has no non-finite propagation rules"):
+        nf.predict_nan_outputs(x, "v", (0, 0, 0, 0), op="mamba_mimo_fwd")
+    assert nf.EXP_ONLY_INPUTS == ("da_cs", "da_cs_rev", "segsum") and nf.SIGMOID_ONLY_INPUTS == ("trap",)
+    with pytest.raises(ValueError, match="unknown output"):
+        nf.first_nonfinite(None, {"dz": torch.zeros(1)}, op="mamba_mimo_fwd")
+    only_o = nf.first_nonfinite(None, torch.tensor([float("inf")]), op="mamba_mimo_fwd")  # the bare output tensor
+    assert only_o.stage == "output.o" and only_o.switch == "round_outputs"
 
 
 def test_value_class_and_errors():

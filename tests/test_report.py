@@ -8,7 +8,10 @@ import sys
 
 import pytest
 
-from mimo_numerics import cases, golden, plots, report, sweep
+from mimo_numerics import cases, drift, golden, plots, report, sweep
+from mimo_numerics import operator as _operator
+from mimo_numerics import tolerances
+from mimo_numerics.ops import registry
 
 MAIN_FIGURES = ("fig_drift_by_stage.png", "fig_drift_along_sequence.png", "fig_sensitivity.png")
 
@@ -76,6 +79,16 @@ def test_stage_plot_shows_exact_zeros_on_their_own_line():
     assert ax.get_ylim()[0] < zero_tick < 3e-3 / 10  # below a gap under the smallest positive value
 
 
+def test_stage_plot_names_the_site_of_each_stage():
+    from mimo_numerics.drift import DriftRow, DriftTable
+
+    rows = [DriftRow("fp32", s, 1e-7, 1e-7, 0.1, 4) for s in ("gamma", "psiv", "out", "output.o")]
+    table = DriftTable("fp64", "bfloat16", rows, operator="mamba_mimo_fwd")
+    labels = [t.get_text() for t in plots.plot_stage_drift(table, sites=True).axes[0].get_xticklabels()]
+    assert labels == ["gamma", "psiv [psiv]", "out", "out:o [out_accum]"]  # Stage.site of the forward's spec
+    assert [t.get_text() for t in plots.plot_stage_drift(table).axes[0].get_xticklabels()][1] == "psiv"
+
+
 def test_sensitivity_scores_use_a_linear_axis_and_errors_a_log_axis():
     from mimo_numerics import presets
     from mimo_numerics.sensitivity import rank_sites
@@ -109,7 +122,9 @@ def test_report_cli_end_to_end_on_a_grid_case(tmp_path):
 def test_report_arguments_and_errors(tmp_path, capsys):
     parser = report.add_report_arguments(argparse.ArgumentParser())
     args = parser.parse_args([])
-    assert args.case == report.DEFAULT_CASE and args.out is None and args.baseline == "fp64"
+    assert args.case is None and args.out is None and args.baseline == "fp64" and args.policies is None
+    assert args.op == registry.DEFAULT_OPERATOR
+    assert report.DEFAULT_CASE == report.default_case() == golden.DEFAULT_CASE  # the rule picks stage 1's default
     bad = parser.parse_args(["--case", "no_such_case", "--out", str(tmp_path / "x")])
     with pytest.raises(report.ReportError, match="unknown case") as excinfo:
         report.run_report(bad)
@@ -154,6 +169,72 @@ def test_report_case_from_a_bundle(tmp_path):
     assert rc.device_label.startswith("device:") and "H200" in rc.device_label
     assert all((rc.device_outputs[k] is None and v is None) or bool((rc.device_outputs[k] == v).all())
                for k, v in upstream.items())
+
+
+OTHER_OPS = tuple(o for o in registry.OPERATORS if o != registry.DEFAULT_OPERATOR)
+#: The gate of each operator's lp outputs against the H200 golden data (its own reference tests).
+LP_GATE = {"mamba_mimo_fwd": "fwd_golden_upstream_sm90_rel_rms", "mamba_mimo_bwd_bwd": "stage2_golden_lp_rel_rms"}
+
+
+@pytest.mark.parametrize("op", OTHER_OPS)
+def test_report_of_the_forward_and_stage_2_on_their_golden_case(op, tmp_path):
+    """``mimo-numerics report --op OP``: the same report for the forward and stage 2 on the embedded default case
+    (the first whole-op golden case with every branch on): reference policies and the real upstream per stage and
+    per output, drift against the claimed policy, and the sensitivity ranking where this build's
+    ``sensitivity.rank_sites`` takes the operator."""
+    from mimo_numerics import cli
+
+    out = tmp_path / "r"
+    assert cli.main(["report", "--op", op, "--out", str(out), "--quiet"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    spec = _operator.get(op)
+    assert metrics["operator"] == op and metrics["case"] == report.default_case(op)
+    golden_case = next(c for c in spec.load("golden")() if c.case_id == metrics["case"])
+    assert golden_case.reduce_o and golden_case.has_z and golden_case.has_d
+    assert list(metrics["policies"]) == ["fp32", "upstream_sm90"]  # seed_bf16 defines neither operator
+    device = "device: H200 upstream (golden)"
+    assert set(metrics["output_errors"]) == {"fp32", "upstream_sm90", device}
+    assert set(metrics["output_errors"][device]) == set(spec.output_names)
+    stages = {r["stage"] for r in metrics["stage_drift"]["rows"] if r["label"] == "upstream_sm90"}
+    assert stages == set(drift.pipeline(op))  # every branch on: every stage and output
+    assert metrics["stage_drift"]["operator"] == op
+    for name in spec.lp_outputs:
+        assert metrics["device_agreement"]["upstream_sm90"][name]["rel_rms"] <= tolerances.get(LP_GATE[op]), name
+    assert max(metrics["fp64_vs_oracle"].values()) < 1e-10  # the stage baseline is the FP64 oracle's numbers
+    assert {r["label"] for r in metrics["stage_drift_vs_claimed"]["rows"]} == {device}
+    summary = (out / "summary.md").read_text()
+    for heading in ("Output error against the baseline", "Agreement with the device", "Drift by stage",
+                    "Drift by stage against the claimed policy `upstream_sm90`", "Drift along the sequence",
+                    f"## Stages of `{op}`"):
+        assert heading in summary
+    for name in ("fig_drift_by_stage.png", "fig_drift_vs_claimed.png", "fig_drift_along_sequence.png",
+                 "fig_output_errors.png"):
+        _check_png(out / name)
+    # seed_bf16 defines neither operator: the gap and the inference go from fp32 to upstream_sm90
+    assert metrics["skipped"] == {}
+    assert metrics["gap_attribution"]["name_a"] == "fp32" and metrics["inference"]["operator"] == op
+    _check_png(out / "fig_sensitivity.png")
+    assert "Sensitivity of `upstream_sm90`" in summary and metrics["sensitivity"]["rows"]
+    assert {r["site"] for r in metrics["sensitivity"]["rows"] if r["kind"] == "switch"} == set(
+        registry.site_table(op))
+
+
+def test_report_operator_arguments(tmp_path):
+    parser = report.add_report_arguments(argparse.ArgumentParser())
+    with pytest.raises(report.ReportError, match="seed_bf16: it defines no rounding for mamba_mimo_fwd"):
+        report.run_report(parser.parse_args(["--op", "mamba_mimo_fwd", "--policies", "seed_bf16", "--out",
+                                             str(tmp_path / "x")]))
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--op", "no_such_op"])
+    assert report.default_out_dir("c", op="mamba_mimo_fwd").name.endswith("_mamba_mimo_fwd_c")
+    assert report.default_out_dir("c").name.endswith("_c") and "mamba" not in report.default_out_dir("c").name
+    rc = report.resolve_case("smoke:0", "mamba_mimo_bwd_bwd")
+    assert rc.device_outputs is None and "no device run" in rc.description
+    assert set(rc.inputs) == set(_operator.get("mamba_mimo_bwd_bwd").input_names) | {"chunk_size",
+                                                                                     "rotary_dim_divisor"}
+    with pytest.raises(report.ReportError, match="golden cases are g_"):
+        report.resolve_case("seed_branch_ro1_z1_d1", "mamba_mimo_fwd")  # stage 1's golden names are not the forward's
 
 
 def _square(x):

@@ -110,6 +110,18 @@ STAGE_DESCRIPTIONS: Dict[str, str] = {
 }
 
 
+#: The switch of ``sites.SITES`` whose rounding produces each stage (stages left out are computed in the math dtype
+#: only). ``dphio`` is rounded by ``dphio`` (dout·Φ) and, with Z, again by ``dphio_gate``: it names the first.
+STAGE_SITES: Dict[str, str] = {
+    "shifted_gamma": "shifted_gamma", "trap_scale": "trap_scale", "dphio": "dphio", "dd_terms": "dd_term",
+    "q_biased": "qk_biased", "k_biased": "qk_biased", "q_rot": "rotary", "k_rot": "rotary", "k_scaled": "k_scaled",
+    "dphio_scaled": "dphio_scaled", "dstates_operand": "dstates_operand", "lkq": "lkq", "lkq_masked": "lkq_masked",
+    "gamma_lp": "gamma_diag", "dpsiv": "dpsiv", "dv_accum": "dv_accum", "psiv": "psiv", "dk_inter": "dk_inter",
+    "dssda_terms": "dssda_term", "dkq_masked": "dkq_masked", "dk_rot": "dk_scaled", "dq_inter": "dq_inter",
+    "dq_rot": "dq_combined", "dk_unrotated": "dk_unrotate", "dq_unrotated": "dq_unrotate",
+}
+
+
 class MimoBwdBwdOutputs(NamedTuple):
     """Raw outputs of stage 2, as upstream's kernel writes them (before ``mamba_mimo_bwd_combined``'s sums).
 
@@ -155,7 +167,8 @@ def _letters(text: str):
 
 
 #: The stages of ``record=`` as generic stages (shape letters, description), in computation order.
-STAGE_LIST = tuple(Stage(name, _letters(shape), STAGE_DESCRIPTIONS[name]) for name, shape in STAGES.items())
+STAGE_LIST = tuple(Stage(name, _letters(shape), STAGE_DESCRIPTIONS[name], STAGE_SITES.get(name))
+                   for name, shape in STAGES.items())
 
 #: The raw outputs with their shapes.
 OUTPUTS = (

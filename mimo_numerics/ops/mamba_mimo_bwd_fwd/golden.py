@@ -124,8 +124,3 @@ def stored_cases(path: Optional[PathLike] = None):
         fields = spec_from_seed_kwargs(golden_kwargs(name, path)).to_dict()
         out.append(StoredCase(**fields, source=name, inputs=inputs))
     return out
-
-
-def upstream_outputs(name: str, path: Optional[PathLike] = None) -> dict:
-    """The upstream outputs of golden case ``name`` by output name (``dmimo_o``/``dmimo_z`` per batch)."""
-    return golden_case(name, path)[1]

@@ -93,5 +93,6 @@ OPERATOR = Operator(
     upstream="mimo_numerics.ops.mamba_mimo_bwd_fwd.upstream:mamba_mimo_bwd_fwd",
     kernels="mimo_numerics.kernels:mamba_mimo_bwd_fwd",
     docs="docs/semantics.md",
-    extra={"input_shapes": INPUT_SHAPES},
+    extra={"input_shapes": INPUT_SHAPES,
+           "nonfinite_rules": "mimo_numerics.ops.mamba_mimo_bwd_fwd.nonfinite_rules"},
 )
