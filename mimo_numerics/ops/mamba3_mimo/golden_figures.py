@@ -14,6 +14,7 @@ upstream's ``pre``, ``fwd``, ``bwd_fwd``, ``bwd_bwd``, ``post``, ``autograd``. E
 
 from __future__ import annotations
 
+import math
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -122,3 +123,31 @@ def flipped_states(case: dict, policy="upstream_sm90") -> Dict[str, int]:
             out[f"{name}|{label}"] = int((s1[name] != case["bwd_fwd"][name]).sum())
         out[f"states elements|{label}"] = s1["states"].numel()
     return out
+
+
+def site_off_rank(inputs: dict, base="upstream_sm90") -> list:
+    """One site off at a time from ``base``: how far ``Out`` and the gradients are from the FP64 chain.
+
+    For every site of the three policy operators, ``base`` with that one site not rounded runs the chain (the
+    package's FP32 preprocessing, no autograd) on ``inputs`` (golden names, with ``dout``). Returns rows
+    ``{"site": "<op>.<site>", "out": rel RMS of Out, "grads": {grad: rel RMS}, "mean": geometric mean over the
+    gradients}`` against the FP64 chain, the base first (``"site": "(none)"``), then the sites by ``mean``, lowest
+    first (the site whose rounding costs the gradients most comes first). The geometric mean weighs every gradient
+    alike (an arithmetic one is ruled by ``dD``, a cancelling sum ~10x further from FP64 than the others). A forward site moves ``Out`` only: the backward
+    recomputes what it needs (stage 1) and reads no forward output.
+    """
+    from ... import presets
+
+    base = presets.resolve(base)
+    want = chain.fp64_chain(inputs)
+    want_out = chain.run_forward(inputs, chain.preprocess(inputs, torch.float64), "fp64")
+
+    def row(label, policy):
+        got = chain_on_pre(inputs, chain.run_preprocess(inputs, policy), policy)
+        grads = errors(got, want, OP_GRAD_NAMES)
+        mean = math.exp(sum(math.log(max(v, 1e-300)) for v in grads.values()) / len(grads))
+        return {"site": label, "out": rel_rms(got["Out"], want_out), "grads": grads, "mean": mean}
+
+    rows = [row(f"{op}.{site}", base.with_sites(op, **{site: False}))
+            for op in chain.POLICY_OPERATORS for site in base.section(op)]
+    return [row("(none)", base)] + sorted(rows, key=lambda r: r["mean"])
