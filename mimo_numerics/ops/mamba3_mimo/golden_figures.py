@@ -133,8 +133,8 @@ def site_off_rank(inputs: dict, base="upstream_sm90") -> list:
     ``{"site": "<op>.<site>", "out": rel RMS of Out, "grads": {grad: rel RMS}, "mean": geometric mean over the
     gradients}`` against the FP64 chain, the base first (``"site": "(none)"``), then the sites by ``mean``, lowest
     first (the site whose rounding costs the gradients most comes first). The geometric mean weighs every gradient
-    alike (an arithmetic one is ruled by ``dD``, a cancelling sum ~10x further from FP64 than the others). A forward site moves ``Out`` only: the backward
-    recomputes what it needs (stage 1) and reads no forward output.
+    alike (an arithmetic one is ruled by ``dD``, a cancelling sum ~10x further from FP64 than the others). A forward
+    site moves ``Out`` only: the backward recomputes what it needs (stage 1) and reads no forward output.
     """
     from ... import presets
 
