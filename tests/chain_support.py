@@ -4,6 +4,7 @@
 (``mimo_numerics.oracle``) -> stage-2 FP64 oracle (``ops/mamba_mimo_bwd_bwd/oracle.py``) -> FP64 epilogue
 (``ops/mamba3_mimo_epilogue/oracle.py``): upstream's backward with every step in float64.
 ``autograd_fp64``: the gradients of ``Σ dout · mamba3_mimo_fp64(...)`` (``ops/mamba3_mimo/fp64_model.py``).
+Both live in the package (``mimo_numerics/ops/mamba3_mimo/chain.py``, used by ``mamba3_mimo(policy="fp64")``).
 ``draw_inputs``: raw inputs of one small case, in the golden file's names.
 """
 
@@ -13,47 +14,20 @@ from dataclasses import dataclass
 
 import torch
 
+from mimo_numerics.ops.mamba3_mimo import chain
 from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
-
-import stage2_support as support
-from mimo_numerics.ops.mamba3_mimo.fp64_model import INPUT_NAMES as OP_INPUTS
-from mimo_numerics.ops.mamba3_mimo.fp64_model import mamba3_mimo_fp64
-from mimo_numerics.ops.mamba3_mimo.preprocess import angle_cumsum, dacs_segsum
-from mimo_numerics.ops.mamba3_mimo_epilogue.oracle import mamba3_mimo_epilogue_oracle
-from mimo_numerics.ops.mamba_mimo_bwd_bwd.oracle import mamba_mimo_bwd_bwd_oracle
 
 _F64 = torch.float64
 
 
 def fp64_pre(inputs: dict) -> dict:
     """Upstream's preprocessing in float64: ``angles_cumsum``, ``da_cs``, ``da_cs_rev``, ``segsum``."""
-    C = inputs["chunk_size"]
-    da_cs, da_cs_rev, segsum = dacs_segsum(inputs["ADT"], C, math_dtype=_F64)
-    return {"angles_cumsum": angle_cumsum(inputs["Angles"], inputs["DT"], C, math_dtype=_F64), "da_cs": da_cs,
-            "da_cs_rev": da_cs_rev, "segsum": segsum}
+    return chain.preprocess(inputs, _F64)
 
 
-def fp64_chain(inputs: dict) -> dict:
-    """The 14 gradients (and ``ddt_core``, ``dDT_angle``) by the FP64 chain; keys of the epilogue's ``OUTPUT_NAMES``."""
-    C, divisor = inputs["chunk_size"], inputs["rotary_dim_divisor"]
-    pre = fp64_pre(inputs)
-    stage1 = support.stage1_oracle_fp64(*support.stage1_args(inputs, pre), chunk_size=C,
-                                        rotary_dim_divisor=divisor)
-    bwd_fwd = stage1.as_dict()
-    bwd_bwd = mamba_mimo_bwd_bwd_oracle(*support.stage2_args(inputs, pre, bwd_fwd), chunk_size=C,
-                                        rotary_dim_divisor=divisor)
-    return mamba3_mimo_epilogue_oracle(*support.epilogue_args(inputs, pre, bwd_fwd, bwd_bwd),
-                                       **support.epilogue_kwargs(inputs))
-
-
-def autograd_fp64(inputs: dict, clamp_backward: str = "upstream") -> dict:
-    """``d(Σ dout · Out)/d(input)`` of the FP64 forward model by torch autograd, by golden ``autograd`` names."""
-    leaves = {name: (None if inputs[name] is None else inputs[name].to(_F64).requires_grad_(True))
-              for name in OP_INPUTS}
-    out = mamba3_mimo_fp64(*leaves.values(), chunk_size=inputs["chunk_size"],
-                           rotary_dim_divisor=inputs["rotary_dim_divisor"], clamp_backward=clamp_backward)
-    (out * inputs["dout"].to(_F64)).sum().backward()
-    return {f"d{name}": (None if leaf is None else leaf.grad) for name, leaf in leaves.items()}
+#: The FP64 chain and autograd of the FP64 model, from the package (``mimo_numerics.ops.mamba3_mimo.chain``).
+fp64_chain = chain.fp64_chain
+autograd_fp64 = chain.autograd_fp64
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,264 @@
+"""``mamba3_mimo``: the whole Mamba-3 MIMO op as a ``torch.autograd.Function`` under a rounding policy.
+
+Same positional order, shapes and dtypes as upstream's ``mamba3_mimo`` (mamba-ssm 2.3.2.post1,
+``ops/tilelang/mamba3/mamba3_mimo.py``)::
+
+    out = mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D, Z,
+                      chunk_size=16, rotary_dim_divisor=4, dtype=None, policy="upstream_sm90")
+    out.backward(dout)          # every input's .grad, as upstream's _Mamba3Function.backward computes them
+
+The forward runs the preprocessing (cumulative angles, ``da_cs``, ``da_cs_rev``, ``segsum``) and the forward
+operator ``mamba_mimo_fwd``; the backward runs stage 1 (``mamba_mimo_bwd_fwd``) -> stage 2 (``mamba_mimo_bwd_bwd``)
+-> the FP32 epilogue (torch sums, ``bwd_dtrap_ddt``, ``bwd_dadt_fused``, ``angle_dt_bwd``), each step under the
+same policy. Which implementation runs each step is :mod:`.chain`'s business (``docs/whole_op.md``):
+
+* ``math_dtype="float32"`` policies (``upstream_sm90``, ``fp32``, any variant with ``round_outputs=True``): upstream's
+  FP32 preprocessing, the three policy references, the FP32 epilogue. Gradients have upstream's dtypes: ``dQ``,
+  ``dK``, ``dV``, ``dTrap``, ``dZ`` in lp, the others float32 (``dQ_bias``/``dK_bias`` hold lp values, as in
+  2.3.2.post1).
+* ``fp64``: float64 preprocessing and the FP64 oracle of every step, nothing rounded. ``Out`` is float64; torch
+  autograd casts each gradient to its input's dtype when it stores ``.grad`` (``dQ`` of a bf16 ``Q`` becomes
+  bf16), so the unrounded float64 gradients are read from ``record`` (``"mamba3_mimo_epilogue.dQ"``, ...).
+
+``record={}`` collects, under ``"<operator>.<stage>"`` keys (:data:`RECORD_PREFIXES`): the preprocessing outputs
+(``mamba3_mimo_preprocess.angles_cumsum``, ...), the recorded stages and the outputs of each operator
+(``mamba_mimo_fwd.out``, ``mamba_mimo_fwd.outputs.o``, ``mamba_mimo_bwd_fwd.state``,
+``mamba_mimo_bwd_fwd.outputs.states``, ``mamba_mimo_bwd_bwd.dstates``, ``mamba_mimo_bwd_bwd.outputs.dq``, ...;
+the FP64 oracles record no internal stages, only outputs) and the epilogue's outputs
+(``mamba3_mimo_epilogue.dQ``, ..., ``mamba3_mimo_epilogue.ddt_core``). The forward fills it when called, the backward
+when it runs. :func:`golden_sections` turns a record into the golden file's sections.
+
+``backend="triton"`` runs stage 1 with the package's Triton kernels (``mimo_numerics.kernels``: compiled on CUDA,
+Triton's interpreter on CPU, triton-ascend on NPU); the preprocessing, the forward, stage 2 and the epilogue have no
+kernel yet and run the reference: each call says so with a :class:`BackendFallbackWarning` naming them
+(:data:`TRITON_STAGES`), once per message and code location (Python's default warning filter).
+
+Not implemented (they raise ``NotImplementedError``): ``return_state=True`` and ``cu_seqlens`` (varlen).
+Upstream's own limits are checked up front when a gradient is needed: the backward needs ``S % chunk_size == 0``
+and ``G`` in ``{1, H}`` (upstream asserts in its Triton helpers and raises in ``mamba_mimo_bwd_combined``).
+Upstream's forward clamps the chunk log-decays to ``<= 0`` and its backward differentiates as if it did not
+(``docs/fp64_model.md``); so does this backward, in every chain.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import torch
+
+from ... import presets as _presets
+from . import chain
+from . import tolerances as _tolerances  # noqa: F401  (registers the whole op's tolerances)
+from .cases import OP_GRAD_NAMES, OP_INPUT_NAMES
+from .fp64_model import _validate as _validate_shapes
+
+#: Backends of :func:`mamba3_mimo`.
+BACKENDS = ("reference", "triton")
+#: What each step of the chain runs under ``backend="triton"``: "triton" or "reference" (no kernel yet).
+TRITON_STAGES: Dict[str, str] = {
+    "mamba3_mimo_preprocess": "reference",
+    "mamba_mimo_fwd": "reference",
+    "mamba_mimo_bwd_fwd": "triton",
+    "mamba_mimo_bwd_bwd": "reference",
+    "mamba3_mimo_epilogue": "reference",
+}
+#: The key prefixes of ``record``, in chain order.
+RECORD_PREFIXES = ("mamba3_mimo_preprocess", "mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "mamba_mimo_bwd_bwd",
+                   "mamba3_mimo_epilogue")
+#: Inputs upstream takes in the low-precision ``dtype``; every other tensor is float32.
+LP_INPUTS = ("Q", "K", "V", "Trap", "Z")
+_LP_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class BackendFallbackWarning(UserWarning):
+    """``backend="triton"``: some steps of the chain have no kernel and run the reference."""
+
+
+@dataclass(frozen=True)
+class _Config:
+    policy: Any
+    backend: str
+    chunk_size: int
+    rotary_dim_divisor: int
+    record: Optional[MutableMapping]
+
+
+def validate_op_inputs(tensors: Dict[str, Optional[torch.Tensor]], chunk_size, rotary_dim_divisor, dtype,
+                       lp_dtype: torch.dtype, *, needs_backward: bool) -> None:
+    """Check the 14 raw inputs of the op (golden names) before anything runs; errors name the argument.
+
+    Shapes, pairings (``Z`` with ``MIMO_Z``), sizes and devices by the FP64 model's validation; then upstream's
+    dtypes: ``Q``, ``K``, ``V``, ``Trap``, ``Z`` in one lp dtype (``dtype`` when given, the policy's ``lp_dtype``),
+    every other tensor float32. With ``needs_backward``: upstream's backward limits, ``S % chunk_size == 0`` and
+    ``G`` in ``{1, H}``.
+
+    Raises:
+        TypeError: a missing or non-tensor argument, a wrong dtype. ValueError: shapes, devices, pairings, sizes.
+    """
+    for name, value in tensors.items():
+        if isinstance(value, torch.Tensor) and (value.layout != torch.strided or value.is_nested):
+            kind = "a nested tensor" if value.is_nested else f"a tensor of layout {value.layout}"
+            raise TypeError(f"{name} must be a dense (strided) torch.Tensor, got {kind}")
+    B, S, R, G, N, H, P, C, _ = _validate_shapes(tensors, chunk_size, rotary_dim_divisor, "upstream")
+    lp = tensors["Q"].dtype
+    if lp not in _LP_DTYPES:
+        raise TypeError(f"Q must have dtype torch.bfloat16 or torch.float16 (upstream's low-precision dtype), got {lp}")
+    if dtype is not None:
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype (torch.bfloat16 or torch.float16) or None, got "
+                            f"{type(dtype).__name__} ({dtype!r})")
+        if dtype != lp:
+            raise TypeError(f"dtype={dtype} does not match the dtype {lp} of Q (upstream computes in dtype; the "
+                            "low-precision inputs Q, K, V, Trap, Z must have it)")
+    if lp != lp_dtype:
+        raise TypeError(f"Q has dtype {lp} but the policy's lp_dtype is {lp_dtype}: the low-precision inputs must "
+                        "match the policy (policy.replace(lp_dtype=...) or a preset of that dtype)")
+    for name, value in tensors.items():
+        if value is None:
+            continue
+        want = lp if name in LP_INPUTS else torch.float32
+        if value.dtype != want:
+            role = "the low-precision dtype of Q" if name in LP_INPUTS else "float32, as upstream takes it"
+            raise TypeError(f"{name} must have dtype {want} ({role}), got {value.dtype}")
+    if needs_backward:
+        if S % C:
+            raise ValueError(f"the backward needs the sequence length to be a multiple of chunk_size, as upstream's "
+                             f"(its Triton helpers assert it): S={S}, chunk_size={C}; pad the sequence or run "
+                             "without gradients")
+        if G not in (1, H):
+            raise ValueError(f"the backward supports G == 1 or G == H only, as upstream's mamba_mimo_bwd_combined: "
+                             f"Q has G={G} groups for H={H} heads")
+
+
+class _Mamba3MimoFunction(torch.autograd.Function):
+    """Forward: preprocessing + ``mamba_mimo_fwd``. Backward: stage 1 -> stage 2 -> epilogue (:mod:`.chain`)."""
+
+    @staticmethod
+    def forward(ctx, config: _Config, *tensors):
+        inputs = dict(zip(OP_INPUT_NAMES, tensors))
+        inputs["chunk_size"], inputs["rotary_dim_divisor"] = config.chunk_size, config.rotary_dim_divisor
+        pre = chain.run_preprocess(inputs, config.policy, record=config.record)
+        out = chain.run_forward(inputs, pre, config.policy, record=config.record)
+        ctx.config, ctx.pre = config, pre
+        ctx.save_for_backward(*tensors)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        config = ctx.config
+        inputs = dict(zip(OP_INPUT_NAMES, ctx.saved_tensors))
+        inputs["chunk_size"], inputs["rotary_dim_divisor"] = config.chunk_size, config.rotary_dim_divisor
+        inputs["dout"] = dout.contiguous()
+        grads = chain.run_backward(inputs, ctx.pre, config.policy, backend=config.backend, record=config.record)
+        wanted = ctx.needs_input_grad[1:]
+        return (None,) + tuple(grads[name] if need else None for name, need in zip(OP_GRAD_NAMES, wanted))
+
+
+def _check_backend(backend: str, policy, tensors: Dict[str, Optional[torch.Tensor]], chunk_size: int) -> None:
+    """The backend's own limits, before the forward runs (a kernel refusal would otherwise come in backward)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "reference":
+        return
+    from ... import kernels
+    from ...kernels import mimo_bwd_fwd as _stage1_kernel
+
+    if not kernels.triton_available():
+        raise ImportError("backend='triton' needs Triton: install the 'triton' extra (pip install "
+                          "'mimo_numerics[triton]'), or the 'npu' extra on Ascend; backend='reference' needs none")
+    kernels.policy_constexprs(policy)  # UnsupportedPolicyError naming the field (fp64, round_outputs=False, ...)
+    N, P, R = tensors["Q"].shape[-1], tensors["V"].shape[-1], tensors["Q"].shape[2]
+    for letter, size, source in (("N", N, "Q"), ("P", P, "V")):
+        if size not in kernels.SUPPORTED_DIMS:
+            raise ValueError(f"backend='triton': {source} has {letter}={size}; the stage-1 Triton kernels support "
+                             f"{letter} in {kernels.SUPPORTED_DIMS} (backend='reference' takes any size)")
+    if chunk_size * R > _stage1_kernel.MAX_FUSED_ROWS:
+        raise ValueError(f"backend='triton': chunk_size={chunk_size} with R={R} gives C*R={chunk_size * R} fused "
+                         f"rows; the stage-1 Triton kernels support C*R <= {_stage1_kernel.MAX_FUSED_ROWS}")
+    fallback = [step for step, runs in TRITON_STAGES.items() if runs == "reference"]
+    warnings.warn(f"backend='triton': only {', '.join(s for s, r in TRITON_STAGES.items() if r == 'triton')} "
+                  f"runs a Triton kernel; {', '.join(fallback)} have none yet and run the reference",
+                  BackendFallbackWarning, stacklevel=3)
+
+
+def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D, Z,
+                chunk_size: int = 16, rotary_dim_divisor: int = 4, dtype: Optional[torch.dtype] = None, *,
+                policy="upstream_sm90", backend: str = "reference", record: Optional[MutableMapping] = None,
+                return_state: bool = False, cu_seqlens=None) -> torch.Tensor:
+    """The Mamba-3 MIMO op forward, differentiable, every step rounded as ``policy`` says (module docstring).
+
+    Args:
+        Q, K (Tensor): ``[B, S, R, G, N]`` lp. V (Tensor): ``[B, S, H, P]`` lp.
+        ADT, DT (Tensor): ``[B, H, S]`` float32 (A·dt, dt). Trap (Tensor): ``[B, H, S]`` lp, before the sigmoid.
+        Q_bias, K_bias (Tensor): ``[H, R, N]`` float32. MIMO_V (Tensor): ``[H, R, P]`` float32.
+        MIMO_Z (Tensor | None): ``[H, R, P]`` float32, with Z. MIMO_Out (Tensor | None): ``[H, R, P]`` float32;
+            None: the non-reduced output ``[B, S, R, H, P]``.
+        Angles (Tensor): ``[B, S, H, N / rotary_dim_divisor]`` float32, raw (before tanh and the cumulative sum).
+        D (Tensor | None): ``[H]`` float32. Z (Tensor | None): ``[B, S, H, P]`` lp.
+        chunk_size (int): C (a power of 2 in the float32 chain, as upstream's Triton preprocessing).
+        rotary_dim_divisor (int): 2 or 4.
+        dtype (torch.dtype | None): upstream's argument; when given it must be the dtype of ``Q``.
+        policy (RoundingPolicy | str): a policy, a preset name or a policy JSON path; it must define the sections
+            of ``mamba_mimo_fwd``, ``mamba_mimo_bwd_fwd`` and ``mamba_mimo_bwd_bwd``.
+        backend (str): ``"reference"`` or ``"triton"`` (stage 1 by kernel; :data:`TRITON_STAGES`).
+        record (dict, optional): filled with the named stages of the chain (module docstring).
+        return_state, cu_seqlens: upstream's final-state and varlen paths: not implemented (they raise).
+
+    Returns:
+        Tensor: ``Out``, ``[B, S, H, P]`` with ``MIMO_Out``, else ``[B, S, R, H, P]``; lp in the float32 chain,
+        float64 under ``fp64``.
+
+    Raises:
+        NotImplementedError: ``return_state``, ``cu_seqlens``, a policy the chain cannot run (``chain.chain_kind``).
+        PolicyUndefined: a policy without a section of the chain (``seed_bf16``).
+        TypeError, ValueError: bad inputs, naming the argument (:func:`validate_op_inputs`, then each operator's
+            own validation).
+        ImportError, UnsupportedPolicyError: ``backend="triton"`` without Triton or with a policy the kernels
+            cannot express.
+    """
+    if return_state:
+        raise NotImplementedError("return_state=True (final angle, SSM state, K and V for decoding) is not "
+                                  "implemented by mimo_numerics' mamba3_mimo")
+    if cu_seqlens is not None:
+        raise NotImplementedError("cu_seqlens (the varlen kernels mamba3_mimo_*_varlen.py) is not implemented by "
+                                  "mimo_numerics' mamba3_mimo")
+    if record is not None and not isinstance(record, MutableMapping):
+        raise TypeError(f"record must be a dict (or another mutable mapping) or None, got {type(record).__name__}")
+    policy = _presets.resolve(policy)
+    chain.chain_kind(policy)  # PolicyUndefined / NotImplementedError before any work
+    tensors = dict(zip(OP_INPUT_NAMES, (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles,
+                                        D, Z)))
+    needs_backward = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors.values())
+    validate_op_inputs(tensors, chunk_size, rotary_dim_divisor, dtype, policy.lp_torch_dtype,
+                       needs_backward=needs_backward)
+    _check_backend(backend, policy, tensors, chunk_size)
+    config = _Config(policy=policy, backend=backend, chunk_size=chunk_size, rotary_dim_divisor=rotary_dim_divisor,
+                     record=record)
+    return _Mamba3MimoFunction.apply(config, *tensors.values())
+
+
+# ---------------------------------------------------------------------------------------------------- records
+#: Golden-file section -> (record prefix, {golden name: record name}) for :func:`golden_sections`.
+_GOLDEN_SECTIONS = {
+    "pre": ("mamba3_mimo_preprocess", {n: n for n in chain.PRE_NAMES}),
+    "fwd": ("mamba_mimo_fwd.outputs", {"o": "o"}),
+    "bwd_fwd": ("mamba_mimo_bwd_fwd.outputs", {n: n for n in ("dmimo_o", "states", "dz", "dmimo_z", "qk_dot")}),
+    "bwd_bwd": ("mamba_mimo_bwd_bwd.outputs", {n: n for n in ("dq", "dk", "dv", "dmimo_v", "dD", "dangles",
+                                                              "dfactor", "dgamma_diag", "ddA", "dSSdA",
+                                                              "ddA_cs_rev", "ddA_cs")}),
+    "post": ("mamba3_mimo_epilogue", {"ddt_core": "ddt_core", "dtrap": "dTrap", "dADT": "dADT",
+                                      "dAngles": "dAngles", "dDT_angle": "dDT_angle", "dDT": "dDT"}),
+    "grads": ("mamba3_mimo_epilogue", {n: n for n in OP_GRAD_NAMES}),
+}
+
+
+def golden_sections(record: MutableMapping) -> Dict[str, Dict[str, Optional[torch.Tensor]]]:
+    """A filled ``record`` as the golden file's sections: ``pre``, ``fwd``, ``bwd_fwd``, ``bwd_bwd``, ``post`` and
+    ``grads`` (the 14 gradients before autograd's cast to the inputs' dtypes); None for a tensor that was not
+    recorded (an absent branch, or a backward that has not run)."""
+    return {section: {golden: record.get(f"{prefix}.{name}") for golden, name in names.items()}
+            for section, (prefix, names) in _GOLDEN_SECTIONS.items()}

@@ -1,0 +1,294 @@
+"""The chain of the whole op ``mamba3_mimo``: preprocessing -> forward, and stage 1 -> stage 2 -> epilogue.
+
+Every function here takes the op's raw inputs as a dict in the golden file's names (``Q, K, V, ADT, DT, Trap,
+Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D, Z``, ``chunk_size``, ``rotary_dim_divisor`` and, for the
+backward, ``dout``), and returns or takes the outputs of each step in the golden file's names too (``pre``,
+``bwd_fwd``, ``bwd_bwd``; ``shared/golden/README.md``), so a step can be fed upstream's recorded outputs instead of
+the package's own.
+
+Two chains, chosen by the policy (:func:`chain_kind`):
+
+* ``"reference"`` (``math_dtype="float32"``, ``round_outputs=True``): upstream's FP32 preprocessing
+  (``preprocess.py``), the forward reference ``mamba_mimo_fwd``, the stage-1 reference ``mamba_mimo_bwd_fwd`` (or
+  its Triton kernel), the stage-2 reference ``mamba_mimo_bwd_bwd``, each under the policy's section, and the FP32
+  epilogue (``mamba3_mimo_epilogue.reference``: no policy section; it runs as upstream's Triton helpers compute,
+  ``fma=True``, the bias sums rounded to lp as 2.3.2.post1 stores them).
+* ``"fp64"`` (the ``fp64`` preset's semantics: ``math_dtype="float64"``, ``round_outputs=False``, no site on in any
+  section): the float64 preprocessing and the FP64 oracles of every step (forward, stage 1, stage 2, epilogue),
+  nothing rounded. The stage references check upstream's dtypes (float32 preprocessing, lp ``states``), so they
+  cannot take float64 preprocessing; the oracles can (stage 1's after a float32-copy validation,
+  :func:`stage1_oracle_fp64`).
+
+Any other policy raises ``NotImplementedError`` naming the field (a float64 policy with rounding sites on, or a
+float32 one with ``round_outputs=False``: stage 2 takes stage 1's ``states`` in lp).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, Optional
+
+import torch
+
+from ... import oracle as _stage1_oracle_module
+from ... import presets as _presets
+from ... import reference as _stage1_reference
+from ...outputs import INPUT_NAMES as _STAGE1_INPUT_NAMES
+from ...policy import RoundingPolicy
+from ...validation import LP_INPUTS as _STAGE1_LP_INPUTS
+from ..mamba3_mimo_epilogue.oracle import mamba3_mimo_epilogue_oracle
+from ..mamba3_mimo_epilogue.reference import mamba3_mimo_epilogue_reference
+from ..mamba_mimo_bwd_bwd.oracle import mamba_mimo_bwd_bwd_oracle
+from ..mamba_mimo_bwd_bwd.reference import mamba_mimo_bwd_bwd
+from ..mamba_mimo_fwd.oracle import mamba_mimo_fwd_oracle
+from ..mamba_mimo_fwd.reference import mamba_mimo_fwd
+from .fp64_model import INPUT_NAMES as OP_INPUTS
+from .fp64_model import mamba3_mimo_fp64
+from .preprocess import angle_cumsum, dacs_segsum
+
+_F64 = torch.float64
+#: The operators of the chain with a policy section, in chain order.
+POLICY_OPERATORS = ("mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "mamba_mimo_bwd_bwd")
+#: Names of the preprocessing outputs (golden ``pre``).
+PRE_NAMES = ("angles_cumsum", "da_cs", "da_cs_rev", "segsum")
+#: Stage-1 outputs stage 2 reads (golden ``bwd_fwd``).
+_STAGE1_FOR_STAGE2 = ("states", "qk_dot")
+#: Stage-2 outputs the epilogue reads, in its call order (golden ``bwd_bwd``).
+_EPILOGUE_STAGE2 = ("dq", "dk", "dv", "dmimo_v", "dD", "dangles", "dfactor", "dgamma_diag", "ddA", "dSSdA",
+                    "ddA_cs_rev", "ddA_cs")
+CHAIN_KINDS = ("reference", "fp64")
+
+
+# ---------------------------------------------------------------------------------------------------- argument lists
+def forward_args(inputs: dict, pre: dict) -> tuple:
+    """The 16 tensors of ``mamba_mimo_fwd`` in upstream's order, from the raw inputs and the preprocessing."""
+    return (inputs["Q"], inputs["K"], inputs["V"], inputs["Q_bias"], inputs["K_bias"], inputs["MIMO_V"],
+            inputs["MIMO_Out"], inputs["Z"], inputs["D"], inputs["MIMO_Z"], pre["angles_cumsum"], pre["da_cs"],
+            pre["da_cs_rev"], inputs["DT"], inputs["Trap"], pre["segsum"])
+
+
+def stage1_args(inputs: dict, pre: dict) -> tuple:
+    """The 17 tensors of ``mamba_mimo_bwd_fwd`` in the API order (``mimo_numerics.INPUT_NAMES``); ``inputs`` holds
+    ``dout``."""
+    return (inputs["dout"], inputs["Q"], inputs["K"], inputs["V"], inputs["Q_bias"], inputs["K_bias"],
+            inputs["MIMO_V"], inputs["MIMO_Out"], inputs["Z"], inputs["MIMO_Z"], pre["angles_cumsum"],
+            pre["da_cs"], pre["da_cs_rev"], inputs["DT"], inputs["Trap"], inputs["D"], pre["segsum"])
+
+
+def stage2_args(inputs: dict, pre: dict, bwd_fwd: dict) -> tuple:
+    """The 19 tensors of ``mamba_mimo_bwd_bwd`` in the kernel's order, from the raw inputs (with ``dout``), the
+    preprocessing and stage 1's ``states``, ``qk_dot``."""
+    return (inputs["dout"], inputs["Q"], inputs["K"], inputs["V"], inputs["Q_bias"], inputs["K_bias"],
+            inputs["MIMO_V"], inputs["MIMO_Out"], bwd_fwd["states"], inputs["Z"], inputs["MIMO_Z"],
+            pre["angles_cumsum"], pre["da_cs"], pre["da_cs_rev"], inputs["DT"], inputs["Trap"], inputs["D"],
+            bwd_fwd["qk_dot"], pre["segsum"])
+
+
+def stage2_kwargs(inputs: dict) -> dict:
+    """``chunk_size`` and ``rotary_dim_divisor`` of stage 2 (and stage 1, the forward)."""
+    return {"chunk_size": inputs["chunk_size"], "rotary_dim_divisor": inputs["rotary_dim_divisor"]}
+
+
+def epilogue_args(inputs: dict, pre: dict, bwd_fwd: dict, bwd_bwd: dict) -> tuple:
+    """The 21 tensors of the epilogue in call order (``mamba3_mimo_epilogue.spec.INPUT_NAMES``)."""
+    return (tuple(bwd_bwd[n] for n in _EPILOGUE_STAGE2)
+            + (bwd_fwd["dmimo_o"], bwd_fwd["dz"], bwd_fwd["dmimo_z"], inputs["Trap"], inputs["DT"],
+               inputs["Angles"], pre["da_cs"], pre["da_cs_rev"], pre["segsum"]))
+
+
+def epilogue_kwargs(inputs: dict) -> dict:
+    """``groups`` and ``chunk_size`` of the epilogue."""
+    return {"groups": inputs["Q"].shape[3], "chunk_size": inputs["chunk_size"]}
+
+
+# ---------------------------------------------------------------------------------------------------- policies
+def chain_kind(policy) -> str:
+    """Which chain runs ``policy`` (module docstring): ``"reference"`` or ``"fp64"``.
+
+    Raises:
+        PolicyUndefined: the policy has no section for an operator of the chain (``seed_bf16``).
+        NotImplementedError: a policy neither chain can run, naming the field.
+    """
+    policy = _presets.resolve(policy)
+    if not isinstance(policy, RoundingPolicy):
+        raise TypeError(f"policy must resolve to a RoundingPolicy, got {type(policy).__name__}")
+    sections = {op: policy.section(op) for op in POLICY_OPERATORS}  # PolicyUndefined names the operator
+    if policy.math_dtype == "float32":
+        if not policy.round_outputs:
+            raise NotImplementedError(
+                "RoundingPolicy.round_outputs=False with math_dtype='float32' is not supported by the whole op: "
+                "stage 2 reads stage 1's states and qk_dot in the lp dtype (use round_outputs=True, or the fp64 "
+                "preset)")
+        return "reference"
+    on = [f"{op}.{site}" for op, sites in sections.items() for site in sites.on()]
+    if on or policy.round_outputs:
+        what = f"sites {on[:4]}{' ...' if len(on) > 4 else ''} on" if on else "round_outputs=True"
+        raise NotImplementedError(
+            f"math_dtype='float64' with {what} is not supported by the whole op: in float64 it runs the FP64 "
+            "oracles, which round nothing (the stage references take upstream's float32 preprocessing and lp "
+            "states, not float64 ones); use the fp64 preset, or math_dtype='float32' for rounding sites")
+    return "fp64"
+
+
+# ---------------------------------------------------------------------------------------------------- steps
+def preprocess(inputs: dict, math_dtype) -> Dict[str, torch.Tensor]:
+    """Upstream's preprocessing (``angle_dt_fwd``, ``compute_dacs_segsum_triton``) in ``math_dtype``: golden
+    ``pre`` names."""
+    C = inputs["chunk_size"]
+    da_cs, da_cs_rev, segsum = dacs_segsum(inputs["ADT"], C, math_dtype=math_dtype)
+    return {"angles_cumsum": angle_cumsum(inputs["Angles"], inputs["DT"], C, math_dtype=math_dtype),
+            "da_cs": da_cs, "da_cs_rev": da_cs_rev, "segsum": segsum}
+
+
+@contextlib.contextmanager
+def _stage1_checks_float32_copies():
+    """While active, the stage-1 oracle validates float32 (and lp) copies of float64 tensors: its checks keep
+    upstream's dtypes, its arithmetic is float64 anyway (``stage1_oracle_fp64``)."""
+    checker = _stage1_oracle_module.validate_inputs
+    names = _STAGE1_INPUT_NAMES
+
+    def check_copies(*args, **kwargs):
+        lp = args[1].dtype  # q
+        copied = []
+        for name, a in zip(names, args[:len(names)]):
+            if isinstance(a, torch.Tensor) and a.dtype == _F64:
+                a = a.to(lp if name in _STAGE1_LP_INPUTS else torch.float32)
+            copied.append(a)
+        return checker(*copied, *args[len(names):], **kwargs)
+
+    _stage1_oracle_module.validate_inputs = check_copies
+    try:
+        yield
+    finally:
+        _stage1_oracle_module.validate_inputs = checker
+
+
+def stage1_oracle_fp64(*tensors, chunk_size: int, rotary_dim_divisor: int):
+    """``mimo_numerics.oracle.mamba_mimo_bwd_fwd_oracle`` on float64 preprocessing outputs (and a float64 ``dout``).
+
+    The stage-1 oracle checks upstream's dtypes (``angles``, ``da_cs``, ``da_cs_rev``, ``segsum`` float32, ``dout``
+    lp) but converts every tensor to float64 before computing. This checks float32 (lp) copies of the float64
+    tensors (shapes, pairings, everything else as usual) and runs the oracle's arithmetic on the float64 tensors
+    themselves. (The oracle module's ``validate_inputs`` is swapped for the call's duration: not thread-safe. A
+    ``wide=True`` option of ``mimo_numerics.validation.validate_inputs`` would remove this.)
+    """
+    with _stage1_checks_float32_copies():
+        return _stage1_oracle_module.mamba_mimo_bwd_fwd_oracle(*tensors, chunk_size=chunk_size,
+                                                               rotary_dim_divisor=rotary_dim_divisor)
+
+
+def _store(record: Optional[dict], prefix: str, values: Optional[dict]) -> None:
+    if record is not None and values:
+        for name, value in values.items():
+            if value is not None:
+                record[f"{prefix}.{name}"] = value
+
+
+def run_preprocess(inputs: dict, policy, *, record: Optional[dict] = None) -> Dict[str, torch.Tensor]:
+    """The preprocessing in the chain's math dtype; ``record`` gets ``mamba3_mimo_preprocess.<name>``."""
+    kind = chain_kind(policy)
+    pre = preprocess(inputs, torch.float32 if kind == "reference" else _F64)
+    _store(record, "mamba3_mimo_preprocess", pre)
+    return pre
+
+
+def run_forward(inputs: dict, pre: dict, policy, *, record: Optional[dict] = None) -> torch.Tensor:
+    """``Out`` of the forward operator under ``policy`` (the FP64 oracle under the fp64 chain).
+
+    ``record`` gets ``mamba_mimo_fwd.<stage>`` (the reference's ``spec.STAGES``; none under fp64) and
+    ``mamba_mimo_fwd.outputs.o``.
+    """
+    policy = _presets.resolve(policy)
+    args, kw = forward_args(inputs, pre), stage2_kwargs(inputs)
+    if chain_kind(policy) == "fp64":
+        out = mamba_mimo_fwd_oracle(*args, **kw)
+    else:
+        stages = None if record is None else {}
+        out = mamba_mimo_fwd(*args, **kw, policy=policy, record=stages).o
+        _store(record, "mamba_mimo_fwd", stages)
+    _store(record, "mamba_mimo_fwd.outputs", {"o": out})
+    return out
+
+
+def run_stage1(inputs: dict, pre: dict, policy, *, backend: str = "reference",
+               record: Optional[dict] = None) -> Dict[str, Optional[torch.Tensor]]:
+    """Stage 1 (``mamba_mimo_bwd_fwd``) under ``policy``: golden ``bwd_fwd`` names.
+
+    ``backend="triton"`` runs ``mimo_numerics.kernels.mamba_mimo_bwd_fwd`` (reference chain only). ``record``
+    gets ``mamba_mimo_bwd_fwd.<stage>`` (reference and kernel; none under fp64) and
+    ``mamba_mimo_bwd_fwd.outputs.<name>``.
+    """
+    policy = _presets.resolve(policy)
+    args, kw = stage1_args(inputs, pre), stage2_kwargs(inputs)
+    stages = None if record is None else {}
+    if chain_kind(policy) == "fp64":
+        out = stage1_oracle_fp64(*args, **kw)
+    elif backend == "triton":
+        from ... import kernels  # imports triton only when called
+
+        out = kernels.mamba_mimo_bwd_fwd(*args, **kw, policy=policy, record=stages)
+    else:
+        out = _stage1_reference.mamba_mimo_bwd_fwd(*args, **kw, policy=policy, record=stages)
+    result = out.as_dict()
+    _store(record, "mamba_mimo_bwd_fwd", stages)
+    _store(record, "mamba_mimo_bwd_fwd.outputs", result)
+    return result
+
+
+def run_stage2(inputs: dict, pre: dict, bwd_fwd: dict, policy, *,
+               record: Optional[dict] = None) -> Dict[str, Optional[torch.Tensor]]:
+    """Stage 2 (``mamba_mimo_bwd_bwd``) under ``policy`` on stage 1's ``states`` and ``qk_dot`` (the package's or
+    upstream's recorded ones): golden ``bwd_bwd`` names. ``record`` gets ``mamba_mimo_bwd_bwd.<stage>`` (none under
+    fp64) and ``mamba_mimo_bwd_bwd.outputs.<name>``."""
+    policy = _presets.resolve(policy)
+    args, kw = stage2_args(inputs, pre, bwd_fwd), stage2_kwargs(inputs)
+    if chain_kind(policy) == "fp64":
+        result = dict(mamba_mimo_bwd_bwd_oracle(*args, **kw))
+    else:
+        stages = None if record is None else {}
+        result = mamba_mimo_bwd_bwd(*args, **kw, policy=policy, record=stages).as_dict()
+        _store(record, "mamba_mimo_bwd_bwd", stages)
+    _store(record, "mamba_mimo_bwd_bwd.outputs", result)
+    return result
+
+
+def run_epilogue(inputs: dict, pre: dict, bwd_fwd: dict, bwd_bwd: dict, policy, *,
+                 record: Optional[dict] = None) -> Dict[str, Optional[torch.Tensor]]:
+    """The chain after stage 2: FP32 reference (``fma=True``, bias sums in lp) or, under fp64, the FP64 oracle.
+    Returns the 14 gradients plus ``ddt_core``, ``dDT_angle`` (``mamba3_mimo_epilogue.spec.OUTPUT_NAMES``);
+    ``record`` gets ``mamba3_mimo_epilogue.<name>``."""
+    args, kw = epilogue_args(inputs, pre, bwd_fwd, bwd_bwd), epilogue_kwargs(inputs)
+    if chain_kind(policy) == "fp64":
+        result = mamba3_mimo_epilogue_oracle(*args, **kw)
+    else:
+        result = mamba3_mimo_epilogue_reference(*args, **kw, fma=True, bias_sums_in_lp=True)
+    _store(record, "mamba3_mimo_epilogue", result)
+    return result
+
+
+def run_backward(inputs: dict, pre: dict, policy, *, backend: str = "reference",
+                 record: Optional[dict] = None) -> Dict[str, Optional[torch.Tensor]]:
+    """Stage 1 -> stage 2 -> epilogue under ``policy`` from the raw inputs (with ``dout``) and the preprocessing:
+    the epilogue's outputs (14 gradients, ``ddt_core``, ``dDT_angle``)."""
+    bwd_fwd = run_stage1(inputs, pre, policy, backend=backend, record=record)
+    bwd_bwd = run_stage2(inputs, pre, bwd_fwd, policy, record=record)
+    return run_epilogue(inputs, pre, bwd_fwd, bwd_bwd, policy, record=record)
+
+
+# ---------------------------------------------------------------------------------------------------- FP64 checks
+def fp64_chain(inputs: dict) -> Dict[str, Optional[torch.Tensor]]:
+    """The 14 gradients (and ``ddt_core``, ``dDT_angle``) by the FP64 chain: float64 preprocessing -> stage-1
+    oracle -> stage-2 oracle -> epilogue oracle (upstream's backward with every step in float64)."""
+    pre = preprocess(inputs, _F64)
+    return run_backward(inputs, pre, "fp64")
+
+
+def autograd_fp64(inputs: dict, clamp_backward: str = "upstream") -> Dict[str, Optional[torch.Tensor]]:
+    """``d(Σ dout · Out)/d(input)`` of the FP64 forward model (``fp64_model.mamba3_mimo_fp64``) by torch autograd,
+    by golden ``autograd`` names (None for absent inputs)."""
+    leaves = {name: (None if inputs[name] is None else inputs[name].detach().to(_F64).requires_grad_(True))
+              for name in OP_INPUTS}
+    out = mamba3_mimo_fp64(*leaves.values(), chunk_size=inputs["chunk_size"],
+                           rotary_dim_divisor=inputs["rotary_dim_divisor"], clamp_backward=clamp_backward)
+    (out * inputs["dout"].to(_F64)).sum().backward()
+    return {f"d{name}": (None if leaf is None else leaf.grad) for name, leaf in leaves.items()}

@@ -1,0 +1,644 @@
+"""Training one Mamba-3 MIMO layer under a rounding policy, with the FP64 gradient of the same weights at every step.
+
+The layer (:class:`LayerConfig`, parameters from :func:`init_params`): ``x [B, S, d_model]`` -> an input projection
+-> ``Q, K [B, S, R, G, N]``, ``V, Z [B, S, H, P]``, a DT pre-activation, Trap and the raw Angles; ``DT =
+softplus(dt_pre + dt_bias)``, ``ADT = -exp(A_log)·DT``; learned ``Q_bias``, ``K_bias``, ``MIMO_V``, ``MIMO_Z``,
+``MIMO_Out``, ``D``; ``mamba3_mimo`` (:mod:`.autograd`) under the policy; an output projection ``[B, S, H·P] ->
+[B, S, d_out]``. The projections run in float32; Q, K, V, Z and Trap are cast to the policy's lp dtype before the op,
+as a bf16 model would (autograd's cast backward passes the gradient through, and stores the gradient of a bf16
+tensor in bf16, upstream's dtype for dQ, dK, dV, dZ, dTrap).
+
+The task (:class:`TaskConfig`, :func:`make_batch`): imitate a linear recurrence, ``h_t = a ⊙ h_{t-1} + sqrt(1 - a²)
+⊙ (U x_t)``, ``y_t = W h_t / sqrt(m)`` with per-channel decays ``a`` (two rates), unit-variance ``x``; the loss is the
+mean squared error to ``y`` (about 1 for a zero output). A fresh batch per step from a generator seeded by ``(seed,
+step)``, so every policy sees the same data.
+
+The FP64 gradient (:func:`fp64_step`): the same layer in float64 around ``fp64_model.mamba3_mimo_fp64`` (an
+independent FP64 implementation, differentiated by autograd), with the op's inputs held at exactly the values the
+policy run fed the op (its float32 DT, ADT, Angles and its lp Q, K, V, Z, Trap, through straight-through casts), so
+the two gradients differ by the op's numerics under the policy (and float32 arithmetic of the projections, ~1e-7).
+
+:func:`train` runs the steps for one policy and one seed (Adam on float32 weights, the policy's gradient applied) and
+records, per step, the policy's loss, the FP64 loss at the same weights and the rel RMS of every parameter's gradient
+against the FP64 gradient; :func:`train_demo` runs several policies and seeds from the same initial weights and
+writes the JSON and the plots (``scripts/train_demo.py``, ``docs/whole_op.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ... import presets as _presets
+from ...metrics import rel_rms
+from .autograd import mamba3_mimo
+from .cases import OP_INPUT_NAMES
+from .fp64_model import mamba3_mimo_fp64
+
+#: The site the demo's fourth policy turns off: the top of the one-site-off rank of the whole op's gradients
+#: against FP64 (``reports/mamba3_mimo_golden.md`` §4: upstream_sm90 with it off, geo-mean gradient error -11 %).
+DEFAULT_SITE_OFF = "mamba_mimo_bwd_bwd.dphio_gate"
+#: Parameters of the layer, in a fixed order.
+PARAM_NAMES = ("in_proj", "dt_bias", "A_log", "Q_bias", "K_bias", "MIMO_V", "MIMO_Z", "MIMO_Out", "D", "out_proj")
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """Sizes of the layer. ``chunk_size`` must be a power of 2 dividing the task's ``seqlen`` (the float32 chain)."""
+
+    d_model: int = 16
+    d_out: int = 8
+    heads: int = 2
+    groups: int = 1
+    state_dim: int = 16
+    value_dim: int = 16
+    rank: int = 2
+    chunk_size: int = 8
+    rotary_dim_divisor: int = 4
+
+    @property
+    def angle_dim(self) -> int:
+        return self.state_dim // self.rotary_dim_divisor
+
+    def split_sizes(self) -> Tuple[int, ...]:
+        """Widths of the input projection's outputs: Q, K, V, Z, dt, trap, angles."""
+        qk = self.rank * self.groups * self.state_dim
+        hp = self.heads * self.value_dim
+        return (qk, qk, hp, hp, self.heads, self.heads, self.heads * self.angle_dim)
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The linear-recurrence task: batch, sequence length, teacher channels and their two decay rates."""
+
+    batch: int = 4
+    seqlen: int = 32
+    channels: int = 8
+    decays: Tuple[float, float] = (0.7, 0.95)
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """One demo: sizes, steps, learning rate, seeds, the policies to train and the device."""
+
+    layer: LayerConfig = field(default_factory=LayerConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    steps: int = 200
+    lr: float = 2e-2
+    seeds: Tuple[int, ...] = (0, 1, 2)
+    policies: Tuple[str, ...] = ("fp64", "fp32", "upstream_sm90", f"upstream_sm90 - {DEFAULT_SITE_OFF}")
+    eval_every: int = 10
+    device: str = "cpu"
+
+
+def policy_from_label(label: str):
+    """A preset name, or ``"<preset> - <operator>.<site>"``: that preset with one site not rounded."""
+    if " - " in label:
+        base, site = (part.strip() for part in label.split(" - ", 1))
+        return _presets.get(base).replace(**{site: False})
+    return _presets.get(label)
+
+
+# ---------------------------------------------------------------------------------------------------- the task
+def teacher(cfg: LayerConfig, task: TaskConfig, seed: int) -> Dict[str, torch.Tensor]:
+    """The teacher recurrence's fixed weights (float64, CPU): ``U [m, d_model]``, ``W [d_out, m]``, ``a [m]``."""
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    m = task.channels
+    a = torch.tensor([task.decays[i % 2] for i in range(m)], dtype=torch.float64)
+    return {"U": torch.randn(m, cfg.d_model, generator=gen, dtype=torch.float64) / math.sqrt(cfg.d_model),
+            "W": torch.randn(cfg.d_out, m, generator=gen, dtype=torch.float64), "a": a}
+
+
+def make_batch(cfg: LayerConfig, task: TaskConfig, teacher_weights: Dict[str, torch.Tensor], seed: int,
+               step: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``x [B, S, d_model]`` and the target ``y [B, S, d_out]`` (float32, CPU) of one step."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    x = torch.randn(task.batch, task.seqlen, cfg.d_model, generator=gen, dtype=torch.float64)
+    u = x @ teacher_weights["U"].T  # [B, S, m]
+    a = teacher_weights["a"]
+    h = torch.zeros(task.batch, task.channels, dtype=torch.float64)
+    ys = []
+    for t in range(task.seqlen):
+        h = a * h + torch.sqrt(1 - a * a) * u[:, t]
+        ys.append(h @ teacher_weights["W"].T / math.sqrt(task.channels))
+    return x.float(), torch.stack(ys, dim=1).float()
+
+
+# ---------------------------------------------------------------------------------------------------- the layer
+def init_params(cfg: LayerConfig, seed: int) -> Dict[str, torch.Tensor]:
+    """Initial float32 weights (CPU), the same for every policy of a seed."""
+    gen = torch.Generator().manual_seed(seed)
+    H, R, N, P = cfg.heads, cfg.rank, cfg.state_dim, cfg.value_dim
+
+    def randn(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen) * scale
+
+    dt = torch.exp(torch.rand(H, generator=gen) * (math.log(0.1) - math.log(0.01)) + math.log(0.01))
+    return {
+        "in_proj": randn(sum(cfg.split_sizes()), cfg.d_model, scale=1 / math.sqrt(cfg.d_model)),
+        "dt_bias": dt + torch.log(-torch.expm1(-dt)),  # softplus(dt_bias) = dt in [0.01, 0.1]
+        "A_log": torch.log(torch.arange(1, H + 1, dtype=torch.float32)),
+        "Q_bias": 1 / math.sqrt(N) + randn(H, R, N, scale=0.1 / math.sqrt(N)),
+        "K_bias": 1 / math.sqrt(N) + randn(H, R, N, scale=0.1 / math.sqrt(N)),
+        "MIMO_V": 1 + randn(H, R, P, scale=0.1),
+        "MIMO_Z": 1 + randn(H, R, P, scale=0.1),
+        "MIMO_Out": (1 + randn(H, R, P, scale=0.1)) / R,
+        "D": torch.zeros(H),
+        "out_proj": randn(cfg.d_out, H * P, scale=1 / math.sqrt(H * P)),
+    }
+
+
+def _activations(params: Dict[str, torch.Tensor], x: torch.Tensor, cfg: LayerConfig) -> Dict[str, torch.Tensor]:
+    """The op's inputs computed by the projections, in the dtype of ``params`` (no lp cast)."""
+    B, S, _ = x.shape
+    H, G, R, N, P = cfg.heads, cfg.groups, cfg.rank, cfg.state_dim, cfg.value_dim
+    q, k, v, z, dt_pre, trap, angles = torch.split(x @ params["in_proj"].T, cfg.split_sizes(), dim=-1)
+    dt = torch.nn.functional.softplus(dt_pre + params["dt_bias"]).permute(0, 2, 1)  # [B, H, S]
+    return {"Q": q.reshape(B, S, R, G, N), "K": k.reshape(B, S, R, G, N), "V": v.reshape(B, S, H, P),
+            "Z": z.reshape(B, S, H, P), "DT": dt, "ADT": -torch.exp(params["A_log"])[None, :, None] * dt,
+            "Trap": trap.permute(0, 2, 1), "Angles": angles.reshape(B, S, H, cfg.angle_dim)}
+
+
+_LP = ("Q", "K", "V", "Z", "Trap")
+
+
+def _op_inputs(params, acts, lp_values=None, lp_dtype=None):
+    """The 14 inputs of the op. ``lp_dtype``: cast Q, K, V, Z, Trap (the policy run). ``lp_values``: the policy
+    run's values of every activation, held by straight-through casts (the FP64 run)."""
+    x = {}
+    for name, value in acts.items():
+        if lp_values is not None:
+            value = value + (lp_values[name].to(value.dtype) - value).detach()
+        elif name in _LP:
+            value = value.to(lp_dtype)
+        x[name] = value
+    for name in ("Q_bias", "K_bias", "MIMO_V", "MIMO_Z", "MIMO_Out", "D"):
+        x[name] = params[name]
+    return [x[name] for name in OP_INPUT_NAMES]
+
+
+def _loss(out: torch.Tensor, params, target: torch.Tensor) -> torch.Tensor:
+    B, S = out.shape[:2]
+    y = out.reshape(B, S, -1) @ params["out_proj"].T
+    return torch.mean((y - target.to(y.dtype)) ** 2)
+
+
+def policy_step(params: Dict[str, torch.Tensor], x: torch.Tensor, target: torch.Tensor, cfg: LayerConfig, policy,
+                backend: str = "reference") -> Tuple[float, Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
+    """Loss and float32 gradients of every parameter with the op under ``policy``; also the op's input values
+    (for :func:`fp64_step`)."""
+    policy = _presets.resolve(policy)
+    leaves = {name: p.detach().clone().requires_grad_(True) for name, p in params.items()}
+    acts = _activations(leaves, x, cfg)
+    inputs = _op_inputs(leaves, acts, lp_dtype=policy.lp_torch_dtype)
+    out = mamba3_mimo(*inputs, cfg.chunk_size, cfg.rotary_dim_divisor, policy=policy, backend=backend)
+    loss = _loss(out.float(), leaves, target)
+    loss.backward()
+    values = {name: inputs[OP_INPUT_NAMES.index(name)].detach() for name in acts}
+    return float(loss.detach()), {name: leaf.grad for name, leaf in leaves.items()}, values
+
+
+def fp64_step(params: Dict[str, torch.Tensor], x: torch.Tensor, target: torch.Tensor, cfg: LayerConfig,
+              op_values: Optional[Dict[str, torch.Tensor]] = None) -> Tuple[float, Dict[str, torch.Tensor]]:
+    """Loss and float64 gradients of the same layer in float64 around the FP64 model; with ``op_values`` the op
+    sees exactly those input values (straight-through), else the float64 activations themselves."""
+    leaves = {name: p.detach().to(torch.float64).requires_grad_(True) for name, p in params.items()}
+    acts = _activations(leaves, x.to(torch.float64), cfg)
+    inputs = _op_inputs(leaves, acts, lp_values=op_values) if op_values is not None else _op_inputs(
+        leaves, acts, lp_values=acts)
+    out = mamba3_mimo_fp64(*inputs, cfg.chunk_size, cfg.rotary_dim_divisor)
+    loss = _loss(out, leaves, target)
+    loss.backward()
+    return float(loss.detach()), {name: leaf.grad for name, leaf in leaves.items()}
+
+
+# ---------------------------------------------------------------------------------------------------- training
+def train(cfg: LayerConfig, task: TaskConfig, policy_label: str, seed: int, steps: int, *, lr: float = 1e-2,
+          eval_every: int = 10, device: Union[str, torch.device] = "cpu", backend: str = "reference",
+          progress: Optional[Callable[[int], None]] = None) -> dict:
+    """Train the layer from ``init_params(cfg, seed)`` for ``steps`` Adam steps with the gradients of the op under
+    ``policy_label`` (:func:`policy_from_label`).
+
+    Returns:
+        dict: ``loss`` (per step, the policy's loss), ``loss_fp64`` (the FP64 loss at the same weights),
+        ``grad_rel_rms`` (per parameter, per step: rel RMS of the policy's gradient against the FP64 gradient),
+        ``grad_rel_rms_all`` (per step, over all parameters at once), ``eval_steps`` and ``eval_loss`` (the FP64
+        loss of the weights on a fixed held-out batch), ``seconds``.
+    """
+    policy = policy_from_label(policy_label)
+    device = torch.device(device)
+    params = {name: p.to(device) for name, p in init_params(cfg, seed).items()}
+    teacher_weights = teacher(cfg, task, seed)
+    eval_x, eval_y = (t.to(device) for t in make_batch(cfg, task, teacher_weights, seed, step=-1))
+    opt_params = {name: p.clone().requires_grad_(True) for name, p in params.items()}
+    optimizer = torch.optim.Adam(list(opt_params.values()), lr=lr)
+    record = {"loss": [], "loss_fp64": [], "grad_rel_rms": {n: [] for n in PARAM_NAMES}, "grad_rel_rms_all": [],
+              "eval_steps": [], "eval_loss": []}
+    start = time.perf_counter()
+    for step in range(steps):
+        current = {name: p.detach() for name, p in opt_params.items()}
+        if step % eval_every == 0:
+            record["eval_steps"].append(step)
+            record["eval_loss"].append(fp64_step(current, eval_x, eval_y, cfg)[0])
+        x, y = (t.to(device) for t in make_batch(cfg, task, teacher_weights, seed, step))
+        loss, grads, values = policy_step(current, x, y, cfg, policy, backend=backend)
+        loss64, grads64 = fp64_step(current, x, y, cfg, op_values=values)
+        record["loss"].append(loss)
+        record["loss_fp64"].append(loss64)
+        for name in PARAM_NAMES:
+            record["grad_rel_rms"][name].append(rel_rms(grads[name], grads64[name]))
+        record["grad_rel_rms_all"].append(rel_rms(torch.cat([grads[n].flatten() for n in PARAM_NAMES]),
+                                                  torch.cat([grads64[n].flatten() for n in PARAM_NAMES])))
+        optimizer.zero_grad(set_to_none=True)
+        for name, p in opt_params.items():
+            p.grad = grads[name].to(p.dtype)
+        optimizer.step()
+        if progress is not None:
+            progress(step)
+    final = {name: p.detach() for name, p in opt_params.items()}
+    record["eval_steps"].append(steps)
+    record["eval_loss"].append(fp64_step(final, eval_x, eval_y, cfg)[0])
+    record["seconds"] = time.perf_counter() - start
+    return record
+
+
+def run_demo(config: DemoConfig, progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Every (policy, seed) of ``config``: ``{"config": ..., "runs": {policy: {seed: train(...)}}}``."""
+    runs: Dict[str, Dict[str, dict]] = {}
+    for label in config.policies:
+        policy_from_label(label)  # fail early on a bad label
+    for seed in config.seeds:
+        for label in config.policies:
+            runs.setdefault(label, {})[str(seed)] = train(
+                config.layer, config.task, label, seed, config.steps, lr=config.lr,
+                eval_every=config.eval_every, device=config.device)
+            if progress is not None:
+                progress(f"{label} seed {seed}: {runs[label][str(seed)]['seconds']:.1f} s")
+    return {"config": asdict(config), "runs": runs}
+
+
+# ---------------------------------------------------------------------------------------------------- plots
+def _band(ax, steps, series: Sequence[Sequence[float]], label: str, color, log: bool = True):
+    import numpy as np
+
+    data = np.asarray(series, dtype=float)
+    centre = np.exp(np.log(data).mean(0)) if log else data.mean(0)
+    ax.plot(steps, centre, color=color, label=label, linewidth=1.4)
+    ax.fill_between(steps, data.min(0), data.max(0), color=color, alpha=0.2, linewidth=0)
+
+
+def plot_results(results: dict, out_dir: Path) -> List[Path]:
+    """Write ``loss.png``, ``grad_error.png`` and ``grad_error_per_param.png`` to ``out_dir``: geometric mean over
+    the seeds as a line, min/max over the seeds as a band."""
+    from matplotlib.figure import Figure
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = results["runs"]
+    colors = ["black", "tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange"]
+    written = []
+
+    fig = Figure(figsize=(15, 4.2), layout="constrained")
+    ax_train, ax_eval, ax_part = fig.subplots(1, 3)
+    for i, (label, by_seed) in enumerate(runs.items()):
+        seeds = list(by_seed.values())
+        _band(ax_train, range(len(seeds[0]["loss"])), [r["loss"] for r in seeds], label, colors[i % len(colors)])
+        _band(ax_eval, seeds[0]["eval_steps"], [r["eval_loss"] for r in seeds], label, colors[i % len(colors)])
+    parting = trajectory_parting(results)
+    for i, label in enumerate(runs):
+        if label in parting:
+            # from step 1: at step 0 every run has the same weights (difference 0)
+            _band(ax_part, range(1, len(parting[label][0])), [run[1:] for run in parting[label]], label,
+                  colors[i % len(colors)])
+    ax_train.set(yscale="log", xlabel="step", ylabel="MSE (training batch, op under the policy)",
+                 title="training loss")
+    ax_eval.set(yscale="log", xlabel="step", ylabel="MSE (held-out batch, FP64 model)",
+                title="held-out loss of the weights")
+    ax_part.set(yscale="log", xlabel="step", ylabel="|L(w_policy) / L(w_fp64) - 1|, same seed and batch",
+                title="how far the weights part from the fp64 run's")
+    ax_eval.legend(fontsize=8)
+    path = out_dir / "loss.png"
+    fig.savefig(path, dpi=110)
+    written.append(path)
+
+    fig = Figure(figsize=(7, 4.2), layout="constrained")
+    ax = fig.subplots()
+    for i, (label, by_seed) in enumerate(runs.items()):
+        seeds = list(by_seed.values())
+        _band(ax, range(len(seeds[0]["grad_rel_rms_all"])), [r["grad_rel_rms_all"] for r in seeds], label,
+              colors[i % len(colors)])
+    ax.set(yscale="log", xlabel="step", ylabel="rel RMS of the gradient vs FP64 (all parameters)",
+           title="gradient error along training")
+    ax.legend(fontsize=8)
+    path = out_dir / "grad_error.png"
+    fig.savefig(path, dpi=110)
+    written.append(path)
+
+    fig = Figure(figsize=(13, 7.5), layout="constrained")
+    axes = fig.subplots(2, 5, sharex=True).flatten()
+    for j, name in enumerate(PARAM_NAMES):
+        for i, (label, by_seed) in enumerate(runs.items()):
+            seeds = list(by_seed.values())
+            _band(axes[j], range(len(seeds[0]["loss"])), [r["grad_rel_rms"][name] for r in seeds], label,
+                  colors[i % len(colors)])
+        axes[j].set(yscale="log", title=name, xlabel="step" if j >= 5 else None)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=8)
+    fig.suptitle("rel RMS of each parameter's gradient vs FP64 (line: geometric mean over seeds; band: min-max)")
+    path = out_dir / "grad_error_per_param.png"
+    fig.savefig(path, dpi=100)
+    written.append(path)
+    return written
+
+
+def trajectory_parting(results: dict, reference: str = "fp64") -> Dict[str, List[List[float]]]:
+    """Per policy other than ``reference``, per seed, per step: ``|L(w_policy) / L(w_reference) - 1|`` of the FP64
+    losses of the two runs' weights on the same batch (``loss_fp64``): how far the trajectories have parted.
+    Empty without a ``reference`` run."""
+    runs = results["runs"]
+    if reference not in runs:
+        return {}
+    out = {}
+    for label, by_seed in runs.items():
+        if label == reference:
+            continue
+        out[label] = [[max(abs(a / b - 1.0), 1e-12) for a, b in zip(by_seed[seed]["loss_fp64"],
+                                                                   runs[reference][seed]["loss_fp64"])]
+                      for seed in by_seed]
+    return out
+
+
+def summarize(results: dict) -> Dict[str, dict]:
+    """Per policy, over the seeds: median gradient error over the steps (all parameters; and per parameter), the
+    final training and held-out losses (min, max)."""
+    from statistics import median
+
+    out = {}
+    for label, by_seed in results["runs"].items():
+        seeds = list(by_seed.values())
+        out[label] = {
+            "grad_rel_rms_all_median": [median(r["grad_rel_rms_all"]) for r in seeds],
+            "grad_rel_rms_median": {n: [median(r["grad_rel_rms"][n]) for r in seeds] for n in PARAM_NAMES},
+            "final_eval_loss": [r["eval_loss"][-1] for r in seeds],
+            "first_eval_loss": [r["eval_loss"][0] for r in seeds],
+            "final_train_loss_mean10": [sum(r["loss"][-10:]) / len(r["loss"][-10:]) for r in seeds],
+            "seconds": [r["seconds"] for r in seeds],
+        }
+    return out
+
+
+def write_results(results: dict, out_dir: Path) -> Path:
+    """The numbers as ``results.json`` (config, per-step records, summary)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    payload = _rounded({**results, "summary": summarize(results)})
+    path.write_text(json.dumps(payload, separators=(",", ":")) + "\n", encoding="utf-8")
+    return path
+
+
+def _rounded(value, digits: int = 6):
+    """Floats to ``digits`` significant digits, recursively (the JSON is for reading and plotting)."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v, digits) for v in value]
+    return value
+
+
+def train_demo(out_dir: Union[str, Path] = "reports/training_under_policy", *, steps: int = 200,
+               seeds: Sequence[int] = (0, 1, 2), policies: Optional[Sequence[str]] = None, device: str = "cpu",
+               realistic: bool = False, lr: float = 2e-2, threads: Optional[int] = 1, plots: bool = True,
+               progress: Optional[Callable[[str], None]] = None,
+               command: str = "python scripts/train_demo.py") -> dict:
+    """The training experiment from one call (the CLI's ``train-demo`` and ``scripts/train_demo.py``).
+
+    Args:
+        out_dir: where ``results.json``, the PNGs and ``README.md`` go.
+        steps, seeds: Adam steps per run; one run per (policy, seed), the same initial weights and data for every
+            policy of a seed.
+        policies: labels for :func:`policy_from_label` (default: :class:`DemoConfig`'s four).
+        device: ``"cpu"`` (small shapes, a few minutes on 2 cores) or ``"cuda"``.
+        realistic: the larger shapes of :func:`realistic_config` (meant for ``device="cuda"``).
+        lr: Adam's learning rate.
+        threads: torch CPU threads while it runs (restored after); the small CPU shapes are bound by per-op
+            overhead, and one thread was ~20x faster than two on a loaded 2-core machine. None: leave as is.
+            Results depend on it only through FP32 summation order.
+        plots: write the PNGs and the README.
+        command: how the run was started, for the README.
+
+    Returns:
+        dict: ``config``, ``runs``, ``summary`` and ``files`` (the paths written).
+    """
+    layer, task = (realistic_config() if realistic else (LayerConfig(), TaskConfig()))
+    config = DemoConfig(layer=layer, task=task, steps=steps, lr=lr, seeds=tuple(seeds),
+                        policies=tuple(policies) if policies else DemoConfig().policies, device=device)
+    saved_threads, saved_tf32 = torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32
+    if threads is not None and torch.device(device).type == "cpu":
+        torch.set_num_threads(threads)
+    torch.backends.cuda.matmul.allow_tf32 = False  # the projections in IEEE fp32 on CUDA too: no global flag decides
+    start, cpu_start = time.perf_counter(), time.process_time()
+    try:
+        results = run_demo(config, progress=progress)
+    finally:
+        torch.set_num_threads(saved_threads)
+        torch.backends.cuda.matmul.allow_tf32 = saved_tf32
+    results["wall_seconds"] = time.perf_counter() - start
+    results["cpu_seconds"] = time.process_time() - cpu_start
+    results["threads"] = threads
+    try:
+        results["load_average"] = list(os.getloadavg())  # the machine may be shared: say how busy it was
+    except OSError:
+        results["load_average"] = None
+    out_dir = Path(out_dir)
+    files = [write_results(results, out_dir)]
+    if plots:
+        files += plot_results(results, out_dir)
+        files.append(write_readme(results, out_dir, command=command))
+    return {**results, "summary": summarize(results), "files": [str(f) for f in files]}
+
+
+def realistic_config() -> Tuple[LayerConfig, TaskConfig]:
+    """Shapes nearer a real layer (N = P = 64, R = 4, C = 16 as upstream's tests; H = 8, S = 512), for
+    ``device="cuda"``. Not run by the project so far (no GPU run of it). The ``fp64`` policy runs the FP64 oracles,
+    which hold token-pair tensors (``[B, H, S, R, S, R]`` float64: ~4 GB each here); the per-step FP64 gradient
+    uses the chunked FP64 model and stays small."""
+    return (LayerConfig(d_model=256, d_out=64, heads=8, groups=1, state_dim=64, value_dim=64, rank=4, chunk_size=16),
+            TaskConfig(batch=4, seqlen=512, channels=32))
+
+
+# ---------------------------------------------------------------------------------------------------- README, CLI
+def _span(values: Sequence[float]) -> str:
+    return f"{min(values):.2e} – {max(values):.2e}"
+
+
+def _geo(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def write_readme(results: dict, out_dir: Path, command: str = "python scripts/train_demo.py") -> Path:
+    """``README.md`` of the experiment: setup, the numbers (from ``results``), the figures and a reading whose
+    figures are computed here, not typed in."""
+    import platform
+    import subprocess
+
+    summary = summarize(results)
+    config = results["config"]
+    labels = list(results["runs"])
+    root = Path(__file__).resolve().parents[3]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    load_average = results.get("load_average")
+    load = ("load average %.1f / %.1f / %.1f (1 / 5 / 15 min)" % tuple(load_average) if load_average
+            else "load average unknown")
+    grad = {label: summary[label]["grad_rel_rms_all_median"] for label in labels}
+    final = {label: summary[label]["final_eval_loss"] for label in labels}
+    first = {label: summary[label]["first_eval_loss"] for label in labels}
+    order = sorted(labels, key=lambda label: _geo(grad[label]))
+    lows, highs = [min(v) for v in final.values()], [max(v) for v in final.values()]
+    overlap = max(lows) <= min(highs)
+    per_seed_spread = max(max(v) / min(v) for v in final.values())
+    seeds = [str(s) for s in config["seeds"]]
+    between = max(max(final[label][i] for label in labels) / min(final[label][i] for label in labels)
+                  for i in range(len(seeds)))
+    rows = []
+    for label in labels:
+        s = summary[label]
+        rows.append(f"| `{label}` | {_geo(grad[label]):.2e} ({_span(grad[label])}) | {_span(first[label])} | "
+                    f"{_span(final[label])} | {_span(s['final_train_loss_mean10'])} | {sum(s['seconds']):.0f} |")
+    param_rows = [f"| `{label}` | " + " | ".join(f"{_geo(summary[label]['grad_rel_rms_median'][n]):.1e}"
+                                                 for n in PARAM_NAMES) + " |" for label in labels]
+    layer, task = config["layer"], config["task"]
+    parting = trajectory_parting(results)
+    part_text = ""
+    if parting:
+        def at(step_slice):
+            values = [v for per_seed in parting.values() for run in per_seed for v in run[step_slice]]
+            return sorted(values)[len(values) // 2]
+        steps_n = config["steps"]
+        part_text = (f"The FP64 loss of a policy run's weights differs from that of the `fp64` run of the same seed "
+                     f"(same batch) by a median {at(slice(1, 2)):.0e} at step 1 (0 at step 0: the same weights), "
+                     f"{at(slice(min(10, steps_n - 1), min(11, steps_n))):.0e} at step 10 and "
+                     f"{at(slice(max(steps_n - 20, 0), steps_n)):.0e} over the last 20 steps (third panel of "
+                     "`loss.png`): the runs part, and the gradient error at a step is measured at that run's own "
+                     "weights.")
+    site_labels = [label for label in labels if " - " in label]
+    site_sentence = ""
+    if site_labels and "upstream_sm90" in labels:
+        lab = site_labels[0]
+        change = _geo(grad[lab]) / _geo(grad["upstream_sm90"]) - 1
+        site_sentence = (f" Turning off `{lab.split(' - ')[1]}` (the top of the one-site-off rank in "
+                         f"`reports/mamba3_mimo_golden.md` §4) changes the median gradient error of `upstream_sm90` "
+                         f"by {change:+.0%}.")
+    wall, cpu = results.get("wall_seconds", float("nan")), results.get("cpu_seconds", float("nan"))
+    table_head = ("| policy | gradient error, median over steps | held-out loss at step 0 | held-out loss at the end "
+                  "| training loss, last 10 steps | seconds (all seeds) |")
+    shows = ("do not show in the loss beyond the spread between seeds" if overlap and between <= per_seed_spread
+             else "show in the loss: compare the factors above")
+    text = f"""# Training one Mamba-3 MIMO layer under a rounding policy
+
+Generated by `{command}` at commit `{commit}` (`mimo_numerics/ops/mamba3_mimo/training.py`); torch
+{torch.__version__}, Python {platform.python_version()}, device `{config['device']}`, {results.get('threads')}
+torch thread(s); {wall:.0f} s wall, {cpu:.0f} s of CPU time for the {len(labels) * len(seeds)} runs
+(machine {load} at the end, 2 cores, shared: the wall time grows with the load).
+
+## Setup
+
+* Layer: input projection `d_model={layer['d_model']}` -> Q, K `[B, S, R={layer['rank']}, G={layer['groups']},
+  N={layer['state_dim']}]`, V, Z `[B, S, H={layer['heads']}, P={layer['value_dim']}]`, DT = softplus(projection +
+  learned bias), ADT = -exp(A_log)·DT, Trap and Angles from the projection, learned Q_bias, K_bias, MIMO_V, MIMO_Z,
+  MIMO_Out, D; `mamba3_mimo` (chunk size {layer['chunk_size']}) under the policy; output projection to
+  `d_out={layer['d_out']}`. Projections in float32; Q, K, V, Z, Trap cast to bf16 before the op.
+* Task: imitate a linear recurrence `h_t = a h_(t-1) + sqrt(1 - a²) U x_t`, `y_t = W h_t / sqrt(m)` (m =
+  {task['channels']} channels, decays {task['decays']}), batch {task['batch']}, S = {task['seqlen']}, a fresh batch
+  per step (the same for every policy of a seed); mean squared error, about 1 for a zero output.
+* {config['steps']} Adam steps, lr {config['lr']}, seeds {', '.join(seeds)} (the seed sets the initial weights,
+  the teacher and the data; every policy of a seed starts from the same weights).
+* At every step the gradient the policy gives is compared with the FP64 gradient of **the same weights**: the same
+  layer in float64 around `fp64_model.mamba3_mimo_fp64` (independent of the chain), the op fed exactly the values
+  the policy run fed it. The policy's gradient is the one applied.
+* Policies: {', '.join(f'`{label}`' for label in labels)}.
+
+## Numbers
+
+Gradient error = rel RMS of all parameters' gradients at once against FP64; per run its median over the steps, then
+the geometric mean over the seeds (min – max over seeds in brackets). Held-out loss = the FP64 model's loss of the
+weights on one fixed batch (step 0 and after the last step); training loss = the policy's loss, mean of the last 10
+steps.
+
+{table_head}
+|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+Per parameter (median over steps, geometric mean over seeds):
+
+| policy | {' | '.join(PARAM_NAMES)} |
+|---|{'---|' * len(PARAM_NAMES)}
+{chr(10).join(param_rows)}
+
+![loss](loss.png)
+
+![gradient error](grad_error.png)
+
+![gradient error per parameter](grad_error_per_param.png)
+
+Lines: geometric mean over the seeds; bands: min – max over the seeds. `results.json` holds every step.
+
+## Reading
+
+* Gradient error, smallest first: {' < '.join(f'`{label}`' for label in order)}.{site_sentence} `fp64` is not
+  zero: the op's FP64 gradients of its bf16 inputs (Q, K, V, Z, Trap) are stored in bf16 by autograd (a
+  gradient has its input's dtype, as upstream's do), which reaches `in_proj`; its other parameters match FP64 to
+  ~1e-7 (float32 projections). `fp32` adds FP32 arithmetic and the bf16 output stores of the three kernels;
+  `upstream_sm90` every bf16 site of the chain.
+* The held-out losses at the end {'overlap' if overlap else 'do not all overlap'} across the policies (ranges in the
+  table). Across the policies of one seed the final held-out losses differ by up to a factor {between:.2f}; across
+  the seeds of one policy by up to {per_seed_spread:.2f}. At this size and length, the per-step gradient errors
+  above {shows}.
+* What the curves cannot show: anything beyond this small layer (N = {layer['state_dim']}, P = {layer['value_dim']},
+  R = {layer['rank']}, S = {task['seqlen']}; upstream is tuned for N = 128, P = 64, R = 4, S = 2048), this task, this
+  optimizer (Adam normalises each parameter's step, which hides a uniform relative error) and {config['steps']}
+  steps. {part_text} The per-step gradient error is the op's error at those weights, not the accumulated difference
+  between runs. The FP64 reference holds the op's inputs at the policy run's bf16 values: the
+  rounding of the activations themselves (shared by every policy) is not part of the error. Three seeds give a
+  range, not a distribution.
+"""
+    path = out_dir / "README.md"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``scripts/train_demo.py`` (and the CLI's ``train-demo``): parse ``argv`` and run :func:`train_demo`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="train-demo", description=(
+        "Train one Mamba-3 MIMO layer under several rounding policies from the same initial weights, with the FP64 "
+        "gradient of the same weights at every step; writes results.json, PNGs and README.md."))
+    parser.add_argument("--out", default="reports/training_under_policy", help="output folder")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--policy", action="append", dest="policies", default=None,
+                        help="a preset or '<preset> - <operator>.<site>' (repeat; default: "
+                             f"{', '.join(DemoConfig().policies)})")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--realistic", action="store_true", help="shapes near upstream's (for --device cuda)")
+    parser.add_argument("--lr", type=float, default=2e-2)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads while training (0: leave as is)")
+    parser.add_argument("--no-plots", action="store_true", help="write results.json only")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be >= 1")
+    command = "python scripts/train_demo.py" + ("" if not argv else " " + " ".join(argv))
+    result = train_demo(args.out, steps=args.steps, seeds=args.seeds, policies=args.policies, device=args.device,
+                        realistic=args.realistic, lr=args.lr, threads=args.threads or None,
+                        plots=not args.no_plots, progress=lambda line: print(line, flush=True), command=command)
+    print("wrote " + ", ".join(result["files"]))
+    return 0
