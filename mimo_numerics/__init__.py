@@ -9,6 +9,9 @@ Main entry points::
     out = mn.mamba_mimo_bwd_bwd(*stage2_tensors, chunk_size=16, rotary_dim_divisor=4, policy=policy)   # stage 2
     ref64 = mn.oracle.mamba_mimo_bwd_fwd_oracle(*tensors, chunk_size=16, rotary_dim_divisor=4)
     mn.metrics.rel_rms(out.dz, ref64.dz)
+    out = mn.mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D, Z,
+                         chunk_size=16, rotary_dim_divisor=4, policy=policy)   # the whole op, with autograd
+    out.backward(dout)                                          # every input's .grad, as upstream computes them
     op = mn.operator.get("mamba_mimo_fwd")                      # what the generic tools know of an operator
 
 ``mn.reference.mamba_mimo_bwd_fwd`` is the same function as ``mn.mamba_mimo_bwd_fwd``.
@@ -29,6 +32,7 @@ _LAZY_MODULES = ("oracle", "cases", "metrics", "tolerances", "bundles", "upstrea
 _LAZY_FUNCTIONS = {
     "mamba_mimo_fwd": ("mimo_numerics.ops.mamba_mimo_fwd.reference", "mamba_mimo_fwd"),
     "mamba_mimo_bwd_bwd": ("mimo_numerics.ops.mamba_mimo_bwd_bwd.reference", "mamba_mimo_bwd_bwd"),
+    "mamba3_mimo": ("mimo_numerics.ops.mamba3_mimo.autograd", "mamba3_mimo"),
 }
 
 

@@ -813,6 +813,9 @@ def build_parser() -> argparse.ArgumentParser:
                                   "its options)", add_help=False)
     sub.add_parser("sweep", help="cases x policies of one operator in parallel, on a process pool or Ray "
                                  "(--executor ray --address ...; mimo_numerics.sweep; 'sweep --help')", add_help=False)
+    sub.add_parser("train-demo", help="train one Mamba-3 MIMO layer under several policies with the FP64 gradient "
+                                      "at every step (ops/mamba3_mimo/training.py; 'train-demo --help')",
+                   add_help=False)
     return parser
 
 
@@ -896,6 +899,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from . import sweep
 
             return int(sweep.main(rest[1:]) or 0)
+        if rest and rest[0] == "train-demo":
+            from .ops.mamba3_mimo import training
+
+            return int(training.main(rest[1:]) or 0)
         parser = build_parser()
         args = parser.parse_args(argv)
         args.argv = argv

@@ -5,7 +5,7 @@ autograd.py``) against the real upstream op on the 7 whole-op golden H200 cases.
 Usage::
 
     python scripts/measure_whole_op_golden.py [--out reports/mamba3_mimo_golden.md]
-        [--rerun /work/device_runs/run2/stored_reruns.pt] [--rerun-report /work/device_runs/run1/full_op_report.json]
+        [--rerun RERUN.pt] [--rerun-report REPORT.json]   (from scripts/make_golden_full_op.py --save-stored/--report)
         [--no-site-rank]
 
 Sections: (1) acceptance 1 of issue 18: ``Out`` and the 14 gradients of the op run from the raw inputs under
@@ -39,8 +39,10 @@ from mimo_numerics import tolerances  # noqa: E402
 from mimo_numerics.ops.mamba3_mimo import golden_figures as gf  # noqa: E402
 
 DEFAULT_OUT = ROOT / "reports" / "mamba3_mimo_golden.md"
-DEFAULT_RERUN = Path("/work/device_runs/run2/stored_reruns.pt")
-DEFAULT_RERUN_REPORT = Path("/work/device_runs/run1/full_op_report.json")
+#: A rerun of the stored cases on an H200 (scripts/make_golden_full_op.py --save-stored FILE); not in the repository
+#: (5 MB): pass --rerun FILE to include upstream's own spread; without it that part of the report is left out.
+DEFAULT_RERUN = None
+DEFAULT_RERUN_REPORT = None
 SITE_RANK_CASE = "g_B1_S64_H2_N64_P64_R4_C16_zdo"
 CASCADE_ROWS = ("fwd|upstream pre", "fwd|own pre", "stage1|upstream pre", "stage1|own pre",
                 "stage2|upstream stage 1", "stage2|own stage 1 (upstream pre)", "stage2|own chain",

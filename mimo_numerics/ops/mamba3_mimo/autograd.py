@@ -51,7 +51,6 @@ import torch
 
 from ... import presets as _presets
 from . import chain
-from . import tolerances as _tolerances  # noqa: F401  (registers the whole op's tolerances)
 from .cases import OP_GRAD_NAMES, OP_INPUT_NAMES
 from .fp64_model import _validate as _validate_shapes
 
