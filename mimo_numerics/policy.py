@@ -51,6 +51,9 @@ KNOBS: Dict[str, Tuple[Any, ...]] = {
     "state_update": ("accumulate_into", "separate"),
     "silu_form": ("tanh", "sigmoid"),
     "round_outputs": (True, False),
+    # FP32 a·b + c in upstream's Triton helpers after stage 2 (bwd_dtrap_ddt, angle_dt's sech² = 1 − tanh²):
+    # contracted into one FMA rounding, as Triton compiles them, or rounded twice (plain FP32 arithmetic)
+    "helper_fma": ("contracted", "separate"),
 }
 
 #: FP32-level knobs of ``upstream_rounding_sites.md`` §3.2 that are declared but not honoured yet: every value but
@@ -229,6 +232,7 @@ class RoundingPolicy:
     state_update: str = "accumulate_into"
     silu_form: str = "tanh"
     round_outputs: bool = True
+    helper_fma: str = "contracted"
     gemm_model: str = "fp32"
     special_functions: str = "accurate"
     fp32_fma: bool = False
@@ -461,7 +465,8 @@ class RoundingPolicy:
 #: Version-1 knobs and their defaults (the values a v1 file meant when it lacked them).
 _V1_DEFAULTS = {"lp_dtype": "bfloat16", "diag_mode": "fma", "math_dtype": "float32",
                 "state_update": "accumulate_into", "silu_form": "tanh", "round_outputs": True, "gemm_model": "fp32",
-                "special_functions": "accurate", "fp32_fma": False, "reduction_order": "pairwise"}
+                "special_functions": "accurate", "fp32_fma": False, "reduction_order": "pairwise",
+                "helper_fma": "contracted"}
 
 
 def _from_v1(data: Dict[str, Any], where: str) -> RoundingPolicy:

@@ -23,12 +23,12 @@ from .policy import ALL_KNOBS, RoundingPolicy
 _KNOBS: Dict[str, Tuple[dict, str]] = {
     "fp64": (
         dict(math_dtype="float64", diag_mode="mul_then_add", state_update="separate", silu_form="sigmoid",
-             round_outputs=False),
+             round_outputs=False, helper_fma="separate"),
         "Nothing rounded, float64 math, outputs returned unrounded in float64: the semantics of the FP64 oracles.",
     ),
     "fp32": (
         dict(math_dtype="float32", diag_mode="mul_then_add", state_update="separate", silu_form="sigmoid",
-             round_outputs=True),
+             round_outputs=True, helper_fma="separate"),
         "FP32 math, only the lp output stores rounded (the seed PR's all-FP32 golden for stage 1).",
     ),
     "seed_bf16": (

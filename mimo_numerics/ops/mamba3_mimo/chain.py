@@ -11,8 +11,9 @@ Two chains, chosen by the policy (:func:`chain_kind`):
 * ``"reference"`` (``math_dtype="float32"``, ``round_outputs=True``): upstream's FP32 preprocessing
   (``preprocess.py``), the forward reference ``mamba_mimo_fwd``, the stage-1 reference ``mamba_mimo_bwd_fwd`` (or
   its Triton kernel), the stage-2 reference ``mamba_mimo_bwd_bwd``, each under the policy's section, and the FP32
-  epilogue (``mamba3_mimo_epilogue.reference``: no policy section; it runs as upstream's Triton helpers compute,
-  ``fma=True``, the bias sums rounded to lp as 2.3.2.post1 stores them).
+  epilogue (``mamba3_mimo_epilogue.reference``: no lp sites of its own; the policy's ``helper_fma`` knob says whether
+  its FP32 ``a·b + c`` are contracted as Triton compiles them, and ``round_outputs`` rounds the bias sums to lp as
+  2.3.2.post1 stores them).
 * ``"fp64"`` (the ``fp64`` preset's semantics: ``math_dtype="float64"``, ``round_outputs=False``, no site on in any
   section): the float64 preprocessing and the FP64 oracles of every step (forward, stage 1, stage 2, epilogue),
   nothing rounded. The stage references check upstream's dtypes (float32 preprocessing, lp ``states``), so they
@@ -254,14 +255,18 @@ def run_stage2(inputs: dict, pre: dict, bwd_fwd: dict, policy, *,
 
 def run_epilogue(inputs: dict, pre: dict, bwd_fwd: dict, bwd_bwd: dict, policy, *,
                  record: Optional[dict] = None) -> Dict[str, Optional[torch.Tensor]]:
-    """The chain after stage 2: FP32 reference (``fma=True``, bias sums in lp) or, under fp64, the FP64 oracle.
+    """The chain after stage 2: FP32 reference or, under fp64, the FP64 oracle. The policy's ``helper_fma``
+    says whether the helpers' FP32 ``a·b + c`` are contracted (upstream: Triton fuses them), and ``round_outputs``
+    whether the bias sums are stored in lp (upstream 2.3.2.post1 sums dq/dk over (B, S) in bf16: an lp output
+    store, so the ``fp32`` preset keeps it too).
     Returns the 14 gradients plus ``ddt_core``, ``dDT_angle`` (``mamba3_mimo_epilogue.spec.OUTPUT_NAMES``);
     ``record`` gets ``mamba3_mimo_epilogue.<name>``."""
     args, kw = epilogue_args(inputs, pre, bwd_fwd, bwd_bwd), epilogue_kwargs(inputs)
     if chain_kind(policy) == "fp64":
         result = mamba3_mimo_epilogue_oracle(*args, **kw)
     else:
-        result = mamba3_mimo_epilogue_reference(*args, **kw, fma=True, bias_sums_in_lp=True)
+        result = mamba3_mimo_epilogue_reference(*args, **kw, fma=policy.helper_fma == "contracted",
+                                                bias_sums_in_lp=policy.round_outputs)
     _store(record, "mamba3_mimo_epilogue", result)
     return result
 
