@@ -63,13 +63,15 @@ def _round_f64_to_f32_odd(x: torch.Tensor, residual: Optional[torch.Tensor]) -> 
     return bits.view(torch.float32)
 
 
-def _round_f32_with_residual(x: torch.Tensor, residual: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
+def _round_f32_with_residual(x: torch.Tensor, residual: torch.Tensor, lp: torch.dtype,
+                             rounded: Optional[torch.Tensor] = None) -> torch.Tensor:
     """RNE of the exact value ``x + residual`` (float32, |residual| <= half an ulp of x) to ``lp``, as float32.
 
     Rounding x alone is right unless x lies exactly halfway between two ``lp`` values: then the residual's sign
     picks the neighbour (ties are float32 numbers with trailing zero bits, so no non-tie x can cross one).
+    ``rounded`` is ``x.to(lp).to(torch.float32)`` when the caller has it already.
     """
-    r = x.to(lp).to(torch.float32)
+    r = x.to(lp).to(torch.float32) if rounded is None else rounded
     diff = x - r  # exact; r lies on the side of -sign(diff) from x
     other = r + 2 * diff  # the other neighbour when x is exactly halfway (NaN when r overflowed)
     tie = (other.to(lp).to(torch.float32) == other) & (diff != 0) & (residual != 0)
@@ -133,3 +135,58 @@ def round_sum_to_lp(a: torch.Tensor, b: torch.Tensor, fmt="bfloat16") -> torch.T
         raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
     s, e = two_sum(a, b)
     return round_to_lp(s, fmt, residual=e)
+
+
+# ---------------------------------------------------------------------------------------------- in-place variants
+def round_to_lp_(x: torch.Tensor, fmt="bfloat16") -> torch.Tensor:
+    """In-place ``round_to_lp``: ``x`` (float32 or float64, writable) takes the values ``round_to_lp(x, fmt)``.
+
+    Returns:
+        Tensor: x.
+    """
+    lp = _lp_dtype(fmt)
+    if x.dtype == torch.float32:
+        return x.copy_(x.to(lp))
+    if x.dtype == torch.float64:
+        return x.copy_(_round_f64_to_f32_odd(x, None).to(lp))  # lp -> float64 is exact
+    raise TypeError(f"x must be float32 or float64, got {x.dtype}")
+
+
+def _tie_candidates(s: torch.Tensor, rounded: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
+    """A superset of the float32 values ``s`` that lie exactly halfway between two ``lp`` values (or at the
+    overflow threshold), from the bits of s: a bfloat16 midpoint has low half 0x8000; a float16 midpoint (normal,
+    subnormal or the overflow threshold) has at least 12 trailing zero bits and is not a float16 value."""
+    bits = s.view(torch.int32)
+    if lp == torch.bfloat16:
+        return (bits & 0xFFFF) == 0x8000
+    return ((bits & 0xFFF) == 0) & (s != rounded)
+
+
+def round_sum_to_lp_(a: torch.Tensor, b: torch.Tensor, fmt="bfloat16") -> torch.Tensor:
+    """In-place ``round_sum_to_lp``: ``a`` takes the values ``round_sum_to_lp(a, b, fmt)`` (b broadcasts to a).
+
+    On float32 CPU tensors the exact error of the sum is computed only where it can matter: rounding the float32
+    sum ``s = fl(a + b)`` alone is already right unless s is an lp midpoint (``_round_f32_with_residual``), so the
+    TwoSum error and the tie resolution run on those few elements only; the other elements take ``s`` rounded, as
+    ``round_sum_to_lp`` gives them. Elsewhere this is ``a.copy_(round_sum_to_lp(a, b, fmt))``.
+
+    Returns:
+        Tensor: a.
+    """
+    lp = _lp_dtype(fmt)
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if a.dtype != torch.float32 or a.device.type != "cpu":
+        return a.copy_(round_sum_to_lp(a, b, fmt))
+    s = a + b
+    rounded = s.to(lp)
+    ties = _tie_candidates(s, rounded, lp).reshape(-1).nonzero().squeeze(1)  # flat (row-major) indices
+    if ties.numel():  # the same elementwise TwoSum as round_sum_to_lp, on the candidates only
+        a_tie, b_tie, s_tie = a.take(ties), b.expand_as(a).take(ties), s.take(ties)
+    a.copy_(rounded)
+    if ties.numel():
+        # the rounded values are taken from the whole-tensor conversion: converting a few lp values on their own
+        # can give other NaN payloads (the scalar tail of torch's float16 -> float32 kernel)
+        _, error = two_sum(a_tie, b_tie)
+        a.put_(ties, _round_f32_with_residual(s_tie, error, lp, rounded=a.take(ties)))
+    return a

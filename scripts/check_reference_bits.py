@@ -11,7 +11,9 @@ to it (``<baseline>.values/``) so that ``compare`` can count the differing eleme
 
 ``compare`` runs the current code on the same cases and policies and reports every mismatch as
 ``case  policy  output: N of M elements differ`` (stage records: ``record.<name>``; a missing or extra stage name
-is reported too). Exit status 0 when everything matches, 1 otherwise.
+is reported too). ``vs-generic`` needs no baseline: it runs each case on the CPU fast path
+(``reference.CPU_FAST_PATH``) and on the generic whole-tensor path and compares them the same way (and the outputs'
+strides). Exit status 0 when everything matches, 1 otherwise.
 
 Digests are of the raw bytes (dtype, shape and values; NaN payloads included), so this is a same-machine check:
 FP32 GEMMs go through BLAS, whose bits may depend on the CPU and thread count. Run both modes on the same machine
@@ -20,6 +22,7 @@ with the same thread settings. The baseline belongs outside the repository or un
     python scripts/check_reference_bits.py save --baseline out/reference_bits.json       # with the old code
     python scripts/check_reference_bits.py compare --baseline out/reference_bits.json    # with the new code
     python scripts/check_reference_bits.py compare --quick   # smoke, gate and stress cases only (seconds)
+    python scripts/check_reference_bits.py vs-generic --quick
 """
 
 from __future__ import annotations
@@ -108,6 +111,11 @@ def _digest(t: torch.Tensor) -> str:
     h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
     h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """Strides of the dims of size > 1 (the strides of size-1 dims carry no layout)."""
+    return tuple(st for n, st in zip(t.shape, t.stride()) if n > 1)
 
 
 def _count_differences(a: torch.Tensor, b: torch.Tensor) -> str:
@@ -209,9 +217,46 @@ def compare(args, cases, policies) -> int:
     return 1 if mismatches else 0
 
 
+def vs_generic(args, cases, policies) -> int:
+    """Run every case twice, on the CPU fast path and on the generic whole-tensor path, and compare the bits."""
+    from mimo_numerics import reference
+
+    mismatches, checked = [], 0
+    for label, spec, stress, keep in cases:
+        start = time.perf_counter()
+        saved = reference.CPU_FAST_PATH
+        try:
+            reference.CPU_FAST_PATH = False
+            generic = list(_run(label, spec, stress, keep, policies))
+        finally:
+            reference.CPU_FAST_PATH = saved
+        fast = list(_run(label, spec, stress, keep, policies))
+        for (pname, want, want_names), (_, got, got_names) in zip(generic, fast):
+            if want_names != got_names:
+                mismatches.append(f"{label}  {pname}  record names: {want_names} -> {got_names}")
+            for key in sorted(set(want) | set(got)):
+                checked += 1
+                a, b = want.get(key, "absent"), got.get(key, "absent")
+                if a is None and b is None:
+                    continue
+                if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+                    mismatches.append(f"{label}  {pname}  {key}: {type(a).__name__} -> {type(b).__name__}")
+                elif _digest(a) != _digest(b):
+                    mismatches.append(f"{label}  {pname}  {key}: {_count_differences(a, b)}")
+                elif not key.startswith("record.") and _layout(a) != _layout(b):
+                    mismatches.append(f"{label}  {pname}  {key}: strides {a.stride()} -> {b.stride()}")
+        print(f"checked {label} ({time.perf_counter() - start:.1f} s)", flush=True)
+    for line in mismatches:
+        print("MISMATCH", line)
+    print(f"{checked} tensors compared, {len(mismatches)} mismatches")
+    return 1 if mismatches else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=("save", "compare"), help="save a baseline, or compare against one")
+    parser.add_argument("mode", choices=("save", "compare", "vs-generic"),
+                        help="save a baseline, compare against one, or compare the CPU fast path with the generic "
+                             "whole-tensor path of the current code (no baseline needed)")
     parser.add_argument("--baseline", default=str(DEFAULT_BASELINE),
                         help=f"digest JSON file (default {DEFAULT_BASELINE.relative_to(ROOT)}, git-ignored)")
     parser.add_argument("--quick", action="store_true", help="smoke, gate and stress cases only")
@@ -222,9 +267,21 @@ def main(argv=None) -> int:
                         help="comma-separated subset of the policy names (presets and custom:*; default all)")
     parser.add_argument("--no-values", action="store_true",
                         help="save: store digests only (compare then cannot count differing elements)")
+    parser.add_argument("--block-elements", type=int, default=None,
+                        help="set mimo_numerics.reference_cpu.BLOCK_ELEMENTS (the target block size of the CPU fast "
+                             "path); every value must give the same bits")
+    parser.add_argument("--block-chunks", type=int, default=None,
+                        help="set mimo_numerics.reference_cpu.BLOCK_CHUNKS (chunks per block; 1 gives the most "
+                             "blocks, which exercises the blocking on the small cases)")
     parser.add_argument("--list", action="store_true", help="print the cases and policies and exit")
     args = parser.parse_args(argv)
 
+    from mimo_numerics import reference_cpu
+
+    if args.block_elements is not None:
+        reference_cpu.BLOCK_ELEMENTS = args.block_elements
+    if args.block_chunks is not None:
+        reference_cpu.BLOCK_CHUNKS = args.block_chunks
     policies = _policies()
     if args.policies:
         wanted = args.policies.split(",")
@@ -238,7 +295,7 @@ def main(argv=None) -> int:
         print("\n".join(label for label, *_ in cases))
         print("policies:", ", ".join(policies))
         return 0
-    return save(args, cases, policies) if args.mode == "save" else compare(args, cases, policies)
+    return {"save": save, "compare": compare, "vs-generic": vs_generic}[args.mode](args, cases, policies)
 
 
 if __name__ == "__main__":
