@@ -4,6 +4,10 @@ Chunked and vectorised over batch, heads and chunks; only the inter-chunk state 
 any torch device (CPU, CUDA, NPU). Every rounding goes through ``mimo_numerics.rounding``. The math is written out in
 ``docs/semantics.md``; site numbers below (S…) are those of the upstream catalog.
 
+Two implementations: ``_reference_generic`` (this module; every stage a whole tensor; used on every device but the
+CPU) and, on CPU tensors, ``reference_cpu.reference_cpu`` (cache-blocked, in place; same bits on the same machine,
+see that module and ``CPU_FAST_PATH``).
+
 Stage names written to ``record`` (every tensor in the math dtype, trimmed to the S valid tokens):
 
 =================  ====================  ============================================================

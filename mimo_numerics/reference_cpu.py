@@ -1,11 +1,12 @@
 """Cache-blocked CPU path of ``reference.mamba_mimo_bwd_fwd``: the same operations on the same values, the same bits.
 
 The generic path (``reference._reference_generic``) builds every stage as a whole ``[B, H, S, R, N|P]`` tensor; at
-the headline shape each is 134 MB, so on a CPU every elementwise pass runs at memory speed, and the state
-recurrence is 2 600 tiny torch calls. Here the sequence is processed in blocks of whole chunks (about
-``BLOCK_ELEMENTS`` elements per block tensor, so that a block's working set stays in cache), stages are updated in
-place, and the recurrence runs in numpy. ``scripts/check_reference_bits.py`` proves the outputs and the stage
-records bit-identical to the generic path.
+the headline shape each is 134 MB, so on a CPU every elementwise pass runs at memory speed (plus page faults on each
+fresh allocation), and the state recurrence is 2 600 tiny torch calls. Here the sequence is processed in blocks of
+whole chunks (about ``BLOCK_ELEMENTS`` elements per block tensor), stages are updated in place in reused
+allocations, the diagonal's fused rounding resolves ties only where they occur (``rounding.round_sum_to_lp_``), and
+the recurrence runs in numpy (no OpenMP regions). ``scripts/check_reference_bits.py`` proves the outputs and the
+stage records bit-identical to the generic path.
 
 What may change and what may not, for the bits to stay the same:
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -40,10 +42,12 @@ from .policy import RoundingPolicy
 from .rounding import round_sum_to_lp_, round_to_lp, round_to_lp_
 from .validation import Dims
 
-#: Target size (elements) of one ``[B, H, T_block, R, max(N, P)]`` block tensor: about 1 MiB of float32, so that the
-#: dozen tensors live in one block stay in the L2/L3 cache while each torch call still has enough work to amortise
-#: its fixed cost. Any value gives the same bits; only the speed changes.
-BLOCK_ELEMENTS = 1 << 18
+#: Target size (elements) of one ``[B, H, T_block, R, max(N, P)]`` block tensor: 16 MiB of float32 (8 blocks at the
+#: headline shape). Smaller blocks stay in L2 and are about 25% faster on an idle machine, but each block costs some
+#: 150 torch calls, and every call on a tensor of more than 32k elements is an OpenMP parallel region: when other
+#: processes keep the cores busy, a region waits (spinning) for a descheduled thread, and 20k regions made a call
+#: 5-30x slower on a loaded 2-core machine. Any value gives the same bits; only the speed changes.
+BLOCK_ELEMENTS = 1 << 22
 
 #: Chunks per block, when set, instead of the size rule of ``chunks_per_block`` (for tests of the blocking:
 #: ``scripts/check_reference_bits.py --block-chunks 1``). Any value gives the same bits, NaN payloads aside (see
@@ -55,17 +59,21 @@ STATE_ACCUMULATE_ROWS = 16
 
 
 def chunks_per_block(dims: Dims) -> int:
-    """Chunks per block: about ``BLOCK_ELEMENTS / (B·H·C·R·max(N, P))``, a multiple of 8 unless one block holds all.
+    """Chunks per block: about ``BLOCK_ELEMENTS / (B·H·C·R·max(N, P))``, or ``BLOCK_CHUNKS`` when that is set.
 
-    A multiple of 8 keeps every block tensor's size a multiple of 8, so that no element of a block falls into the
-    scalar tail of a vectorised cast (torch's float16 -> float32 tail gives other NaN payloads) where it would not
-    in the generic path's whole tensor.
+    The count is rounded up so that every block tensor holds a multiple of 8 elements (automatic when N, P and N/d
+    are multiples of 8): then no element of a block falls into the scalar tail of a vectorised cast where it would
+    not in the generic path's whole tensor (torch's float16 -> float32 tail gives other NaN payloads).
     """
     if BLOCK_CHUNKS is not None:
         return max(1, min(BLOCK_CHUNKS, dims.nchunks))
-    per_chunk = dims.batch * dims.heads * dims.chunk_size * dims.rank * max(dims.state_dim, dims.value_dim)
+    B, H, C, R, N, P = (dims.batch, dims.heads, dims.chunk_size, dims.rank, dims.state_dim, dims.value_dim)
+    per_chunk = B * H * C * R * max(N, P)
     chunks = max(1, BLOCK_ELEMENTS // per_chunk)
-    return dims.nchunks if chunks >= dims.nchunks else max(8, chunks - chunks % 8)
+    sizes = (B * H * C * R * n for n in (N, P, R, N // dims.rotary_dim_divisor, C * R))  # per chunk, per tensor
+    step = 8 // math.gcd(8, functools.reduce(math.gcd, sizes, B * H * N * P))
+    chunks = -(-chunks // step) * step
+    return min(chunks, dims.nchunks)
 
 
 class _Policy:
@@ -298,9 +306,10 @@ def reference_cpu(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angl
     decay = exp_da_cs.index_select(2, last_valid)  # [B, H, nc]
     row_decay = exp_da_cs.reshape(B, H, nc, C).repeat_interleave(R, dim=3)  # [B, H, nc, L]
     row_decay_rev = exp_da_cs_rev.reshape(B, H, nc, C).repeat_interleave(R, dim=3)
+    row_trap_scale = trap_scale.reshape(B, H, nc, C).repeat_interleave(R, dim=3)
     step = torch.arange(C)
     causal = (step[:, None] > step[None, :])[:, None, :, None]  # [C, 1, C, 1]
-    not_causal = ~causal
+    not_causal_rows = (~causal).expand(C, R, C, R).reshape(L, L)  # [L, L], the mask at row granularity
     seg = segsum.to(md)[:, :, :, :, None, :, None]  # [B, H, nc, C, 1, C, 1]
     decay_ij = torch.exp(torch.where(causal, seg, torch.zeros_like(seg)))
     d_h = d.to(md)[None, :, None, None, None] if dims.has_d else None
@@ -323,12 +332,13 @@ def reference_cpu(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angl
         z_h = z.to(md).permute(0, 2, 1, 3)  # [B, H, S, P]
         x = z_h[:, :, :, None, :] * mimo_z.to(md)[None, :, None]  # [B, H, S, R, P]
         sig_x = torch.sigmoid(x)
+        # gate = half·tanh(half) + half with half = x·0.5 (recomputed per block), or x·σ(x)
+        tanh_half = None
         if policy.silu_form == "tanh":
-            half = x * 0.5
-            gate_src = (half, torch.tanh(half))  # gate = half·tanh(half) + half
-        else:
-            gate_src = (x, sig_x)  # gate = x·σ(x)
-        dz_src = (x, sig_x, torch.sigmoid(-x))  # dzz = dphio·σ(x)·(1 + x·σ(−x))
+            tanh_half = x * 0.5
+            torch.tanh(tanh_half, out=tanh_half)  # in place: the same traversal as torch.tanh(half)
+        sig_neg_x = torch.neg(x)
+        torch.sigmoid(sig_neg_x, out=sig_neg_x)  # dzz = dphio·σ(x)·(1 + x·σ(−x))
         zeta = mimo_z.to(md)[None, :, None]  # [1, H, 1, R, P]
     if dims.reduce_o:
         dout_h = dout.to(md).permute(0, 2, 1, 3)[:, :, :, None, :]  # [B, H, S, 1, P]
@@ -390,21 +400,24 @@ def reference_cpu(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angl
         q_rot = _rotate_(q_b, cos_b, sin_b, dims, pol, q_b if not rec.on else torch.empty_like(q_b))
         k_rot = _rotate_(k_b, cos_b, sin_b, dims, pol, k_b if not rec.on else torch.empty_like(k_b))
         rec.tokens("q_rot", q_rot, t0), rec.tokens("k_rot", k_rot, t0)
-        k_scaled = k_rot.mul_(trap_scale[:, :, t0:t1, None, None]) if not rec.on else \
-            k_rot * trap_scale[:, :, t0:t1, None, None]
-        pol.site_("k_scaled", k_scaled)
-        k_scaled_t = chunked(k_scaled).transpose(-1, -2)  # [B, H, cb, N, L]
+        # k̂ stored transposed per chunk, [B, H, cb, N, L]: the layout the scores GEMM takes it in
+        k_scaled_t = torch.empty((B, H, cb, N, L), dtype=md)
+        torch.mul(chunked(k_rot), row_trap_scale[:, :, c0:c1, :, None], out=k_scaled_t.transpose(-1, -2))
+        pol.site_("k_scaled", k_scaled_t)
         psiv = torch.empty((B, H, T, R, P), dtype=md)
         torch.mul(v_h[:, :, t0:t1, None, :], psi[None, :, None], out=psiv)
         pol.site_("psiv", psiv)
         psiv_c = chunked(psiv)
-        rec.tokens("k_scaled", k_scaled, t0), rec.tokens("psiv", psiv, t0)
+        if rec.on:
+            rec.tokens("k_scaled", k_scaled_t.transpose(-1, -2).reshape(B, H, T, R, N), t0)
+        rec.tokens("psiv", psiv, t0)
         # k̂·exp(da_cs_rev) (S42) per accumulate step, [B, H, cb, rows, N], and the state GEMM (S41–S45)
-        k_state_c = torch.mul(chunked(k_scaled), row_decay_rev[:, :, c0:c1, :, None])
-        pol.site_("k_state", k_state_c)
-        rec.tokens("k_state", k_state_c.view(B, H, T, R, N), t0)
-        steps = [_bmm(k_state_c[..., r0:r1, :].transpose(-1, -2), psiv_c[..., r0:r1, :], lay).numpy()
-                 for (r0, r1), lay in zip(slices, lay_state)]
+        k_state_t = [pol.site_("k_state", torch.mul(k_scaled_t[..., r0:r1], row_decay_rev[:, :, c0:c1, None, r0:r1]))
+                     for r0, r1 in slices]  # [B, H, cb, N, rows] per accumulate step
+        if rec.on:
+            rec.tokens("k_state", torch.cat(k_state_t, dim=-1).transpose(-1, -2).reshape(B, H, T, R, N), t0)
+        steps = [_bmm(part, psiv_c[..., r0:r1, :], lay).numpy()
+                 for part, (r0, r1), lay in zip(k_state_t, slices, lay_state)]
         _recurrence_numpy(states_np, steps, decay_np, c0, c1, scratch)
         state_operand = states[:, :, c0:c1].clone(memory_format=torch.contiguous_format)
         pol.site_("state_operand", state_operand)
@@ -414,8 +427,8 @@ def reference_cpu(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angl
         q_rot_c = chunked(q_rot)
         inter = _bmm(q_rot_c, state_operand, lay_inter).mul_(row_decay[:, :, c0:c1, :, None])  # [B, H, cb, L, P]
         scores = _bmm(q_rot_c, k_scaled_t, lay_scores)  # [B, H, cb, L, L]
-        scores7 = scores.view(B, H, cb, C, R, C, R)
-        scores7.mul_(decay_ij[:, :, c0:c1]).masked_fill_(not_causal, 0)
+        scores.view(B, H, cb, C, R, C, R).mul_(decay_ij[:, :, c0:c1])
+        scores.masked_fill_(not_causal_rows, 0)
         masked = pol.site_("causal_scores", scores)
         intra = _bmm(masked, psiv_c, lay_intra)
         rec.tokens("inter", inter.view(B, H, T, R, P), t0), rec.chunks("causal_scores", masked, c0)
@@ -439,10 +452,11 @@ def reference_cpu(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angl
         out_v = out[:, :, :tv]
         ts = slice(t0, t0 + tv)
         if dims.has_z:
-            a, b = gate_src[0][:, :, ts], gate_src[1][:, :, ts]
-            gate = a * b
-            if policy.silu_form == "tanh":
-                gate.add_(a)
+            if tanh_half is not None:
+                half = x[:, :, ts] * 0.5
+                gate = (half * tanh_half[:, :, ts]).add_(half)
+            else:
+                gate = x[:, :, ts] * sig_x[:, :, ts]
             rec.tokens("gate", gate, t0)
         if dims.reduce_o:
             terms = dmimo_o_terms[:, :, ts]
@@ -457,7 +471,7 @@ def reference_cpu(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angl
             dphio = pol.site_("dphio", dout_r[:, :, ts] * out_v)
         if dims.has_z:
             rec.tokens("dphio", dphio, t0)
-            xs, s1, s2 = dz_src[0][:, :, ts], dz_src[1][:, :, ts], dz_src[2][:, :, ts]
+            xs, s1, s2 = x[:, :, ts], sig_x[:, :, ts], sig_neg_x[:, :, ts]
             dzz = dphio.mul_(s1) if not rec.on else dphio * s1
             dzz.mul_((xs * s2).add_(1))
             rec.tokens("dzz", dzz, t0)

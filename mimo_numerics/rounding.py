@@ -12,12 +12,18 @@ than either target).
 ``round_sum_to_lp(a, b)`` rounds the exact sum a + b once, as a fused multiply-add rounds ``acc + x·y`` when x·y is
 exact: the sum is split into its rounded value and its exact error (TwoSum), and the error decides exact ties.
 Everything runs on any torch device with float32 support; float64 is used only when the source is float64.
+
+``round_to_lp_`` and ``round_sum_to_lp_`` are in-place variants with the same values, for the CPU path of the
+reference (``reference_cpu``); the latter computes the TwoSum error only at the few elements where it can change the
+result.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
+import numpy as np
 import torch
 
 _LP = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -153,13 +159,16 @@ def round_to_lp_(x: torch.Tensor, fmt="bfloat16") -> torch.Tensor:
 
 
 def _tie_candidates(s: torch.Tensor, rounded: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
-    """A superset of the float32 values ``s`` that lie exactly halfway between two ``lp`` values (or at the
-    overflow threshold), from the bits of s: a bfloat16 midpoint has low half 0x8000; a float16 midpoint (normal,
-    subnormal or the overflow threshold) has at least 12 trailing zero bits and is not a float16 value."""
-    bits = s.view(torch.int32)
+    """Flat (row-major) indices of a superset of the float32 values of ``s`` (contiguous, CPU) that lie exactly
+    halfway between two ``lp`` values or at the overflow threshold, found from their bits: a bfloat16 midpoint has
+    low half 0x8000; a float16 midpoint (normal, subnormal or the threshold) has 12 trailing zero bits and is not a
+    float16 value."""
     if lp == torch.bfloat16:
-        return (bits & 0xFFFF) == 0x8000
-    return ((bits & 0xFFF) == 0) & (s != rounded)
+        low = s.numpy().reshape(-1).view(np.int16)  # the low half of each float32 (little-endian)
+        low = low[0::2] if sys.byteorder == "little" else low[1::2]
+        return torch.from_numpy(np.flatnonzero(low == np.int16(-0x8000)))
+    maybe = ((s.view(torch.int32) & 0xFFF) == 0) & (s != rounded)
+    return torch.from_numpy(np.flatnonzero(maybe.numpy().reshape(-1)))
 
 
 def round_sum_to_lp_(a: torch.Tensor, b: torch.Tensor, fmt="bfloat16") -> torch.Tensor:
@@ -178,9 +187,9 @@ def round_sum_to_lp_(a: torch.Tensor, b: torch.Tensor, fmt="bfloat16") -> torch.
         raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
     if a.dtype != torch.float32 or a.device.type != "cpu":
         return a.copy_(round_sum_to_lp(a, b, fmt))
-    s = a + b
+    s = (a + b).contiguous()
     rounded = s.to(lp)
-    ties = _tie_candidates(s, rounded, lp).reshape(-1).nonzero().squeeze(1)  # flat (row-major) indices
+    ties = _tie_candidates(s, rounded, lp)
     if ties.numel():  # the same elementwise TwoSum as round_sum_to_lp, on the candidates only
         a_tie, b_tie, s_tie = a.take(ties), b.expand_as(a).take(ties), s.take(ties)
     a.copy_(rounded)
