@@ -4,6 +4,10 @@ Chunked and vectorised over batch, heads and chunks; only the inter-chunk state 
 any torch device (CPU, CUDA, NPU). Every rounding goes through ``mimo_numerics.rounding``. The math is written out in
 ``docs/semantics.md``; site numbers below (S…) are those of the upstream catalog.
 
+Two implementations: ``_reference_generic`` (this module; every stage a whole tensor; used on every device but the
+CPU) and, on CPU tensors, ``reference_cpu.reference_cpu`` (cache-blocked, in place; same bits on the same machine,
+see that module and ``CPU_FAST_PATH``).
+
 Stage names written to ``record`` (every tensor in the math dtype, trimmed to the S valid tokens):
 
 =================  ====================  ============================================================
@@ -46,6 +50,7 @@ from . import presets as _presets
 from .outputs import MimoBwdFwdOutputs
 from .policy import RoundingPolicy
 from .rounding import round_sum_to_lp, round_to_lp
+from .reference_cpu import reference_cpu
 from .validation import Dims, validate_inputs
 
 #: The operator whose policy section this reference reads.
@@ -113,6 +118,11 @@ def _diagonal_rank_sum(qk: torch.Tensor, psiv: torch.Tensor, policy: RoundingPol
             acc = round_to_lp(acc + round_to_lp(prod, policy.lp_dtype), policy.lp_dtype)
     return acc
 
+
+#: On CPU tensors, run ``reference_cpu`` (cache-blocked, in place, same bits as the generic path; see that module).
+#: Set to False to run the generic whole-tensor path everywhere (``scripts/check_reference_bits.py --against-generic``
+#: compares the two).
+CPU_FAST_PATH = True
 
 #: On CUDA, replay the recurrence's kernels from a captured CUDA graph (same kernels, same bits) once there are this
 #: many chunks: the loop is otherwise bound by the host's per-launch cost (about 2 600 launches at S = 8192, C = 16).
@@ -242,6 +252,16 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles,
     dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, segsum = (
         None if t is None else t.contiguous() for t in (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z,
                                                          angles, da_cs, da_cs_rev, dt, trap, d, segsum))
+    if dims.device.type == "cpu" and CPU_FAST_PATH:
+        return reference_cpu(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt,
+                             trap, d, segsum, dims, policy, record)
+    return _reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt,
+                              trap, d, segsum, dims, policy, record)
+
+
+def _reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap,
+                       d, segsum, dims: Dims, policy: RoundingPolicy, record) -> MimoBwdFwdOutputs:
+    """The reference on any device, every stage a whole tensor (validated, contiguous inputs)."""
     md = policy.math_torch_dtype
     rnd = _Rounder(policy)
     B, S, H, N, P, R, C, nc = (dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank,

@@ -12,12 +12,18 @@ than either target).
 ``round_sum_to_lp(a, b)`` rounds the exact sum a + b once, as a fused multiply-add rounds ``acc + x·y`` when x·y is
 exact: the sum is split into its rounded value and its exact error (TwoSum), and the error decides exact ties.
 Everything runs on any torch device with float32 support; float64 is used only when the source is float64.
+
+``round_to_lp_`` and ``round_sum_to_lp_`` are in-place variants with the same values, for the CPU path of the
+reference (``reference_cpu``); the latter computes the TwoSum error only at the few elements where it can change the
+result.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
+import numpy as np
 import torch
 
 _LP = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -63,13 +69,15 @@ def _round_f64_to_f32_odd(x: torch.Tensor, residual: Optional[torch.Tensor]) -> 
     return bits.view(torch.float32)
 
 
-def _round_f32_with_residual(x: torch.Tensor, residual: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
+def _round_f32_with_residual(x: torch.Tensor, residual: torch.Tensor, lp: torch.dtype,
+                             rounded: Optional[torch.Tensor] = None) -> torch.Tensor:
     """RNE of the exact value ``x + residual`` (float32, |residual| <= half an ulp of x) to ``lp``, as float32.
 
     Rounding x alone is right unless x lies exactly halfway between two ``lp`` values: then the residual's sign
     picks the neighbour (ties are float32 numbers with trailing zero bits, so no non-tie x can cross one).
+    ``rounded`` is ``x.to(lp).to(torch.float32)`` when the caller has it already.
     """
-    r = x.to(lp).to(torch.float32)
+    r = x.to(lp).to(torch.float32) if rounded is None else rounded
     diff = x - r  # exact; r lies on the side of -sign(diff) from x
     other = r + 2 * diff  # the other neighbour when x is exactly halfway (NaN when r overflowed)
     tie = (other.to(lp).to(torch.float32) == other) & (diff != 0) & (residual != 0)
@@ -133,3 +141,61 @@ def round_sum_to_lp(a: torch.Tensor, b: torch.Tensor, fmt="bfloat16") -> torch.T
         raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
     s, e = two_sum(a, b)
     return round_to_lp(s, fmt, residual=e)
+
+
+# ---------------------------------------------------------------------------------------------- in-place variants
+def round_to_lp_(x: torch.Tensor, fmt="bfloat16") -> torch.Tensor:
+    """In-place ``round_to_lp``: ``x`` (float32 or float64, writable) takes the values ``round_to_lp(x, fmt)``.
+
+    Returns:
+        Tensor: x.
+    """
+    lp = _lp_dtype(fmt)
+    if x.dtype == torch.float32:
+        return x.copy_(x.to(lp))
+    if x.dtype == torch.float64:
+        return x.copy_(_round_f64_to_f32_odd(x, None).to(lp))  # lp -> float64 is exact
+    raise TypeError(f"x must be float32 or float64, got {x.dtype}")
+
+
+def _tie_candidates(s: torch.Tensor, rounded: torch.Tensor, lp: torch.dtype) -> torch.Tensor:
+    """Flat (row-major) indices of a superset of the float32 values of ``s`` (contiguous, CPU) that lie exactly
+    halfway between two ``lp`` values or at the overflow threshold, found from their bits: a bfloat16 midpoint has
+    low half 0x8000; a float16 midpoint (normal, subnormal or the threshold) has 12 trailing zero bits and is not a
+    float16 value."""
+    if lp == torch.bfloat16:
+        low = s.numpy().reshape(-1).view(np.int16)  # the low half of each float32 (little-endian)
+        low = low[0::2] if sys.byteorder == "little" else low[1::2]
+        return torch.from_numpy(np.flatnonzero(low == np.int16(-0x8000)))
+    maybe = ((s.view(torch.int32) & 0xFFF) == 0) & (s != rounded)
+    return torch.from_numpy(np.flatnonzero(maybe.numpy().reshape(-1)))
+
+
+def round_sum_to_lp_(a: torch.Tensor, b: torch.Tensor, fmt="bfloat16") -> torch.Tensor:
+    """In-place ``round_sum_to_lp``: ``a`` takes the values ``round_sum_to_lp(a, b, fmt)`` (b broadcasts to a).
+
+    On float32 CPU tensors the exact error of the sum is computed only where it can matter: rounding the float32
+    sum ``s = fl(a + b)`` alone is already right unless s is an lp midpoint (``_round_f32_with_residual``), so the
+    TwoSum error and the tie resolution run on those few elements only; the other elements take ``s`` rounded, as
+    ``round_sum_to_lp`` gives them. Elsewhere this is ``a.copy_(round_sum_to_lp(a, b, fmt))``.
+
+    Returns:
+        Tensor: a.
+    """
+    lp = _lp_dtype(fmt)
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if a.dtype != torch.float32 or a.device.type != "cpu":
+        return a.copy_(round_sum_to_lp(a, b, fmt))
+    s = (a + b).contiguous()
+    rounded = s.to(lp)
+    ties = _tie_candidates(s, rounded, lp)
+    if ties.numel():  # the same elementwise TwoSum as round_sum_to_lp, on the candidates only
+        a_tie, b_tie, s_tie = a.take(ties), b.expand_as(a).take(ties), s.take(ties)
+    a.copy_(rounded)
+    if ties.numel():
+        # the rounded values are taken from the whole-tensor conversion: converting a few lp values on their own
+        # can give other NaN payloads (the scalar tail of torch's float16 -> float32 kernel)
+        _, error = two_sum(a_tie, b_tie)
+        a.put_(ties, _round_f32_with_residual(s_tie, error, lp, rounded=a.take(ties)))
+    return a

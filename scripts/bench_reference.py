@@ -2,10 +2,15 @@
 """Benchmark the policy reference at the seed PR's headline shape (not a test).
 
 Shape (a): B=1, S=8192, H=16, G=1, N=P=64, R=4, C=16 with D, Z and reduced DOUT. Times the median of repeated calls
-(after warm-up; CUDA timed with synchronisation) for the chosen policies on each device and writes
-``reports/bench/reference_<device>.md`` and ``.json`` with the commit, device name and versions.
+(after warm-up; CUDA timed with synchronisation) for the chosen policies and writes
+``reports/bench/reference_<device>.md`` and ``.json`` with the commit, CPU model, core and thread counts, torch
+version and the load average around the run (timings taken on a loaded machine are not comparable: with many small
+torch calls, OpenMP threads that wait for a descheduled partner cost far more than the work).
 
-    python scripts/bench_reference.py --device cpu --repeats 3
+``--baseline REV`` also times the implementation of commit REV (``git archive`` of its ``mimo_numerics`` into a
+temporary directory) in the same session, in alternating worker processes, and puts both side by side.
+
+    python scripts/bench_reference.py --device cpu --repeats 5 --baseline 97b53fc
     python scripts/bench_reference.py --device cuda --repeats 20
 """
 
@@ -13,46 +18,117 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-import mimo_numerics as mn
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs
-
-HEADLINE = CaseSpec(batch=1, seqlen=8192, heads=16, groups=1, state_dim=64, value_dim=64, rank=4, chunk_size=16,
-                    reduce_o=True, has_z=True, has_d=True, formula="realistic", seed=0)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _sync(device: torch.device) -> None:
+def _headline():
+    from mimo_numerics.cases import CaseSpec
+
+    return CaseSpec(batch=1, seqlen=8192, heads=16, groups=1, state_dim=64, value_dim=64, rank=4, chunk_size=16,
+                    reduce_o=True, has_z=True, has_d=True, formula="realistic", seed=0)
+
+
+def __getattr__(name):  # ``from bench_reference import HEADLINE`` without importing torch at module import
+    if name == "HEADLINE":
+        return _headline()
+    raise AttributeError(name)
+
+
+def _sync(device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def time_call(fn, device: torch.device, warmup: int, repeats: int) -> list:
+def time_call(fn, device, warmup: int, repeats: int):
+    """Wall and process-CPU milliseconds of ``repeats`` calls after ``warmup`` calls."""
     for _ in range(warmup):
         fn()
     _sync(device)
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
         _sync(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return times
+        wall.append((time.perf_counter() - start) * 1e3)
+        cpu.append((time.process_time() - start_cpu) * 1e3)
+    return wall, cpu
+
+
+def worker(args) -> int:
+    """Time the ``mimo_numerics`` found first on sys.path; print one JSON line."""
+    import torch
+
+    import mimo_numerics as mn
+    from mimo_numerics.cases import as_args, as_kwargs, make_inputs
+
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # the reference's GEMMs must be IEEE fp32
+    inputs = make_inputs(_headline(), device=device)
+    result = {"module": mn.__file__, "threads": torch.get_num_threads(), "torch": torch.__version__, "policies": {}}
+    for name in args.policies.split(","):
+        policy = mn.presets.get(name)
+        wall, cpu = time_call(lambda: mn.reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs),
+                                                                      policy=policy),
+                              device, args.warmup, args.repeats)
+        result["policies"][name] = {"wall_ms": wall, "cpu_ms": cpu}
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+def _git(*cmd) -> str:
+    return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        dirty = "+changes" if _git("status", "--porcelain", "--untracked-files=no") else ""
+        return _git("rev-parse", "--short", "HEAD") + dirty
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _export(rev: str, into: Path) -> Path:
+    """``mimo_numerics`` of commit ``rev`` extracted under ``into``."""
+    archive = into / "src.tar"
+    with open(archive, "wb") as fh:
+        subprocess.run(["git", "archive", rev, "mimo_numerics"], cwd=ROOT, stdout=fh, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into)
+    return into
+
+
+def _run_worker(path: Path, args) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(path) + os.pathsep + str(ROOT / "scripts"))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--device", args.device,
+           "--policies", args.policies, "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(path))
+    if out.returncode:
+        raise RuntimeError(f"benchmark worker for {path} failed:\n{out.stderr[-3000:]}")
+    line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
 
 
 def main(argv=None) -> int:
@@ -60,44 +136,80 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, npu)")
     parser.add_argument("--policies", default="upstream_sm90,seed_bf16,fp32", help="comma-separated presets")
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per policy and worker")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="worker processes per implementation, alternating current and baseline")
+    parser.add_argument("--baseline", default=None, metavar="REV",
+                        help="also time the mimo_numerics of this commit, side by side")
     parser.add_argument("--out", default=str(ROOT / "reports" / "bench"))
     parser.add_argument("--commit", default=None, help="commit to record (default: git rev-parse of the checkout)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args)
 
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # the reference's GEMMs must be IEEE fp32
-        device_name = torch.cuda.get_device_name(device)
-    else:
-        device_name = f"CPU ({torch.get_num_threads()} threads)"
-    inputs = make_inputs(HEADLINE, device=device)
-    rows = []
-    for name in args.policies.split(","):
-        policy = mn.presets.get(name)
-        times = time_call(lambda: mn.reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs),
-                                                                  policy=policy),
-                          device, args.warmup, args.repeats)
-        rows.append({"policy": name, "median_ms": statistics.median(times), "min_ms": min(times),
-                     "repeats": len(times)})
-        print(f"{name:>16}: median {statistics.median(times):9.2f} ms  (min {min(times):.2f}, n={len(times)})",
-              flush=True)
-    meta = {"commit": args.commit or _commit(), "device": device_name, "torch": torch.__version__, "python": sys.version.split()[0],
-            "shape": HEADLINE.to_dict() if hasattr(HEADLINE, "to_dict") else str(HEADLINE),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "results": rows}
+    load_before = os.getloadavg()
+    impls = {"current": ROOT}
+    tmp = None
+    if args.baseline:
+        tmp = tempfile.TemporaryDirectory(prefix="bench_baseline_")
+        impls["baseline"] = _export(args.baseline, Path(tmp.name))
+    runs = {name: [] for name in impls}
+    for _ in range(args.rounds):
+        for name, path in impls.items():
+            runs[name].append(_run_worker(path, args))
+            print(f"{name}: " + ", ".join(f"{p} {statistics.median(v['wall_ms']):.0f} ms"
+                                          for p, v in runs[name][-1]["policies"].items()), flush=True)
+    load_after = os.getloadavg()
+    if tmp is not None:
+        tmp.cleanup()
+
+    def summary(name, policy):
+        wall = [t for r in runs[name] for t in r["policies"][policy]["wall_ms"]]
+        cpu = [t for r in runs[name] for t in r["policies"][policy]["cpu_ms"]]
+        return {"median_ms": statistics.median(wall), "min_ms": min(wall), "cpu_median_ms": statistics.median(cpu),
+                "calls": len(wall)}
+
+    first = runs["current"][0]
+    device_name = (f"{_cpu_model()}, {os.cpu_count()} cores, {first['threads']} torch threads"
+                   if args.device == "cpu" else args.device)
+    rows = [{"policy": p, **{name: summary(name, p) for name in impls}} for p in args.policies.split(",")]
+    meta = {"commit": args.commit or _commit(), "baseline": args.baseline, "device": device_name,
+            "torch": first["torch"], "python": sys.version.split()[0],
+            "shape": _headline().to_dict(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "load_average_before": load_before, "load_average_after": load_after,
+            "warmup": args.warmup, "repeats": args.repeats, "rounds": args.rounds, "results": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"reference_{device.type}"
+    stem = f"reference_{torch_device_type(args.device)}"
     (out / f"{stem}.json").write_text(json.dumps(meta, indent=2))
     lines = [f"# Reference benchmark on {device_name}", "",
-             f"commit `{meta['commit']}`, torch {meta['torch']}, python {meta['python']}, {meta['date']}", "",
+             f"commit `{meta['commit']}`, torch {meta['torch']}, python {meta['python']}, {meta['date']}; "
+             f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after", "",
              "Shape (a): B=1, S=8192, H=16, G=1, N=P=64, R=4, C=16, D, Z and reduced DOUT (realistic inputs). "
-             f"Median of {args.repeats} calls after {args.warmup} warm-up.", "",
-             "| policy | median ms | min ms |", "|---|---|---|"]
-    lines += [f"| {r['policy']} | {r['median_ms']:.2f} | {r['min_ms']:.2f} |" for r in rows]
+             f"Median of {args.rounds * args.repeats} calls ({args.rounds} worker process(es) x {args.repeats}, each "
+             f"after {args.warmup} warm-up call(s)); `cpu` is the process CPU time (all threads).", ""]
+    if args.baseline:
+        lines += [f"`current` is this checkout; `baseline` is `mimo_numerics` of commit `{args.baseline}`, timed in "
+                  "the same session, worker processes alternating. Their outputs are bit-identical "
+                  "(`scripts/check_reference_bits.py`).", "",
+                  "| policy | current median ms | current min ms | baseline median ms | baseline min ms | speed-up | "
+                  "current cpu ms | baseline cpu ms |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['policy']} | {r['current']['median_ms']:.0f} | {r['current']['min_ms']:.0f} | "
+                  f"{r['baseline']['median_ms']:.0f} | {r['baseline']['min_ms']:.0f} | "
+                  f"{r['baseline']['median_ms'] / r['current']['median_ms']:.1f}x | "
+                  f"{r['current']['cpu_median_ms']:.0f} | {r['baseline']['cpu_median_ms']:.0f} |" for r in rows]
+    else:
+        lines += ["| policy | median ms | min ms | cpu ms |", "|---|---|---|---|"]
+        lines += [f"| {r['policy']} | {r['current']['median_ms']:.2f} | {r['current']['min_ms']:.2f} | "
+                  f"{r['current']['cpu_median_ms']:.0f} |" for r in rows]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / stem}.md and .json")
     return 0
+
+
+def torch_device_type(device: str) -> str:
+    return device.split(":")[0]
 
 
 if __name__ == "__main__":

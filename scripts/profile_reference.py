@@ -1,7 +1,10 @@
 #!/usr/bin/env python
-"""Profile one reference call at the headline shape with torch.profiler; prints the top ops by device time.
+"""Profile one reference call at the headline shape with torch.profiler; prints the top ops by self time.
 
-    python scripts/profile_reference.py --device cuda --policy upstream_sm90
+    python scripts/profile_reference.py --device cpu --policy upstream_sm90
+    python scripts/profile_reference.py --device cuda --policy upstream_sm90 --stacks
+
+``--stacks`` groups by python call site (the line of ``reference.py`` or ``rounding.py`` that launched the op).
 """
 
 import argparse
@@ -15,22 +18,30 @@ from mimo_numerics.cases import as_args, as_kwargs, make_inputs
 from bench_reference import HEADLINE
 
 
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--device", default="cuda")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--policy", default="upstream_sm90")
+    parser.add_argument("--rows", type=int, default=30, help="rows of the table")
+    parser.add_argument("--stacks", action="store_true", help="group by python call site")
     args = parser.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
     inputs = make_inputs(HEADLINE, device=args.device)
     call = lambda: mn.reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=args.policy)
-    call()
-    torch.cuda.synchronize()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.startswith("cuda") else [])
-    with profile(activities=activities) as prof:
+    call()  # warm-up
+    _sync(args.device)
+    cuda = args.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, with_stack=args.stacks) as prof:
         call()
-        torch.cuda.synchronize()
-    key = "cuda_time_total" if args.device.startswith("cuda") else "cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=25))
+        _sync(args.device)
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    averages = prof.key_averages(group_by_stack_n=4) if args.stacks else prof.key_averages()
+    print(averages.table(sort_by=key, row_limit=args.rows))
 
 
 if __name__ == "__main__":
