@@ -47,7 +47,7 @@ FINDINGS = [
      "doesn't support sizes`, `unsupported memory format option Contiguous`). Fix: validate_inputs refuses any "
      "non-strided or nested tensor with `TypeError: <name> must be a dense (strided) torch.Tensor, got ...`. "
      "Tests: test_reliability_inputs.py (layout family of the fuzz, `*_sparse`, `*_mkldnn`, `*_nested`)."),
-    ("F2", "fixed", "mimo_numerics/reference.py",
+    ("F2", "fixed", "mimo_numerics/ops/mamba_mimo_bwd_fwd/reference.py",
      "Inputs with `requires_grad=True` made the reference fail with `RuntimeError: add(): functions with out=... "
      "arguments don't support automatic differentiation` when they reach the state recurrence (dt, trap, v, "
      "mimo_v, k, ...), while the kernels accepted them. Fix: `@torch.no_grad()` on "
@@ -136,7 +136,7 @@ FINDINGS = [
      "cheapest 14 and 10. Pinned by the strict xfail test_inference_wide_stall_counterexample. Next to measure: "
      "escapes that rank single changes by a cost other than their own distance (e.g. per-output distances), or "
      "restarts from the escapes' best tuples."),
-    ("F7", "fixed", "mimo_numerics/reference.py",
+    ("F7", "fixed", "mimo_numerics/ops/mamba_mimo_bwd_fwd/reference.py",
      "Found by the slow layout property: the reference's bits depended on the inputs' memory layout. With a "
      "transposed (or strided) view of `dout` (full DOUT, Z), `dmimo_z` changed in the last float32 bit, because torch "
      "reduces over t in the order of the operands' strides. Fix: `_reference` makes its 17 inputs contiguous right "

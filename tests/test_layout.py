@@ -52,8 +52,6 @@ NAMING_ALLOWED = {
     "__init__": "the package's public re-exports (mn.mamba_mimo_fwd, ...)",
     "__main__": "python -m mimo_numerics",
     "cli": "CLI defaults and the whole op's commands",
-    "reference": "stage 1's policy reference at its public path (mn.reference.mamba_mimo_bwd_fwd)",
-    "reference_cpu": "stage 1's reference, its cache-blocked CPU path",
     "validation": "stage 1's validate_inputs at its public path, and the Dims / argument checks every operator uses",
 }
 #: The one table whose entries are keyed by operator name (``tolerances.TOLERANCES``): its keys and measurement
@@ -213,8 +211,8 @@ def test_layout_registered_operator_has_its_folder_and_every_part(name):
         assert path, f"{name}: spec field {field} is empty"
         module, attribute = path.split(":")
         assert callable(getattr(importlib.import_module(module), attribute)), f"{name}.{field}: {path}"
-    # the operator's own parts live in its folder (stage 1's reference, validation and case model keep their
-    # public top-level paths: NAMING_ALLOWED, GENERIC_MODULES)
-    own = ("oracle", "golden", "golden_outputs", "outputs_type")
+    # the operator's own parts live in its folder (stage 1's validation and the case model it shares with the
+    # other kernels keep their public top-level paths: NAMING_ALLOWED, GENERIC_MODULES)
+    own = ("reference", "oracle", "golden", "golden_outputs", "outputs_type")
     for field in own:
         assert getattr(op, field).startswith(f"mimo_numerics.ops.{name}."), f"{name}.{field} is outside ops/{name}"

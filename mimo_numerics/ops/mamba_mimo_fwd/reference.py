@@ -5,7 +5,7 @@ any torch device. Every rounding goes through ``mimo_numerics.rounding``; each o
 switched by ``policy.mamba_mimo_fwd.<site>``, except the output store (``policy.round_outputs``). The math is
 written out in ``docs/forward.md``; ``spec.STAGES`` lists what ``record`` receives.
 
-Reused from stage 1's reference (``mimo_numerics/reference.py``), imported, not copied, because the forward does
+Reused from stage 1's reference (``mimo_numerics/ops/mamba_mimo_bwd_fwd/reference.py``), imported, not copied, because the forward does
 the same thing there: the zero padding of a tail chunk (``_pad_time``), the rotation (``_rotate``, L255-257 and
 L271-273 here), the diagonal rank sum under ``diag_mode`` (``_diagonal_rank_sum``, L319-323), the state recurrence
 under ``state_update`` (``_state_recurrence``, L405-407) and the TF32 guard (``_ieee_fp32_matmul``). They read the
