@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import mimo_numerics as mn
-from mimo_numerics import kernels
+from mimo_numerics import kernels, tolerances
 from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs
 from mimo_numerics.outputs import OUTPUT_NAMES
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as SWITCHES
@@ -29,7 +29,9 @@ from mimo_numerics.rounding import round_sum_to_lp, round_to_lp
 
 pytestmark = pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")
 
-GATE_RTOL = 3e-4
+# The kernel runs its dot products in NumPy (the interpreter), the reference in torch's BLAS: the two agree to FP32
+# summation order only, which differs by CPU and BLAS, so every kernel-vs-reference comparison has a tolerance.
+GATE_RTOL = tolerances.get("same_policy_rel_rms")
 
 try:
     from mimo_numerics.metrics import rel_rms as _rel_rms

@@ -28,12 +28,12 @@ import pytest
 import torch
 
 import mimo_numerics as mn
-from mimo_numerics import kernels
+from mimo_numerics import kernels, tolerances
 from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, grid, make_inputs
 from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES
 
-GATE_RTOL = 3e-4
-GOLDEN_RTOL = 1e-3
+GATE_RTOL = tolerances.get("same_policy_rel_rms")
+GOLDEN_RTOL = tolerances.get("golden_upstream_sm90_rel_rms")
 GOLDEN_RATIO = 3.0
 GOLDEN_PATH = os.path.join(os.path.dirname(__file__), "data", "upstream_h200_seed_cases.pt")
 
