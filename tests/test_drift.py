@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from mimo_numerics import bundles, cases, drift, golden, presets
+from mimo_numerics import bundles, cases, drift, golden, presets, tolerances
 from mimo_numerics.outputs import MimoBwdFwdOutputs
 
 TINY = cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8, has_z=True, has_d=True)
@@ -142,7 +142,12 @@ def test_golden_device_departs_from_upstream_only_at_fp32_level():
                                device_label="device")
     table = drift.stage_drift(runs, "upstream_sm90")
     device = table.pivot()["device"]
-    assert device["output.states"] == 0 and device["output.dz"] == 0 and device["output.qk_dot"] == 0
+    # 0 for states, dz and qk_dot on this case on every CPU configuration measured (docs/reproducibility.md), but
+    # the reference's bf16 outputs come from FP32 GEMMs through the CPU's BLAS, where another summation order can
+    # flip a rounding: gated with tests/test_golden.py's tolerances for the same comparison, not as bits
+    assert device["output.states"] <= tolerances.get("golden_states_qk_dot_rel_rms")
+    assert device["output.qk_dot"] <= tolerances.get("golden_states_qk_dot_rel_rms")
+    assert device["output.dz"] <= tolerances.get("golden_upstream_sm90_rel_rms")
     assert device["output.dmimo_o"] < 1e-5
     assert table.entry_stage("seed_bf16", threshold=1e-6) == "diag_accum"
     assert not math.isnan(table.value("seed_bf16", "output.dz"))

@@ -1,8 +1,9 @@
 """Determinism: the same inputs give the same bits, run after run.
 
 CPU (run in CI): the reference and the oracle under random cases and policies (hypothesis), twice in a row, with
-the stage records; the reference with 1 thread and with every core; a fresh Python process; ``make_inputs``
-independent of the global RNG; the Triton kernels under the interpreter (second run poisoned); bundles written twice.
+the stage records; the reference with 1 thread and with every core; a fresh Python process; the reference on
+other CPU kernels and BLAS paths (a subprocess, within a tolerance: not bits); ``make_inputs`` independent of the
+global RNG; the Triton kernels under the interpreter (second run poisoned); bundles written twice.
 
 GPU (``@pytest.mark.gpu``, skipped without CUDA; the lead runs them on the H200, see ``reports/reliability.md``):
 the reference and the Triton kernels on CUDA over the golden shapes and three presets, three runs each (the third
@@ -27,6 +28,7 @@ from hypothesis import assume, given, note  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import mimo_numerics as mn  # noqa: E402
+from mimo_numerics import tolerances  # noqa: E402
 from mimo_numerics.bundles import BundleCase, manifest_digest, save_bundle  # noqa: E402
 from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs  # noqa: E402
 from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES  # noqa: E402
@@ -162,6 +164,48 @@ def test_reference_bits_are_the_same_in_a_fresh_process():
     assert result.returncode == 0, result.stderr
     COUNTS["determinism_fresh_process[fast]"] += 1
     assert result.stdout.strip().splitlines()[-1] == here
+
+
+#: The environment of a CPU without AVX: torch's scalar kernels, MKL's SSE4.2 path, OpenBLAS's Nehalem kernels
+#: (the ``scalar`` configuration of scripts/cpu_emulation_suite.sh).
+OTHER_CPU_ENV = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OPENBLAS_CORETYPE": "Nehalem"}
+
+
+def test_reference_on_other_cpu_kernels_within_tolerance(tmp_path):
+    """The stage-1 reference in a process that uses other CPU kernels and another BLAS code path: the inputs are the
+    same bits (exact_random), the outputs agree to the FP32 summation order only. Not bits: the reference's FP32
+    GEMMs and sums go through the CPU's BLAS and vectorised reductions, which sum in another order on another CPU
+    (docs/reproducibility.md), so this is what the golden tests can rely on when CI runs on another machine."""
+    policies = ("upstream_sm90", "fp32")
+    x = make_inputs(THREAD_CASE)
+    here = {p: _run(mn.reference.mamba_mimo_bwd_fwd, x, policy=p) for p in policies}
+    path = tmp_path / "other_cpu.pt"
+    code = textwrap.dedent(f"""
+        import torch
+        import mimo_numerics as mn
+        from mimo_numerics.cases import CaseSpec, make_inputs, as_args, as_kwargs
+        x = make_inputs(CaseSpec(**{THREAD_CASE.to_dict()!r}))
+        out = {{p: mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=p)._asdict()
+               for p in {policies!r}}}
+        torch.save({{"capability": torch.backends.cpu.get_cpu_capability(), "inputs": x, "outputs": out}},
+                   {str(path)!r})
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, **OTHER_CPU_ENV))
+    assert result.returncode == 0, result.stderr
+    other = torch.load(path, weights_only=False)
+    assert other["capability"] == "DEFAULT"
+    COUNTS["determinism_other_cpu_kernels[fast]"] += 1
+    for name in INPUT_NAMES:
+        if x[name] is not None:
+            assert torch.equal(bits(x[name]), bits(other["inputs"][name])), f"input {name} differs on other CPU kernels"
+    for policy in policies:
+        for name in OUTPUT_NAMES:
+            want, got = getattr(here[policy], name), other["outputs"][policy][name]
+            assert (want is None) == (got is None), (policy, name)
+            if want is not None:
+                err = mn.metrics.rel_rms(got, want)
+                assert err <= tolerances.get("reference_cross_cpu_rel_rms"), (policy, name, err)
 
 
 @given(spec=specs(), noise=st.integers(0, 2 ** 31 - 1))
