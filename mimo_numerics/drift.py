@@ -403,12 +403,15 @@ class DriftTable:
         baseline (str): label of the baseline run. lp_dtype (str): the format of the ULP column.
         rows (list of DriftRow).
         operator (str, optional): the operator whose pipeline orders the stages (None: the default operator).
+        order (tuple of str, optional): an explicit stage order instead of the operator's pipeline (runs of a chain
+            of operators, whose keys no single pipeline holds); names it lacks follow, sorted.
     """
 
     baseline: str
     lp_dtype: str
     rows: List[DriftRow] = field(default_factory=list)
     operator: Optional[str] = None
+    order: Optional[Tuple[str, ...]] = None
 
     def labels(self) -> List[str]:
         """Run labels, in order."""
@@ -417,7 +420,7 @@ class DriftTable:
     def stages(self, label: Optional[str] = None) -> List[str]:
         """Stages present (for one run, or for any), in pipeline order."""
         present = {r.stage for r in self.rows if label is None or r.label == label}
-        return _ordered(present, self.operator)
+        return _ordered(present, self.operator, self.order)
 
     def value(self, label: str, stage: str, metric: str = "rel_rms") -> float:
         """One number (``KeyError`` when the run lacks the stage)."""
@@ -439,14 +442,19 @@ class DriftTable:
         """The first stage, in pipeline order, where run ``label`` departs from the baseline by more than
         ``threshold`` (None when it never does)."""
         values = self.pivot(metric).get(label, {})
-        for stage in _ordered(values, self.operator):
+        for stage in _ordered(values, self.operator, self.order):
             if values[stage] > threshold:
                 return stage
         return None
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"baseline": self.baseline, "lp_dtype": self.lp_dtype, "operator": _operator.get(self.operator).name,
-                "rows": [r.to_dict() for r in self.rows]}
+        """Plain JSON types; with an explicit ``order``, ``operator`` is written as given and ``order`` too."""
+        out = {"baseline": self.baseline, "lp_dtype": self.lp_dtype,
+               "operator": self.operator if self.order is not None else _operator.get(self.operator).name,
+               "rows": [r.to_dict() for r in self.rows]}
+        if self.order is not None:
+            out["order"] = list(self.order)
+        return out
 
     def to_markdown(self, metric: str = "rel_rms") -> str:
         """Stages as rows, runs as columns (``–`` where a run lacks the stage)."""
@@ -460,10 +468,10 @@ class DriftTable:
         return "\n".join(lines)
 
 
-def _ordered(stages: Iterable[str], op: OpLike = None) -> List[str]:
-    """``stages`` in ``op``'s pipeline order; names it does not know follow, sorted."""
+def _ordered(stages: Iterable[str], op: OpLike = None, order: Optional[Sequence[str]] = None) -> List[str]:
+    """``stages`` in ``order`` (default: ``op``'s pipeline order); names it does not know follow, sorted."""
     stages = set(stages)
-    order = pipeline(op)
+    order = pipeline(op) if order is None else order
     return [s for s in order if s in stages] + sorted(s for s in stages if s not in order)
 
 
@@ -481,7 +489,8 @@ def _operator_name(op: OpLike) -> Optional[str]:
 
 @single_threaded
 def stage_drift(runs: Mapping[str, Run], baseline: Union[str, Run] = "fp64", lp_dtype: str = "bfloat16",
-                stages: Optional[Sequence[str]] = None, op: OpLike = None) -> DriftTable:
+                stages: Optional[Sequence[str]] = None, op: OpLike = None,
+                order: Optional[Sequence[str]] = None) -> DriftTable:
     """Per-stage error of every run against the baseline run.
 
     Args:
@@ -490,16 +499,22 @@ def stage_drift(runs: Mapping[str, Run], baseline: Union[str, Run] = "fp64", lp_
         lp_dtype (str): format of the ULP column.
         stages (sequence, optional): only these stages (default: every stage the run shares with the baseline).
         op: the operator of the runs (its pipeline orders the rows; default ``registry.DEFAULT_OPERATOR``).
+        order (sequence of str, optional): the stage order instead of ``op``'s pipeline, for runs of a chain of
+            operators (``DriftTable.order``; ``op`` is then only the table's label: None, or any name, e.g. the
+            chain's).
 
     Returns:
         DriftTable
     """
     base_label, base = _resolve_baseline(runs, baseline)
-    table = DriftTable(base_label, lp_dtype, operator=_operator_name(op))
+    order = None if order is None else tuple(order)
+    name = op if order is not None and (op is None or isinstance(op, str)) else _operator_name(op)
+    table = DriftTable(base_label, lp_dtype, operator=name, order=order)
     for label, run in runs.items():
         if isinstance(baseline, str) and label == baseline:
             continue
-        shared = [s for s in _ordered(set(run) & set(base), op) if stages is None or s in stages]
+        shared = [s for s in _ordered(set(run) & set(base), op if order is None else None, order)
+                  if stages is None or s in stages]
         for stage in shared:
             a, e = run[stage], base[stage]
             if tuple(a.shape) != tuple(e.shape):

@@ -79,18 +79,43 @@ def _short(stage: str) -> str:
     return stage.replace("output.", "out:")
 
 
+def _ungrouped(stage: str, groups: Optional[Mapping[str, str]]) -> str:
+    """``stage`` without its ``<group>.`` prefix (when ``groups`` names one)."""
+    group = (groups or {}).get(stage)
+    return stage[len(group) + 1:] if group and stage.startswith(group + ".") else stage
+
+
+def _draw_groups(ax, names: Sequence[str]) -> None:
+    """Shade every other run of equal ``names`` along the x axis (one name per tick), separate the runs by a line
+    and write each run's name above the axes."""
+    bounds = [i for i in range(1, len(names)) if names[i] != names[i - 1]]
+    for band, (lo, hi) in enumerate(zip([0] + bounds, bounds + [len(names)])):
+        if band % 2 == 0:
+            ax.axvspan(lo - 0.5, hi - 0.5, color="tab:gray", alpha=0.12, linewidth=0)
+        if lo > 0:
+            ax.axvline(lo - 0.5, color="tab:gray", linewidth=0.8)
+        ax.text((lo + hi - 1) / 2, 1.01, names[lo], transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                fontsize=8, fontweight="bold")
+    ax.set_xlim(-0.5, len(names) - 0.5)
+
+
 # ---------------------------------------------------------------------------------------------- drift
 def plot_stage_drift(table: DriftTable, metric: str = "rel_rms", ax=None, title: Optional[str] = None,
-                     sites: bool = False) -> Figure:
-    """Error of every run against the baseline, stage by stage in the pipeline order of the table's operator (log y).
+                     sites: bool = False, groups: Optional[Mapping[str, str]] = None,
+                     stage_width: float = 0.42) -> Figure:
+    """Error of every run against the baseline, stage by stage in the pipeline order of the table's operator (or
+    its ``order``; log y).
 
     With ``sites``, each stage's tick also names the policy switch that rounds it (``Stage.site`` of the spec, as
-    ``stage [site]``), so a jump in the line can be read against the site that makes it.
+    ``stage [site]``), so a jump in the line can be read against the site that makes it. With ``groups`` (stage ->
+    group name, e.g. the operator of each stage of a chain; contiguous in the table's order), the stages of each
+    group sit on a shaded band named above the axes and their ticks drop the ``<group>.`` prefix. A run that lacks
+    some stages (a device giving outputs only) is drawn at the stages it has. ``stage_width``: inches per stage.
     """
     stages = table.stages()
     site_of = stage_sites(table.operator) if sites else {}
     data = table.pivot(metric)
-    fig, ax = _axes(ax, (max(8.0, 0.42 * len(stages) + 2), 4.8))
+    fig, ax = _axes(ax, (max(8.0, stage_width * len(stages) + 2), 4.8))
     floor = _zero_level([v for run in data.values() for v in run.values()])
     x = np.arange(len(stages))
     zero_drawn = False
@@ -106,12 +131,18 @@ def plot_stage_drift(table: DriftTable, metric: str = "rel_rms", ax=None, title:
                     markersize=style["markersize"], markerfacecolor="none", color=line.get_color())
     ax.set_yscale("log")
     ax.set_xticks(x)
-    ax.set_xticklabels([_short(s) + (f" [{site_of[s]}]" if site_of.get(s) else "") for s in stages], rotation=60,
-                       ha="right", fontsize=8)
+    ax.set_xticklabels([_short(_ungrouped(s, groups)) + (f" [{site_of[s]}]" if site_of.get(s) else "")
+                        for s in stages], rotation=60 if groups is None else 90, ha="right" if groups is None else
+                       "center", fontsize=8 if groups is None else 7)
     names = {"rel_rms": "relative RMS error", "max_abs": "max abs error",
              "max_ulp": f"max error [{table.lp_dtype} ULP]"}
     ax.set_ylabel(f"{names.get(metric, metric)} vs {table.baseline}")
-    ax.set_xlabel("stage (pipeline order; out: = kernel output" + ("; [site] = its rounding switch)" if sites else ")"))
+    if groups:
+        _draw_groups(ax, [groups.get(s, "") for s in stages])
+        ax.set_xlabel("stage (chain order, grouped by the band above; outputs. = the step's outputs)")
+    else:
+        ax.set_xlabel("stage (pipeline order; out: = kernel output"
+                      + ("; [site] = its rounding switch)" if sites else ")"))
     ax.grid(True, which="major", axis="y", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     if zero_drawn:
@@ -121,7 +152,7 @@ def plot_stage_drift(table: DriftTable, metric: str = "rel_rms", ax=None, title:
         handles.append(Line2D([], [], linestyle="none", marker="o", markerfacecolor="none", color="gray"))
         labels.append(f"hollow, on the {ZERO_LABEL} line: bit-identical")
     _legend_outside(ax, handles, labels)
-    ax.set_title(title or "Error by stage")
+    ax.set_title(title or "Error by stage", pad=16 if groups else None)
     return fig
 
 
@@ -251,6 +282,36 @@ def plot_output_errors(errors: Mapping[str, Mapping[str, float]], baseline: str 
     ax.grid(True, which="major", axis="y", alpha=0.3)
     _legend_outside(ax)
     ax.set_title(title or "Output error per policy (hatched: 0)")
+    return fig
+
+
+def plot_score_matrix(values: Mapping[str, Mapping[str, float]], columns: Optional[Sequence[str]] = None, ax=None,
+                      title: Optional[str] = None, xlabel: str = "output", ylabel: str = "site",
+                      colorbar: str = "score", vmax: Optional[float] = None) -> Figure:
+    """A heat map of ``values`` (``{row: {column: value}}``; rows top to bottom in the given order, columns in
+    ``columns`` or first-seen order), each cell's value written in it (2 decimals); cells a row lacks (or NaN) are
+    left white and marked ``–``. Meant for site × output tables of fractions (the share of each output's error a
+    site causes); the colour scale runs from 0 to ``vmax`` (default: the largest value)."""
+    rows = list(values)
+    columns = list(columns) if columns is not None else list(dict.fromkeys(c for v in values.values() for c in v))
+    grid = np.array([[values[r].get(c, np.nan) for c in columns] for r in rows], dtype=float).reshape(len(rows),
+                                                                                                    len(columns))
+    finite = grid[np.isfinite(grid)]
+    top = vmax if vmax is not None else (float(finite.max()) if finite.size and finite.max() > 0 else 1.0)
+    fig, ax = _axes(ax, (max(6.0, 0.62 * len(columns) + 4.0), max(3.0, 0.3 * len(rows) + 1.8)))
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap="Blues", vmin=0.0, vmax=top, aspect="auto")
+    for (i, j), v in np.ndenumerate(grid):
+        text = "–" if not np.isfinite(v) else f"{v:.2f}"
+        dark = np.isfinite(v) and v > 0.6 * top
+        ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    ax.set_xticks(np.arange(len(columns)))
+    ax.set_xticklabels(columns, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(np.arange(len(rows)))
+    ax.set_yticklabels(rows, fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    fig.colorbar(image, ax=ax, label=colorbar, shrink=0.8)
+    ax.set_title(title or "Score per row and column")
     return fig
 
 

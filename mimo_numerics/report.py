@@ -8,7 +8,10 @@ Usage::
 
 ``--op`` names the operator (one of ``registry.OPERATORS``: the forward, backward stage 1 or stage 2; default
 ``registry.DEFAULT_OPERATOR``, backward stage 1). Everything operator-specific comes from its spec
-(``mimo_numerics.operator``): stages, sites, sequence axes, outputs, cases and golden data.
+(``mimo_numerics.operator``): stages, sites, sequence axes, outputs, cases and golden data. ``--op`` also takes
+``registry.WHOLE_OP``, the whole op: :func:`build_report` hands it to ``registry.whole_op_report()`` (its own
+report: ``Out`` and the 14 gradients, one drift plot of the whole chain, the one-site-off ranking of its roundings;
+``--case``, ``--out``, ``--policies`` and ``--quiet`` apply, ``--baseline`` is the op's fp64 run either way).
 
 With no ``--case`` it reports on the operator's embedded default case (:func:`default_case`: its first golden case
 with every branch on; ``seed_branch_ro1_z1_d1`` for stage 1, real H200 outputs) on the CPU in a few seconds, and
@@ -281,11 +284,17 @@ def build_report(case: Optional[str] = None, out: Optional[Path] = None, policie
         log (callable, optional): progress messages (default: none).
         claimed (str): the policy the stage drift is also measured against (preset name or JSON path; its reference
             is run when it is not among ``policies``).
-        op: the operator (a registry name or an ``Operator``; default ``registry.DEFAULT_OPERATOR``).
+        op: the operator (a registry name or an ``Operator``; default ``registry.DEFAULT_OPERATOR``), or
+            ``registry.WHOLE_OP`` (module docstring).
 
     Raises:
         ReportError: a bad case, or a policy that defines no rounding for ``op``.
     """
+    if op == registry.WHOLE_OP:
+        if claimed != DEFAULT_CLAIMED:
+            raise ReportError(f"--claimed {claimed}: the {registry.WHOLE_OP} report draws every stage against fp64 "
+                              "only", "drop --claimed (the per-operator reports, --op NAME, use it)")
+        return registry.whole_op_report()(case, out, policies, log=log, progress=log is not None)
     say = log or (lambda message: None)
     started = time.monotonic()
     op = _operator.get(op)
@@ -480,8 +489,9 @@ def _summary(rc, op, metrics, stage_table, vs_claimed, seq_chunk, errors, agreem
 # ---------------------------------------------------------------------------------------------- CLI
 def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``report`` options to ``parser`` (used by ``mimo-numerics report`` and ``python -m``)."""
-    parser.add_argument("--op", default=registry.DEFAULT_OPERATOR, choices=registry.OPERATORS,
-                        help=f"the operator (default {registry.DEFAULT_OPERATOR})")
+    parser.add_argument("--op", default=registry.DEFAULT_OPERATOR, choices=registry.REPORT_OPERATORS,
+                        help=f"the operator (default {registry.DEFAULT_OPERATOR}), or {registry.WHOLE_OP}: the whole "
+                             "op (Out and its 14 gradients, every stage of the chain, its roundings ranked)")
     parser.add_argument("--case", default=None,
                         help="golden case name, <grid>:<index>, a grid case_id, or a bundle dir[::case] (default: the "
                              "operator's first golden case with every branch on; seed_branch_ro1_z1_d1 for "

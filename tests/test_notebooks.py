@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = ("01_rounding_boundaries", "02_policy_swapping", "03_policy_inference", "04_forward_and_stage_two")
+NOTEBOOKS = ("01_rounding_boundaries", "02_policy_swapping", "03_policy_inference", "04_forward_and_stage_two",
+             "05_whole_op")
 
 nbformat = pytest.importorskip("nbformat")
 

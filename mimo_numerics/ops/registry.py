@@ -19,6 +19,12 @@ OPERATORS: Tuple[str, ...] = ("mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "mamba_mim
 DEFAULT_OPERATOR = "mamba_mimo_bwd_fwd"
 #: The operator whose switches a version-1 policy file holds (version 1 knew only backward stage 1).
 V1_OPERATOR = "mamba_mimo_bwd_fwd"
+#: The whole op (``mn.mamba3_mimo``: preprocessing, the three operators, the FP32 epilogue). A composite, not an
+#: operator: it has no policy section of its own (its policy is the three operators' sections and the knobs), so it
+#: is not in :data:`OPERATORS`; ``mimo-numerics report --op`` takes it too (:data:`REPORT_OPERATORS`).
+WHOLE_OP = "mamba3_mimo"
+#: What ``report --op`` accepts: every operator, then the whole op.
+REPORT_OPERATORS: Tuple[str, ...] = OPERATORS + (WHOLE_OP,)
 
 
 def check(name: str) -> str:
@@ -50,3 +56,9 @@ def preset_evidence(name: str) -> Dict[str, str]:
 def get(name: str):
     """The :class:`mimo_numerics.operator.Operator` of ``name`` (imports its ``spec.py``)."""
     return _module(name, "spec").OPERATOR
+
+
+def whole_op_report():
+    """``build_report(case, out, policies, log=, progress=)`` of the whole op's report
+    (``mimo_numerics.ops.mamba3_mimo.report``)."""
+    return importlib.import_module(f"mimo_numerics.ops.{WHOLE_OP}.report").build_report

@@ -1,0 +1,168 @@
+"""The whole op's report (``mimo-numerics report --op mamba3_mimo``): its runs, the chain's drift, the site ranking."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mimo_numerics import plots, tolerances
+from mimo_numerics.metrics import rel_rms
+from mimo_numerics.ops import registry
+from mimo_numerics.ops.mamba3_mimo import cases, ranking, runs
+from mimo_numerics.ops.mamba3_mimo import report as op_report
+from mimo_numerics.ops.mamba3_mimo.golden_figures import OUTPUT_KEYS
+
+
+@pytest.fixture(scope="module")
+def small_inputs():
+    return cases.make_op_inputs(cases.small_case())
+
+
+@pytest.fixture(scope="module")
+def small_fp64(small_inputs):
+    return runs.fp64_run(small_inputs)
+
+
+@pytest.fixture(scope="module")
+def default_report(tmp_path_factory):
+    """The report on its default case: the first whole-op golden case with every branch on (H200 outputs)."""
+    out = tmp_path_factory.mktemp("op_report") / "default"
+    return op_report.build_report(out=out)
+
+
+def test_chain_order_holds_every_stage_a_run_records(small_inputs, small_fp64):
+    run = runs.policy_run(small_inputs, "upstream_sm90")
+    order = runs.chain_order()
+    assert len(order) == len(set(order))
+    assert set(run) <= set(order), sorted(set(run) - set(order))
+    groups = [runs.group_of(key) for key in order]
+    # contiguous groups, in chain order: preprocessing, forward, stage 1, stage 2, epilogue
+    assert list(dict.fromkeys(groups)) == ["mamba3_mimo_preprocess", "mamba_mimo_fwd", "mamba_mimo_bwd_fwd",
+                                           "mamba_mimo_bwd_bwd", "mamba3_mimo_epilogue"]
+    assert sum(1 for a, b in zip(groups, groups[1:]) if a != b) == 4
+    # every stage of the policy run has an fp64 counterpart (the internal stages come from fp64_stages)
+    assert set(run) <= set(small_fp64), sorted(set(run) - set(small_fp64))
+    with pytest.raises(KeyError, match="not a record key"):
+        runs.group_of("nonsense.stage")
+
+
+def test_fp64_stages_agree_with_the_fp64_oracles(small_inputs, small_fp64):
+    """The fp64 run's outputs are the FP64 oracles'; the references under fp64, run on the same float64 tensors,
+    must give the same outputs to FP64 summation order."""
+    oracle = runs.policy_run(small_inputs, "fp64")
+    stages = runs.fp64_stages(small_inputs, oracle)
+    outputs = [key for key in stages if ".outputs." in key and oracle.get(key) is not None]
+    assert len(outputs) >= 15  # o, stage 1's outputs, stage 2's twelve
+    limit = tolerances.get("fp64_reference_vs_oracle_rel_rms")
+    for key in outputs:
+        assert stages[key].dtype == torch.float64, key
+        assert rel_rms(stages[key], oracle[key]) <= limit, key
+
+
+def test_output_errors_cover_out_and_every_gradient(small_inputs, small_fp64):
+    errors = ranking.output_errors(runs.policy_run(small_inputs, "upstream_sm90"), small_fp64)
+    assert list(errors) == list(OUTPUT_KEYS)  # the small case has every branch
+    assert all(0 < e < 0.1 for e in errors.values()), errors
+    assert ranking.output_errors(small_fp64, small_fp64) == {o: 0.0 for o in OUTPUT_KEYS}
+
+
+def test_ranking_forward_sites_move_out_only_and_backward_sites_leave_out(small_inputs, small_fp64):
+    result = ranking.rank_op_sites([small_inputs], "upstream_sm90", names=["small"], progress=False,
+                                   baselines=[small_fp64])
+    rows = {r.label: r for r in result.rows}
+    forward = [r for r in result.rows if r.operator == "mamba_mimo_fwd"]
+    backward = [r for r in result.rows if r.operator in ("mamba_mimo_bwd_fwd", "mamba_mimo_bwd_bwd")]
+    assert forward and backward
+    for r in forward:  # the backward recomputes what it needs: a forward site changes Out only
+        assert all(r.errors[g] == result.policy_error[g] for g in result.gradients), r.label
+    assert any(r.errors["Out"] != result.policy_error["Out"] for r in forward)
+    for r in backward:
+        assert r.errors["Out"] == result.policy_error["Out"], r.label
+    # fp32 math in place of every lp rounding is not a single site; but some stage-2 site must matter to dq
+    assert max(result.fraction(r, "dQ") for r in backward) > 0.1
+    assert all(0.0 <= r.score <= 1.0 for r in result.rows)
+    assert result.ranked()[0].score == max(r.score for r in result.rows)
+    assert "mamba_mimo_bwd_bwd.dphio" in rows
+    assert set(result.without_effect()) >= {r.label for r in forward}
+    table = result.to_markdown(top=5)
+    assert table.count("\n") == 2 + 5
+    json.dumps(result.to_dict())
+    with pytest.raises(ValueError, match="cases is empty"):
+        ranking.rank_op_sites([], "upstream_sm90")
+    with pytest.raises(ValueError, match="not in this ranking"):
+        result.ranked("dNothing")
+
+
+def test_report_default_case_writes_every_file(default_report):
+    out = default_report
+    for name in op_report.FIGURES:
+        path = out / name
+        assert plots.is_png(path) and path.stat().st_size > 10_000, name
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["case"] == op_report.DEFAULT_CASE and metrics["operator"] == registry.WHOLE_OP
+    assert metrics["outputs"] == list(OUTPUT_KEYS)
+    assert set(metrics["output_errors"]) == {"fp32", "upstream_sm90", op_report.UPSTREAM_LABEL}
+    # the policy that models the hardware is closer to the real upstream op than fp32, on every output
+    agreement = metrics["upstream_agreement"]
+    for output in OUTPUT_KEYS:
+        assert agreement["upstream_sm90"][output] < agreement["fp32"][output], output
+    assert math.isfinite(metrics["seconds"]) and metrics["seconds"] > 0
+    summary = (out / "summary.md").read_text()
+    for heading in ("Out and the 14 gradients against FP64", "Error through the chain, stage by stage",
+                    "Which roundings cause each gradient's error"):
+        assert heading in summary
+    for name in op_report.FIGURES:
+        assert f"({name})" in summary
+
+
+def test_report_drift_spans_the_whole_chain(default_report):
+    metrics = json.loads((default_report / "metrics.json").read_text())
+    table = metrics["stage_drift"]
+    assert table["order"] == list(runs.chain_order())
+    stages = {row["stage"] for row in table["rows"] if row["label"] == "upstream_sm90"}
+    assert {runs.group_of(s) for s in stages} == set(runs.group_of(k) for k in runs.chain_order())
+    upstream = {row["stage"] for row in table["rows"] if row["label"] == op_report.UPSTREAM_LABEL}
+    assert runs.OUT_KEY in upstream and "mamba3_mimo_epilogue.dQ" in upstream
+
+
+def test_cli_report_small_case_and_errors(tmp_path):
+    out = tmp_path / "small"
+    done = subprocess.run([sys.executable, "-m", "mimo_numerics", "report", "--op", registry.WHOLE_OP, "--case",
+                           "small", "--out", str(out), "--quiet"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["upstream_label"] is None and metrics["upstream_agreement"] == {}
+    bad = subprocess.run([sys.executable, "-m", "mimo_numerics", "report", "--op", registry.WHOLE_OP, "--case",
+                          "no_such_case", "--out", str(tmp_path / "bad")], capture_output=True, text=True)
+    assert bad.returncode != 0
+    assert "mimo-numerics: error: --case no_such_case" in bad.stderr and "hint:" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    claimed = subprocess.run([sys.executable, "-m", "mimo_numerics", "report", "--op", registry.WHOLE_OP,
+                              "--claimed", "fp32", "--out", str(tmp_path / "c")], capture_output=True, text=True)
+    assert claimed.returncode != 0 and "--claimed" in claimed.stderr and "Traceback" not in claimed.stderr
+
+
+def test_report_refuses_the_baseline_and_policies_without_every_operator():
+    with pytest.raises(op_report.ReportError, match="fp64 baseline"):
+        op_report.build_report(case="small", policies=["fp64"])
+    with pytest.raises(op_report.ReportError, match="seed_bf16"):
+        op_report.build_report(case="small", policies=["seed_bf16"])
+
+
+@pytest.mark.slow
+def test_golden_ranking_script_writes_its_report(tmp_path):
+    """scripts/rank_whole_op_sites.py (the table in reports/mamba3_mimo_site_ranking.md) on two golden cases."""
+    out = tmp_path / "ranking.md"
+    done = subprocess.run([sys.executable, "scripts/rank_whole_op_sites.py", "--cases",
+                           "g_B1_S64_H2_N64_P64_R4_C16_zdo,x_B1_S56_H2_N64_P64_R4_C16_zdo_tail", "--out", str(out)],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert "Not run" in text and "x_B1_S56_H2_N64_P64_R4_C16_zdo_tail" in text  # S % C != 0: upstream's limit
+    assert plots.is_png(out.with_suffix(".png"))
+    payload = json.loads(out.with_suffix(".json").read_text())
+    assert payload["cases"] == ["g_B1_S64_H2_N64_P64_R4_C16_zdo"] and payload["rows"]
