@@ -22,6 +22,10 @@ with the same thread settings. The baseline belongs outside the repository or un
     python scripts/check_reference_bits.py save --baseline out/reference_bits.json       # with the old code
     python scripts/check_reference_bits.py compare --baseline out/reference_bits.json    # with the new code
     python scripts/check_reference_bits.py compare --quick   # smoke, gate and stress cases only (seconds)
+
+Across a change of the input generator (issue 15 made it machine-independent), give both runs the same inputs:
+``save --inputs-dir DIR`` with the new code writes them, the old commit's reference (this script copied into a
+worktree of it) reads them, and ``compare --inputs-dir DIR`` checks the new code on them.
     python scripts/check_reference_bits.py vs-generic --quick
 """
 
@@ -46,6 +50,8 @@ from bench_reference import HEADLINE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BASELINE = ROOT / "out" / "reference_bits.json"
+#: ``--inputs-dir``: where each case's inputs are read from (when stored there) or written to (when not).
+INPUTS_DIR: Optional[Path] = None
 #: Indices into the ``sweep`` grid that are run by default (the cheaper ones; each branch kind and fp16 covered).
 DEFAULT_SWEEP = (0, 3, 4)
 
@@ -131,7 +137,13 @@ def _run(label: str, spec: CaseSpec, stress: Optional[str], keep_record: bool,
     """Yield (policy name, {entry: tensor or None}, record names) per policy; entries are outputs and record.*."""
     for pname, policy in policies.items():
         case = spec.replace(dtype=policy.lp_dtype)
-        inputs = _stress_inputs(case, stress) if stress else make_inputs(case)
+        stored = INPUTS_DIR / f"{_safe(label)}__{policy.lp_dtype}.pt" if INPUTS_DIR is not None else None
+        if stored is not None and stored.exists():
+            inputs = torch.load(stored)
+        else:
+            inputs = _stress_inputs(case, stress) if stress else make_inputs(case)
+            if stored is not None:
+                torch.save(inputs, stored)
         record = {} if keep_record else None
         threads = torch.get_num_threads()
         outputs = mn.reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy,
@@ -149,9 +161,12 @@ def _values_dir(baseline: Path) -> Path:
     return baseline.with_name(baseline.name + ".values")
 
 
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
 def _value_file(baseline: Path, label: str, pname: str) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{label}__{pname}")
-    return _values_dir(baseline) / f"{safe}.pt"
+    return _values_dir(baseline) / f"{_safe(label + '__' + pname)}.pt"
 
 
 def save(args, cases, policies) -> int:
@@ -273,15 +288,24 @@ def main(argv=None) -> int:
     parser.add_argument("--block-chunks", type=int, default=None,
                         help="set mimo_numerics.reference_cpu.BLOCK_CHUNKS (chunks per block; 1 gives the most "
                              "blocks, which exercises the blocking on the small cases)")
+    parser.add_argument("--inputs-dir", type=Path, default=None,
+                        help="read each case's inputs from this directory, writing those it lacks (torch.save "
+                             "files). With it, a baseline can be saved by a commit whose input generator differs: "
+                             "save the inputs with the current code, then run the old commit's reference on them")
     parser.add_argument("--list", action="store_true", help="print the cases and policies and exit")
     args = parser.parse_args(argv)
+    if args.inputs_dir is not None:
+        global INPUTS_DIR
+        INPUTS_DIR = args.inputs_dir
+        INPUTS_DIR.mkdir(parents=True, exist_ok=True)
 
-    from mimo_numerics import reference_cpu
+    if args.block_elements is not None or args.block_chunks is not None:
+        from mimo_numerics import reference_cpu
 
-    if args.block_elements is not None:
-        reference_cpu.BLOCK_ELEMENTS = args.block_elements
-    if args.block_chunks is not None:
-        reference_cpu.BLOCK_CHUNKS = args.block_chunks
+        if args.block_elements is not None:
+            reference_cpu.BLOCK_ELEMENTS = args.block_elements
+        if args.block_chunks is not None:
+            reference_cpu.BLOCK_CHUNKS = args.block_chunks
     policies = _policies()
     if args.policies:
         wanted = args.policies.split(",")
