@@ -291,7 +291,8 @@ def run_forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, d
     mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum, chunk_size=, rotary_dim_divisor=, dtype=)``, as
     ``mamba3_mimo`` calls it (``return_state=False``, upstream's launch defaults: 128 threads, 0 stages).
 
-    Not run on a GPU by the change that wrote it: its argument handling is tested with a stand-in module.
+    On an H200 it reproduces the kernel outputs upstream's own ``mamba3_mimo`` recorded, bit for bit
+    (``tests/test_upstream_runners_gpu.py``); its argument handling is also tested with a stand-in module on CPU.
 
     Args:
         q..segsum, chunk_size, rotary_dim_divisor: as the forward reference
@@ -357,7 +358,8 @@ def run_stage2(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     inputs and ``dD`` passed as None, as upstream passes them. The outputs are the raw per-head / per-batch tensors,
     before the wrapper's sums (which refuse 1 < G < H; the kernel itself does not).
 
-    Not run on a GPU by the change that wrote it: its argument handling is tested with a stand-in module.
+    On an H200 it reproduces the kernel outputs upstream's own ``mamba3_mimo`` recorded, bit for bit
+    (``tests/test_upstream_runners_gpu.py``); its argument handling is also tested with a stand-in module on CPU.
 
     Args:
         dout..segsum, chunk_size, rotary_dim_divisor: as the stage-2 reference
