@@ -7,7 +7,7 @@ pairing, unsupported size) with a message that names the argument and says what 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Mapping, Optional
 
 import torch
 
@@ -75,6 +75,73 @@ def _check_tensor(name: str, tensor, shape: tuple, dtype: torch.dtype, device: t
         raise ValueError(f"{name} must be on device {device} (the device of q), got {tensor.device}")
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """B, S, R, G, N from ``q`` ``[B, S, R, G, N]``, H and P from ``v`` ``[B, S, H, P]``, and the checked ints."""
+
+    batch: int
+    seqlen: int
+    rank: int
+    groups: int
+    state_dim: int
+    heads: int
+    value_dim: int
+    chunk_size: int
+    rotary_dim_divisor: int
+
+    @property
+    def nchunks(self) -> int:
+        return -(-self.seqlen // self.chunk_size)
+
+
+def check_tensor_arguments(values: Mapping[str, object], optional: Iterable[str], required_note: str = "") -> None:
+    """Each of ``values`` (name -> argument) is a dense torch.Tensor; those named in ``optional`` may be None.
+
+    ``required_note`` follows "is required" in the error of a missing one (e.g. why upstream cannot take None).
+    Shared by every operator's validation: the checks before any shape is read.
+    """
+    optional = frozenset(optional)
+    for name, value in values.items():
+        if value is None:
+            if name not in optional:
+                raise TypeError(f"{name} is required{required_note}: expected a torch.Tensor, got None")
+        elif not isinstance(value, torch.Tensor):
+            kind = "a torch.Tensor or None" if name in optional else "a torch.Tensor"
+            raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
+        elif value.layout != torch.strided or value.is_nested:  # sparse, mkldnn, nested: no strided storage
+            kind = "a nested tensor" if value.is_nested else f"a tensor of layout {value.layout}"
+            raise TypeError(f"{name} must be a dense (strided) torch.Tensor, got {kind}")
+
+
+def check_sizes(q: torch.Tensor, v: torch.Tensor, chunk_size, rotary_dim_divisor) -> Sizes:
+    """``chunk_size`` (int >= 1), ``rotary_dim_divisor`` (2 or 4) and the sizes every operator reads from ``q``
+    ``[B, S, R, G, N]`` and ``v`` ``[B, S, H, P]``: no empty dimension, H a multiple of G, N even and divisible by
+    the rotary divisor. Shared by every operator's validation."""
+    chunk_size = _check_int("chunk_size", chunk_size, 1)
+    rotary_dim_divisor = _check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
+    if rotary_dim_divisor not in SUPPORTED_ROTARY_DIVISORS:
+        raise ValueError(f"rotary_dim_divisor must be one of {SUPPORTED_ROTARY_DIVISORS}, got {rotary_dim_divisor}")
+    if q.dim() != 5:
+        raise ValueError(f"q must have 5 dimensions [B, S, R, G, N], got shape {list(q.shape)}")
+    if v.dim() != 4:
+        raise ValueError(f"v must have 4 dimensions [B, S, H, P], got shape {list(v.shape)}")
+    batch, seqlen, rank, groups, state_dim = q.shape
+    heads, value_dim = v.shape[2], v.shape[3]
+    sources = {"q": q, "v": v}
+    for dim_name, size, source in (("B", batch, "q"), ("S", seqlen, "q"), ("R", rank, "q"), ("G", groups, "q"),
+                                   ("N", state_dim, "q"), ("H", heads, "v"), ("P", value_dim, "v")):
+        if size == 0:
+            raise ValueError(f"{source} has an empty dimension {dim_name} (shape {list(sources[source].shape)}); "
+                             "every dimension must be >= 1")
+    if heads % groups:
+        raise ValueError(f"v has H={heads} heads, which is not a multiple of the G={groups} groups of q "
+                         "(H % G must be 0)")
+    if state_dim % 2 or state_dim % rotary_dim_divisor:
+        raise ValueError(f"q has N={state_dim}, which must be even and divisible by "
+                         f"rotary_dim_divisor={rotary_dim_divisor}")
+    return Sizes(batch, seqlen, rank, groups, state_dim, heads, value_dim, chunk_size, rotary_dim_divisor)
+
+
 def _check_segsum_chunk(segsum: torch.Tensor, chunk_size: int) -> None:
     """Name ``chunk_size`` (and its default) when segsum ``[B, H, nchunks, C, C]`` was made with another C."""
     if segsum.dim() != 5 or segsum.shape[-1] != segsum.shape[-2] or segsum.shape[-1] == chunk_size:
@@ -102,39 +169,11 @@ def validate_inputs(
     """
     values = dict(zip(INPUT_NAMES, (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs,
                                     da_cs_rev, dt, trap, d, segsum)))
-    for name, value in values.items():
-        if value is None:
-            if name not in OPTIONAL_INPUTS:
-                raise TypeError(f"{name} is required: expected a torch.Tensor, got None")
-        elif not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}"
-                            if name in OPTIONAL_INPUTS else
-                            f"{name} must be a torch.Tensor, got {type(value).__name__}")
-        elif value.layout != torch.strided or value.is_nested:  # sparse, mkldnn, nested: no strided storage
-            kind = "a nested tensor" if value.is_nested else f"a tensor of layout {value.layout}"
-            raise TypeError(f"{name} must be a dense (strided) torch.Tensor, got {kind}")
-    chunk_size = _check_int("chunk_size", chunk_size, 1)
-    rotary_dim_divisor = _check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
-    if rotary_dim_divisor not in SUPPORTED_ROTARY_DIVISORS:
-        raise ValueError(f"rotary_dim_divisor must be one of {SUPPORTED_ROTARY_DIVISORS}, got {rotary_dim_divisor}")
-
-    if q.dim() != 5:
-        raise ValueError(f"q must have 5 dimensions [B, S, R, G, N], got shape {list(q.shape)}")
-    if v.dim() != 4:
-        raise ValueError(f"v must have 4 dimensions [B, S, H, P], got shape {list(v.shape)}")
-    batch, seqlen, rank, groups, state_dim = q.shape
-    heads, value_dim = v.shape[2], v.shape[3]
-    for dim_name, size, source in (("B", batch, "q"), ("S", seqlen, "q"), ("R", rank, "q"), ("G", groups, "q"),
-                                   ("N", state_dim, "q"), ("H", heads, "v"), ("P", value_dim, "v")):
-        if size == 0:
-            raise ValueError(f"{source} has an empty dimension {dim_name} (shape {list(values[source].shape)}); "
-                             "every dimension must be >= 1")
-    if heads % groups:
-        raise ValueError(f"v has H={heads} heads, which is not a multiple of the G={groups} groups of q "
-                         "(H % G must be 0)")
-    if state_dim % 2 or state_dim % rotary_dim_divisor:
-        raise ValueError(f"q has N={state_dim}, which must be even and divisible by "
-                         f"rotary_dim_divisor={rotary_dim_divisor}")
+    check_tensor_arguments(values, OPTIONAL_INPUTS)
+    sizes = check_sizes(q, v, chunk_size, rotary_dim_divisor)
+    batch, seqlen, rank, groups, state_dim = sizes.batch, sizes.seqlen, sizes.rank, sizes.groups, sizes.state_dim
+    heads, value_dim = sizes.heads, sizes.value_dim
+    chunk_size, rotary_dim_divisor = sizes.chunk_size, sizes.rotary_dim_divisor
 
     device = q.device
     lp = q.dtype
@@ -143,7 +182,7 @@ def validate_inputs(
     if lp_dtype is not None and lp != lp_dtype:
         raise TypeError(f"q has dtype {lp} but the policy's lp_dtype is {lp_dtype}: the low-precision inputs must "
                         "match the policy (use policy.replace(lp_dtype=...))")
-    nchunks = -(-seqlen // chunk_size)
+    nchunks = sizes.nchunks
     reduce_o = mimo_o is not None
     has_z = z is not None
     if has_z != (mimo_z is not None):

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from ...validation import LOW_PRECISION_DTYPES, SUPPORTED_ROTARY_DIVISORS, Dims, _check_int, _check_tensor
+from ...validation import LOW_PRECISION_DTYPES, Dims, _check_tensor, check_sizes, check_tensor_arguments
 from .sites import OP_NAME, SITES
 from .spec import INPUT_NAMES, OPTIONAL_INPUTS
 
@@ -49,38 +49,11 @@ def validate_inputs(
     """
     values = dict(zip(INPUT_NAMES, (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
                                     da_cs_rev, dt, trap, d, qk_dot, segsum)))
-    for name, value in values.items():
-        if value is None:
-            if name not in OPTIONAL_INPUTS:
-                raise TypeError(f"{name} is required: expected a torch.Tensor, got None")
-        elif not isinstance(value, torch.Tensor):
-            kind = "a torch.Tensor or None" if name in OPTIONAL_INPUTS else "a torch.Tensor"
-            raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
-        elif value.layout != torch.strided or value.is_nested:
-            kind = "a nested tensor" if value.is_nested else f"a tensor of layout {value.layout}"
-            raise TypeError(f"{name} must be a dense (strided) torch.Tensor, got {kind}")
-    chunk_size = _check_int("chunk_size", chunk_size, 1)
-    rotary_dim_divisor = _check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
-    if rotary_dim_divisor not in SUPPORTED_ROTARY_DIVISORS:
-        raise ValueError(f"rotary_dim_divisor must be one of {SUPPORTED_ROTARY_DIVISORS}, got {rotary_dim_divisor}")
-
-    if q.dim() != 5:
-        raise ValueError(f"q must have 5 dimensions [B, S, R, G, N], got shape {list(q.shape)}")
-    if v.dim() != 4:
-        raise ValueError(f"v must have 4 dimensions [B, S, H, P], got shape {list(v.shape)}")
-    batch, seqlen, rank, groups, state_dim = q.shape
-    heads, value_dim = v.shape[2], v.shape[3]
-    for dim_name, size, source in (("B", batch, "q"), ("S", seqlen, "q"), ("R", rank, "q"), ("G", groups, "q"),
-                                   ("N", state_dim, "q"), ("H", heads, "v"), ("P", value_dim, "v")):
-        if size == 0:
-            raise ValueError(f"{source} has an empty dimension {dim_name} (shape {list(values[source].shape)}); "
-                             "every dimension must be >= 1")
-    if heads % groups:
-        raise ValueError(f"v has H={heads} heads, which is not a multiple of the G={groups} groups of q "
-                         "(H % G must be 0)")
-    if state_dim % 2 or state_dim % rotary_dim_divisor:
-        raise ValueError(f"q has N={state_dim}, which must be even and divisible by "
-                         f"rotary_dim_divisor={rotary_dim_divisor}")
+    check_tensor_arguments(values, OPTIONAL_INPUTS)
+    sizes = check_sizes(q, v, chunk_size, rotary_dim_divisor)
+    batch, seqlen, rank, groups, state_dim = sizes.batch, sizes.seqlen, sizes.rank, sizes.groups, sizes.state_dim
+    heads, value_dim = sizes.heads, sizes.value_dim
+    chunk_size, rotary_dim_divisor = sizes.chunk_size, sizes.rotary_dim_divisor
 
     device = q.device
     lp = q.dtype
@@ -92,7 +65,7 @@ def validate_inputs(
     kernel_dtype = _lp_of(dtype)
     if kernel_dtype is not None and kernel_dtype != lp:
         raise ValueError(f"dtype={dtype!r} does not match the dtype {lp} of the low-precision inputs (q, ...)")
-    nchunks = -(-seqlen // chunk_size)
+    nchunks = sizes.nchunks
     reduce_o = mimo_o is not None
     has_z = z is not None
     if has_z != (mimo_z is not None):

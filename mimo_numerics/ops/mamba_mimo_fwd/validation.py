@@ -15,14 +15,12 @@ from typing import Optional
 
 import torch
 
-from ...validation import Dims, _check_int, _check_tensor
+from ...validation import LOW_PRECISION_DTYPES, Dims, _check_tensor, check_sizes, check_tensor_arguments
 from .spec import INPUT_NAMES, OPTIONAL_INPUTS
 
-LOW_PRECISION_DTYPES = (torch.bfloat16, torch.float16)
 #: With ``wide=True`` (the FP64 oracle): activations in any of these, and float64 where upstream takes float32.
 WIDE_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 WIDE_DTYPES = (torch.float32, torch.float64)
-SUPPORTED_ROTARY_DIVISORS = (2, 4)
 _ORDER_HINT = (" (the forward takes z, d, mimo_z in this order; stage 1 of the backward takes z, mimo_z and d "
                "elsewhere: were the arguments given in the backward's order?)")
 
@@ -75,38 +73,11 @@ def validate_inputs(
     """
     values = dict(zip(INPUT_NAMES, (q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs,
                                     da_cs_rev, dt, trap, segsum)))
-    for name, value in values.items():
-        if value is None:
-            if name not in OPTIONAL_INPUTS:
-                raise TypeError(f"{name} is required (upstream cannot take None): expected a torch.Tensor, got None")
-        elif not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor{' or None' if name in OPTIONAL_INPUTS else ''}, got "
-                            f"{type(value).__name__}")
-        elif value.layout != torch.strided or value.is_nested:
-            kind = "a nested tensor" if value.is_nested else f"a tensor of layout {value.layout}"
-            raise TypeError(f"{name} must be a dense (strided) torch.Tensor, got {kind}")
-    chunk_size = _check_int("chunk_size", chunk_size, 1)
-    rotary_dim_divisor = _check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
-    if rotary_dim_divisor not in SUPPORTED_ROTARY_DIVISORS:
-        raise ValueError(f"rotary_dim_divisor must be one of {SUPPORTED_ROTARY_DIVISORS}, got {rotary_dim_divisor}")
-
-    if q.dim() != 5:
-        raise ValueError(f"q must have 5 dimensions [B, S, R, G, N], got shape {list(q.shape)}")
-    if v.dim() != 4:
-        raise ValueError(f"v must have 4 dimensions [B, S, H, P], got shape {list(v.shape)}")
-    batch, seqlen, rank, groups, state_dim = q.shape
-    heads, value_dim = v.shape[2], v.shape[3]
-    for dim_name, size, source in (("B", batch, "q"), ("S", seqlen, "q"), ("R", rank, "q"), ("G", groups, "q"),
-                                   ("N", state_dim, "q"), ("H", heads, "v"), ("P", value_dim, "v")):
-        if size == 0:
-            raise ValueError(f"{source} has an empty dimension {dim_name} (shape {list(values[source].shape)}); "
-                             "every dimension must be >= 1")
-    if heads % groups:
-        raise ValueError(f"v has H={heads} heads, which is not a multiple of the G={groups} groups of q "
-                         "(H % G must be 0)")
-    if state_dim % 2 or state_dim % rotary_dim_divisor:
-        raise ValueError(f"q has N={state_dim}, which must be even and divisible by "
-                         f"rotary_dim_divisor={rotary_dim_divisor}")
+    check_tensor_arguments(values, OPTIONAL_INPUTS, " (upstream cannot take None)")
+    sizes = check_sizes(q, v, chunk_size, rotary_dim_divisor)
+    batch, seqlen, rank, groups, state_dim = sizes.batch, sizes.seqlen, sizes.rank, sizes.groups, sizes.state_dim
+    heads, value_dim = sizes.heads, sizes.value_dim
+    chunk_size, rotary_dim_divisor = sizes.chunk_size, sizes.rotary_dim_divisor
 
     device, lp = q.device, q.dtype
     allowed = WIDE_ACTIVATION_DTYPES if wide else LOW_PRECISION_DTYPES
@@ -122,7 +93,7 @@ def validate_inputs(
                else "None and mimo_z present")
         misplaced = d is not None and d.dim() != 1  # e.g. mimo_z given in d's place
         raise ValueError(f"z and mimo_z must be given together: got z {got}{_ORDER_HINT if misplaced else ''}")
-    nchunks = -(-seqlen // chunk_size)
+    nchunks = sizes.nchunks
     bshp = (batch, seqlen, heads, value_dim)
     weight = (heads, rank, value_dim)
     f32 = WIDE_DTYPES if wide else torch.float32
