@@ -142,6 +142,19 @@ def check_sizes(q: torch.Tensor, v: torch.Tensor, chunk_size, rotary_dim_divisor
     return Sizes(batch, seqlen, rank, groups, state_dim, heads, value_dim, chunk_size, rotary_dim_divisor)
 
 
+def check_lp_dtype(q: torch.Tensor, lp_dtype: Optional[torch.dtype] = None,
+                   allowed: tuple = LOW_PRECISION_DTYPES) -> torch.dtype:
+    """The low-precision dtype of a call: ``q``'s, one of ``allowed``, equal to the policy's ``lp_dtype`` when one is
+    given. Shared by every operator's validation."""
+    lp = q.dtype
+    if lp not in allowed:
+        raise TypeError(f"q must have dtype {' or '.join(str(t) for t in allowed)}, got {lp}")
+    if lp_dtype is not None and lp != lp_dtype:
+        raise TypeError(f"q has dtype {lp} but the policy's lp_dtype is {lp_dtype}: the low-precision inputs must "
+                        "match the policy (use policy.replace(lp_dtype=...))")
+    return lp
+
+
 def _check_segsum_chunk(segsum: torch.Tensor, chunk_size: int) -> None:
     """Name ``chunk_size`` (and its default) when segsum ``[B, H, nchunks, C, C]`` was made with another C."""
     if segsum.dim() != 5 or segsum.shape[-1] != segsum.shape[-2] or segsum.shape[-1] == chunk_size:
@@ -176,12 +189,7 @@ def validate_inputs(
     chunk_size, rotary_dim_divisor = sizes.chunk_size, sizes.rotary_dim_divisor
 
     device = q.device
-    lp = q.dtype
-    if lp not in LOW_PRECISION_DTYPES:
-        raise TypeError(f"q must have dtype torch.bfloat16 or torch.float16, got {lp}")
-    if lp_dtype is not None and lp != lp_dtype:
-        raise TypeError(f"q has dtype {lp} but the policy's lp_dtype is {lp_dtype}: the low-precision inputs must "
-                        "match the policy (use policy.replace(lp_dtype=...))")
+    lp = check_lp_dtype(q, lp_dtype)
     nchunks = sizes.nchunks
     reduce_o = mimo_o is not None
     has_z = z is not None

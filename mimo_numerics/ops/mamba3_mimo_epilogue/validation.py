@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ...validation import _check_int
+from ...validation import _check_int, check_tensor_arguments
 from .spec import INPUT_NAMES, OPTIONAL_INPUTS
 
 LOW_PRECISION_DTYPES = (torch.bfloat16, torch.float16)
@@ -65,15 +65,7 @@ def validate_inputs(dq, dk, dv, dmimo_v, dD, dangles, dfactor, dgamma_diag, ddA,
     values = dict(zip(INPUT_NAMES, (dq, dk, dv, dmimo_v, dD, dangles, dfactor, dgamma_diag, ddA, dSSdA,
                                     ddA_cs_rev, ddA_cs, dmimo_o, dz, dmimo_z, trap, dt, angles, da_cs, da_cs_rev,
                                     segsum)))
-    for name, value in values.items():
-        if value is None:
-            if name not in OPTIONAL_INPUTS:
-                raise TypeError(f"{name} is required: expected a torch.Tensor, got None")
-        elif not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor{' or None' if name in OPTIONAL_INPUTS else ''}, "
-                            f"got {type(value).__name__}")
-        elif value.layout != torch.strided or value.is_nested:
-            raise TypeError(f"{name} must be a dense (strided) torch.Tensor")
+    check_tensor_arguments(values, OPTIONAL_INPUTS)
     chunk_size = _check_int("chunk_size", chunk_size, 1)
     groups = _check_int("groups", groups, 1)
     if dq.dim() != 5:

@@ -10,7 +10,8 @@ from typing import Optional
 
 import torch
 
-from ...validation import LOW_PRECISION_DTYPES, Dims, _check_tensor, check_sizes, check_tensor_arguments
+from ...validation import (LOW_PRECISION_DTYPES, Dims, _check_tensor, check_lp_dtype, check_sizes,
+                           check_tensor_arguments)
 from .sites import OP_NAME, SITES
 from .spec import INPUT_NAMES, OPTIONAL_INPUTS
 
@@ -56,12 +57,7 @@ def validate_inputs(
     chunk_size, rotary_dim_divisor = sizes.chunk_size, sizes.rotary_dim_divisor
 
     device = q.device
-    lp = q.dtype
-    if lp not in LOW_PRECISION_DTYPES:
-        raise TypeError(f"q must have dtype torch.bfloat16 or torch.float16, got {lp}")
-    if lp_dtype is not None and lp != lp_dtype:
-        raise TypeError(f"q has dtype {lp} but the policy's lp_dtype is {lp_dtype}: the low-precision inputs must "
-                        "match the policy")
+    lp = check_lp_dtype(q, lp_dtype)
     kernel_dtype = _lp_of(dtype)
     if kernel_dtype is not None and kernel_dtype != lp:
         raise ValueError(f"dtype={dtype!r} does not match the dtype {lp} of the low-precision inputs (q, ...)")

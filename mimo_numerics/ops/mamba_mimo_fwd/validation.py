@@ -15,7 +15,8 @@ from typing import Optional
 
 import torch
 
-from ...validation import LOW_PRECISION_DTYPES, Dims, _check_tensor, check_sizes, check_tensor_arguments
+from ...validation import (LOW_PRECISION_DTYPES, Dims, _check_tensor, check_lp_dtype, check_sizes,
+                           check_tensor_arguments)
 from .spec import INPUT_NAMES, OPTIONAL_INPUTS
 
 #: With ``wide=True`` (the FP64 oracle): activations in any of these, and float64 where upstream takes float32.
@@ -79,14 +80,9 @@ def validate_inputs(
     heads, value_dim = sizes.heads, sizes.value_dim
     chunk_size, rotary_dim_divisor = sizes.chunk_size, sizes.rotary_dim_divisor
 
-    device, lp = q.device, q.dtype
-    allowed = WIDE_ACTIVATION_DTYPES if wide else LOW_PRECISION_DTYPES
-    if lp not in allowed:
-        raise TypeError(f"q must have dtype {' or '.join(str(t) for t in allowed)}, got {lp}")
+    device = q.device
+    lp = check_lp_dtype(q, lp_dtype, allowed=WIDE_ACTIVATION_DTYPES if wide else LOW_PRECISION_DTYPES)
     _check_dtype_argument(dtype, lp)
-    if lp_dtype is not None and lp != lp_dtype:
-        raise TypeError(f"q has dtype {lp} but the policy's lp_dtype is {lp_dtype}: the low-precision inputs must "
-                        "match the policy")
     has_z = z is not None
     if has_z != (mimo_z is not None):
         got = ("present and mimo_z None (upstream would read an uninitialised placeholder for MIMO_Z)" if has_z
