@@ -71,7 +71,7 @@ import safetensors.torch
 import torch
 
 # BundleError, OldSchemaError, manifest_digest and the schema constants are part of this module's API too
-from . import envinfo
+from . import envinfo, golden_data
 from . import operator as _operator
 from .bundle_manifest import (LEGACY_OPERATOR, MANIFEST, SCHEMA, SCHEMA_VERSION,  # noqa: F401
                               BundleError, OldSchemaError, manifest_digest, manifest_operator, read_manifest, seal)
@@ -886,14 +886,13 @@ def upgrade_bundle(path: PathLike, out: PathLike, *, overwrite: bool = False) ->
 
 
 # ---------------------------------------------------------------------------------------------------------- golden data
-#: Provenance of ``tests/data/upstream_h200_seed_cases.pt`` (see ``shared/golden/README.md``).
-GOLDEN_DEVICE_NAME = "NVIDIA H200 (sm_90)"
-GOLDEN_VERSIONS = {"torch": "2.11.0+cu130", "torch_cuda": "13.0", "tilelang": "0.1.15", "mamba_ssm": "2.3.2.post1"}
+#: Provenance of ``tests/data/upstream_h200_seed_cases.pt`` (``tests/data/README.md``; ``mimo_numerics.golden_data``).
+GOLDEN_DEVICE_NAME = golden_data.DEVICE_NAME
+GOLDEN_VERSIONS = dict(golden_data.SEED_VERSIONS)
 #: Provenance of the whole-op golden files ``tests/data/upstream_h200_full_op_cases.pt`` and
-#: ``upstream_h200_full_op_extra_cases.pt`` (``shared/golden/README.md``, ``tests/data/README.md``; the extra file
-#: records the same versions per case): the golden data of operators whose golden loader has no seed-layout file.
-GOLDEN_WHOLE_OP_VERSIONS = {"torch": "2.11.0+cu130", "torch_cuda": "13.0", "tilelang": "0.1.8",
-                            "apache_tvm_ffi": "0.1.8.post2", "mamba_ssm": "2.3.2.post1"}
+#: ``upstream_h200_full_op_extra_cases.pt`` (``tests/data/README.md``; the extra file records the same versions per
+#: case): the golden data of operators whose golden loader has no seed-layout file.
+GOLDEN_WHOLE_OP_VERSIONS = dict(golden_data.WHOLE_OP_VERSIONS)
 
 
 def _golden_spec(kind: str, kw: dict, inputs: Mapping[str, Any], op):
@@ -998,4 +997,4 @@ def golden_to_bundle(golden: Optional[PathLike], out: PathLike, *, overwrite: bo
     source = str(golden) if golden is not None else f"golden data of {op.name}"
     return save_bundle(out, cases_from_golden(golden, op=op), overwrite=overwrite, op=op,
                        meta={"converted_from": source, "note": "golden upstream outputs (H200), see "
-                                                               "shared/golden/README.md"})
+                                                               "tests/data/README.md"})

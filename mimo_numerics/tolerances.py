@@ -150,7 +150,7 @@ TOLERANCES: Dict[str, Tolerance] = {
         "tests/test_fp64_model.py; scripts/measure_fp64_vs_golden.py"),
     # ------------------------------------------------------------------ stage 2 (mamba_mimo_bwd_bwd) FP64 oracle
     # The oracle, given upstream's bf16 states/qk_dot, `pre` and the raw inputs of the 7 golden whole-op H200 cases
-    # (shared/golden/upstream_h200_full_op_cases.pt), against upstream's recorded bwd_bwd outputs.
+    # (tests/data/upstream_h200_full_op_cases.pt), against upstream's recorded bwd_bwd outputs.
     "bwd_bwd_oracle_vs_upstream_rel_rms": Tolerance(
         2e-2,
         "max over the 7 golden cases (2026-12-01, CPU): ddA 1.16e-2 (nored_z), ddA_cs_rev 9.1e-3, dmimo_v 8.6e-3, "
@@ -309,7 +309,7 @@ TOLERANCES.update({
 
 # ------------------------------------------------------------------ stage 2 (mamba_mimo_bwd_bwd)
 # Policy reference mimo_numerics/ops/mamba_mimo_bwd_bwd against the whole-op golden H200 data
-# (shared/golden/upstream_h200_full_op_cases.pt, 7 cases; stage 2 fed upstream's own states and qk_dot), the
+# (tests/data/upstream_h200_full_op_cases.pt, 7 cases; stage 2 fed upstream's own states and qk_dot), the
 # independent FP64 oracle and itself. Figures: scripts/stage2_site_sensitivity.py, reports/stage2_site_sensitivity.md.
 TOLERANCES.update({
     "stage2_golden_fp32_over_sm90_ratio_min": Tolerance(

@@ -8,7 +8,7 @@ output, no NaN after a poisoned launch) and refuses to time a configuration whos
 median of ``triton.testing.do_bench`` for: the Triton kernels under ``upstream_sm90`` (each tuning variant) and
 ``seed_bf16``, the PyTorch reference on CUDA under ``upstream_sm90``, and the upstream TileLang kernel
 (``mimo_numerics.upstream``, timed in the same run when TileLang and the mamba-ssm source are available, e.g. after
-``. scripts/use_upstream_wheels.sh``; otherwise "not run" with its H200 figures from ``shared/docs/performance.md``;
+``. scripts/use_upstream_wheels.sh``; otherwise "not run" with its H200 figures of an earlier session (:data:`UPSTREAM_MS`);
 its call includes allocating its outputs, which the performance notes measured at 0.1 %). Bandwidth is the bytes
 the shape must move (every input read once, every output written once) over the median time, against ~4.3 TB/s.
 A per-kernel breakdown (prep, state walk, out, reduce) is timed too.
@@ -48,7 +48,8 @@ SHAPES = {
     "c": dict(batch=1, seqlen=8192, heads=16, state_dim=128),
     "d": dict(batch=8, seqlen=4096, heads=32, state_dim=64),
 }
-#: upstream TileLang on an H200 (shared/docs/performance.md, two runs); not run by this script
+#: upstream TileLang on an H200, two runs of an earlier session (its notes are not in this repository); not run by
+#: this script, printed as recorded
 UPSTREAM_MS = {"a": "6.63, 6.72", "b": "1.75, 1.78", "c": "9.91, 10.07", "d": "3.85, 3.89"}
 #: tuning variants of the upstream_sm90 kernels (the ``tuning=`` overrides of one call, keys
 #: ``kernels.TUNING_KEYS``; none changes numerics)

@@ -3,7 +3,7 @@
 
 Two case sets:
 
-* ``stored``: the 7 cases of ``shared/golden/upstream_h200_full_op_cases.pt`` (``--golden``), from their stored
+* ``stored``: the 7 cases of ``tests/data/upstream_h200_full_op_cases.pt`` (``--golden``), from their stored
   inputs; every captured tensor is compared bit for bit with the stored one (this checks the capture of
   :mod:`mimo_numerics.ops.mamba3_mimo.upstream` against the data it must reproduce). Nothing is written for them.
 * ``extra``: :data:`EXTRA_CASES` (R = 1, R = 8, fp16, a forward tail S % C != 0, G = H with N = 32 and no reduction),
@@ -18,7 +18,7 @@ in TileLang's cache is written there (``cuobjdump --dump-sass``), with the gener
 Usage (on the GPU machine, after ``. scripts/use_upstream_wheels.sh``)::
 
     python scripts/make_golden_full_op.py --out out/full_op_extra.pt [--sets stored,extra] [--repeat 2] [--jobs 8]
-        [--golden shared/golden/upstream_h200_full_op_cases.pt] [--sass out/sass] [--upstream-src DIR]
+        [--golden tests/data/upstream_h200_full_op_cases.pt] [--sass out/sass] [--upstream-src DIR]
 """
 
 from __future__ import annotations

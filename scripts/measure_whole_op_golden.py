@@ -13,7 +13,7 @@ Sections: (1) acceptance 1 of issue 18: ``Out`` and the 14 gradients of the op r
 step by step: each step fed upstream's recorded inputs and the package's own (how far a flipped rounding upstream of
 a step carries); (3) upstream against itself (two H200 processes); (4) the one-site-off rank of the whole op's
 gradients against the FP64 chain (the site the training experiment turns off). The rerun file has the golden file's
-format (``shared/golden/README.md``): another process's run of the same 7 cases. Deterministic on one machine; the
+format (``tests/data/README.md``): another process's run of the same 7 cases. Deterministic on one machine; the
 reference's FP32 GEMMs go through BLAS, so the last digit of a figure may differ elsewhere. About 2-4 minutes on 2
 cores (most of it the site rank).
 """

@@ -1,21 +1,17 @@
-"""Shared by the tests of the whole-op FP64 side: where the golden whole-op data lives (the one place to repoint)."""
+"""Shared by the tests of the whole-op FP64 side: the golden whole-op data (``mimo_numerics.golden_data``)."""
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
+from mimo_numerics import golden_data
 
-import torch
-
-#: The golden whole-op data of the upstream op on an H200 (README beside it).
-GOLDEN_FULL_OP = Path(__file__).parent / "data" / "upstream_h200_full_op_cases.pt"
-GOLDEN_FULL_OP_SHA256 = "91b5d11984d66cb9a69a3b48369ff6ddd947ec51792681111b74199f60d8c3cf"
+#: The golden whole-op data of the upstream op on an H200 (tests/data/README.md).
+GOLDEN_FULL_OP = golden_data.path("full_op")
+GOLDEN_FULL_OP_SHA256 = golden_data.FILES["full_op"].sha256
 
 
-@functools.lru_cache(maxsize=1)
 def load_golden_full_op() -> dict:
-    """The 7 cases, name -> dict (``inputs``, ``pre``, ``fwd``, ``autograd``, ...)."""
-    return torch.load(GOLDEN_FULL_OP, weights_only=True)
+    """The 7 cases, name -> dict (``inputs``, ``pre``, ``fwd``, ``autograd``, ...); cached by ``golden_data``."""
+    return golden_data.load("full_op")
 
 
 GOLDEN_NAMES = sorted(load_golden_full_op())

@@ -1,19 +1,19 @@
 """Shared set-up of tests/test_fwd_reference.py and scripts/measure_fwd_golden.py: policies, the golden file's
-path, and calls of the forward reference on golden cases and on ``mimo_numerics.cases`` inputs."""
+path, and calls of the forward reference on golden cases and on ``mimo_numerics.cases`` inputs (the golden-case
+arguments and table live in the package: ``mimo_numerics.ops.mamba_mimo_fwd.golden``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from mimo_numerics import presets
+from mimo_numerics import golden_data, presets
+from mimo_numerics.ops.mamba_mimo_fwd.golden import golden_args, golden_table  # noqa: F401  (re-exported)
 from mimo_numerics.ops.mamba_mimo_fwd.reference import mamba_mimo_fwd
 from mimo_numerics.ops.mamba_mimo_fwd.sites import SITES
 from mimo_numerics.ops.mamba_mimo_fwd.spec import INPUT_NAMES
 
-#: The whole-op golden data (tests/data/README.md); the one place its path is written.
-GOLDEN_FULL_OP = Path(__file__).parent / "data" / "upstream_h200_full_op_cases.pt"
+#: The whole-op golden data (tests/data/README.md), from ``mimo_numerics.golden_data``.
+GOLDEN_FULL_OP = golden_data.path("full_op")
 #: The presets the tests run the forward under.
 PRESETS = ("upstream_sm90", "upstream_sm90_fp16", "fp32", "fp64")
 OP = "mamba_mimo_fwd"
@@ -42,16 +42,6 @@ def case_policy(preset: str, case: dict, sites=None, **knobs):
     return policy if policy.lp_dtype == lp else policy.replace(lp_dtype=lp)
 
 
-def golden_args(case: dict) -> dict:
-    """The forward's arguments for a golden case: raw inputs plus upstream's recorded preprocessing (``pre``)."""
-    inputs, pre = case["inputs"], case["pre"]
-    return dict(q=inputs["Q"], k=inputs["K"], v=inputs["V"], q_bias=inputs["Q_bias"], k_bias=inputs["K_bias"],
-                mimo_v=inputs["MIMO_V"], mimo_o=inputs["MIMO_Out"], z=inputs["Z"], d=inputs["D"],
-                mimo_z=inputs["MIMO_Z"], angles=pre["angles_cumsum"], da_cs=pre["da_cs"],
-                da_cs_rev=pre["da_cs_rev"], dt=inputs["DT"], trap=inputs["Trap"], segsum=pre["segsum"],
-                chunk_size=inputs["chunk_size"], rotary_dim_divisor=inputs["rotary_dim_divisor"])
-
-
 def case_args(inputs: dict) -> dict:
     """The forward's arguments from ``mimo_numerics.cases.make_inputs`` output (stage 1's inputs less dout)."""
     args = {name: inputs[name] for name in INPUT_NAMES}
@@ -62,24 +52,6 @@ def case_args(inputs: dict) -> dict:
 def run_forward(args: dict, policy, **kw):
     """``mamba_mimo_fwd`` on the keyword arguments ``args`` (those of ``golden_args`` or ``case_args``)."""
     return mamba_mimo_fwd(**args, policy=policy, **kw)
-
-
-def golden_table(golden: dict) -> list:
-    """Per golden case: rel RMS against upstream's ``fwd.o`` of the reference under ``upstream_sm90``, ``fp32``
-    and ``fp64``, and the fraction of elements bit-equal to upstream under ``upstream_sm90``."""
-    from mimo_numerics.metrics import bit_equal_fraction, rel_rms
-
-    rows = []
-    for name in sorted(golden):
-        args, want = golden_args(golden[name]), golden[name]["fwd"]["o"]
-        row = {"case": name}
-        for preset in ("upstream_sm90", "fp32", "fp64"):
-            got = run_forward(args, case_policy(preset, golden[name])).o
-            row[preset] = rel_rms(got, want)
-            if preset == "upstream_sm90":
-                row["bit_equal"] = bit_equal_fraction(got, want)
-        rows.append(row)
-    return rows
 
 
 def site_is_live(site: str, kw: dict, inputs: dict) -> bool:

@@ -1,26 +1,20 @@
 """Shared helpers of the stage-2 oracle and epilogue tests: the golden whole-op file and argument builders.
 
-``GOLDEN_FULL_OP`` is the one place that names the golden file (``shared/golden/README.md``); the integrator repoints
-it to ``tests/data``.
+``GOLDEN_FULL_OP`` comes from ``mimo_numerics.golden_data`` (provenance: ``tests/data/README.md``).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
-
-import torch
-
+from mimo_numerics import golden_data
 from mimo_numerics.ops.mamba3_mimo import chain
 
-GOLDEN_FULL_OP = Path(__file__).parent / "data" / "upstream_h200_full_op_cases.pt"
-GOLDEN_FULL_OP_SHA256 = "91b5d11984d66cb9a69a3b48369ff6ddd947ec51792681111b74199f60d8c3cf"
+GOLDEN_FULL_OP = golden_data.path("full_op")
+GOLDEN_FULL_OP_SHA256 = golden_data.FILES["full_op"].sha256
 
 
-@lru_cache(maxsize=1)
 def load_full_op() -> dict:
-    """The golden whole-op cases, ``name -> case`` (README beside the file)."""
-    return torch.load(GOLDEN_FULL_OP, weights_only=True)
+    """The golden whole-op cases, ``name -> case`` (``tests/data/README.md``); cached by ``golden_data``."""
+    return golden_data.load("full_op")
 
 
 def case_names() -> list:

@@ -26,7 +26,7 @@ SMALL_CASES = cases.grid("smoke") + cases.grid("gate")
 @pytest.fixture(scope="module")
 def golden():
     if not GOLDEN_PATH.exists():
-        pytest.fail(f"golden file missing: {GOLDEN_PATH} (copy it from shared/golden/)")
+        pytest.fail(f"golden file missing: {GOLDEN_PATH} (tests/data/README.md)")
     return torch.load(GOLDEN_PATH, weights_only=True)
 
 

@@ -6,7 +6,7 @@ rotary_dim_divisor)`` plus ``dout``, on the CPU, from ``torch.Generator().manual
 machine-independent draws of :mod:`mimo_numerics.exact_random` (the stage-1 formulas of :mod:`mimo_numerics.cases`
 follow the same rule).
 
-Formulas (the one of the whole-op golden data, ``shared/golden/README.md``, under names of their own; its values
+Formulas (the one of the whole-op golden data, ``tests/data/README.md``, under names of their own; its values
 differ from the golden inputs, which were drawn with ``torch.randn`` and are stored, not regenerated):
 
 * ``"whole_op"``: in this order, Q, K ``randn`` lp ``[B, S, R, G, N]``; V ``randn`` lp ``[B, S, H, P]``; Q_bias,

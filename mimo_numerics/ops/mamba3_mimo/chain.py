@@ -3,7 +3,7 @@
 Every function here takes the op's raw inputs as a dict in the golden file's names (``Q, K, V, ADT, DT, Trap,
 Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D, Z``, ``chunk_size``, ``rotary_dim_divisor`` and, for the
 backward, ``dout``), and returns or takes the outputs of each step in the golden file's names too (``pre``,
-``bwd_fwd``, ``bwd_bwd``; ``shared/golden/README.md``), so a step can be fed upstream's recorded outputs instead of
+``bwd_fwd``, ``bwd_bwd``; ``tests/data/README.md``), so a step can be fed upstream's recorded outputs instead of
 the package's own.
 
 Two chains, chosen by the policy (:func:`chain_kind`):

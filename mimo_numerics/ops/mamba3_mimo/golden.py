@@ -18,9 +18,10 @@ from typing import Dict, List, Optional, Union
 
 import torch
 
-_DATA = Path(__file__).resolve().parents[3] / "tests" / "data"
-#: The golden files, found relative to the package (an editable / source install).
-FILES = (_DATA / "upstream_h200_full_op_cases.pt", _DATA / "upstream_h200_full_op_extra_cases.pt")
+from ... import golden_data
+
+#: The golden files, found relative to the package (an editable / source install): ``mimo_numerics.golden_data``.
+FILES = tuple(golden_data.FILES[key].path for key in golden_data.WHOLE_OP_KEYS)
 _CACHE: Dict[str, dict] = {}
 
 

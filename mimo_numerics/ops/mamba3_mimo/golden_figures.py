@@ -1,7 +1,7 @@
 """Figures of the whole op against the golden H200 data, shared by ``tests/test_mamba3_mimo_autograd.py`` and
 ``scripts/measure_whole_op_golden.py`` (which writes ``reports/mamba3_mimo_golden.md``).
 
-A golden case is one entry of ``upstream_h200_full_op_cases.pt`` (``shared/golden/README.md``): ``inputs`` and
+A golden case is one entry of ``upstream_h200_full_op_cases.pt`` (``tests/data/README.md``): ``inputs`` and
 upstream's ``pre``, ``fwd``, ``bwd_fwd``, ``bwd_bwd``, ``post``, ``autograd``. Every error is
 ``rel_rms(ours, upstream)`` (upstream is the expected value); "bit-equal" is the fraction of elements identical.
 

@@ -19,7 +19,7 @@ returns (before anything downstream changes them in place, such as ``ddA += ...`
   (``dAngles``, ``dDT_angle``) and ``dDT``;
 * ``autograd``: ``Out`` and the 14 input gradients.
 
-This is the format of ``shared/golden/upstream_h200_full_op_cases.pt``. Upstream refusals (a tail S % C != 0 in the
+This is the format of ``tests/data/upstream_h200_full_op_cases.pt``. Upstream refusals (a tail S % C != 0 in the
 backward, 1 < G < H, a compile failure) are caught and recorded; with ``backward=False`` only the forward runs.
 
 Two runners launch one kernel each, with the arguments of the operator specs (tensors in the operator's API order,

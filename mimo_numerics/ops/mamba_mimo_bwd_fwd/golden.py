@@ -1,6 +1,6 @@
 """Loader of the golden outputs of the real upstream kernel on an NVIDIA H200 (``tests/data``).
 
-The file ``tests/data/upstream_h200_seed_cases.pt`` (provenance in ``shared/golden/README.md``) maps a case name to
+The file ``tests/data/upstream_h200_seed_cases.pt`` (provenance in ``tests/data/README.md``) maps a case name to
 ``{"kind", "kw", "inputs", "upstream"}``: ``inputs`` holds the 17 tensors of the API by name plus ``chunk_size`` and
 ``rotary_dim_divisor``; ``upstream`` the five outputs as the kernel wrote them (``dmimo_o``/``dmimo_z`` per batch,
 ``[B, H, R, P]``; None where a branch is off).
@@ -22,10 +22,11 @@ from typing import Dict, Optional, Tuple, Union
 
 import torch
 
+from ... import golden_data
 from .outputs import INPUT_NAMES, OUTPUT_NAMES
 
-#: The golden file of the repository, located relative to the package.
-DEFAULT_PATH = Path(__file__).resolve().parents[3] / "tests" / "data" / "upstream_h200_seed_cases.pt"
+#: The golden file of the repository, located relative to the package (``mimo_numerics.golden_data``).
+DEFAULT_PATH = golden_data.path("seed_cases", must_exist=False)
 #: A golden case with every branch on (reduced DOUT, Z and D), S = 32, R = 4: the default of reports and notebooks.
 DEFAULT_CASE = "seed_branch_ro1_z1_d1"
 

@@ -1,6 +1,7 @@
 """Rounding sites of ``mamba_mimo_bwd_fwd`` (stage 1), each one switch ``policy.mamba_mimo_bwd_fwd.<site>``.
 
-Names and site numbers (S…) are those of ``shared/docs/upstream_rounding_sites.md`` §3.1 (the catalog); each site,
+Names and site numbers (S…) are those of the project's catalogue of upstream's rounding sites (§3.1; a
+background note not in this repository, written out in ``docs/semantics.md``); each site,
 when on, rounds one quantity to the low-precision dtype (round to nearest even) where the upstream kernel does. The
 math is in ``docs/semantics.md``.
 """

@@ -1,0 +1,159 @@
+"""The provenance header of every generated report: what ran, at which commit, on which machine.
+
+Every report generator (``scripts/``, ``benchmarks/``, ``golden/``, the report-writing parts of the package) takes
+its header from :func:`collect` and :func:`markdown_header` (or puts :func:`collect`'s dict into a JSON report), so
+that a reader of any file under ``reports/`` can tell which code made it, how to make it again, and where.
+
+Recorded (:func:`collect`):
+
+* ``commit``: ``git rev-parse --short HEAD`` of the checkout the package was imported from;
+* ``describe``: ``git describe --always --dirty`` (``-dirty`` = any tracked file differs from the commit);
+* ``source_clean``: True when nothing outside ``reports/`` differs from the commit (tracked or untracked, ignored
+  files excepted). Regenerating several reports one after the other changes ``reports/`` only, so a report made
+  from a clean commit says so even when an earlier report of the same run was already rewritten;
+* ``command``: the command line, the script given relative to the repository root;
+* ``versions``: :func:`mimo_numerics.envinfo.versions` (Python, torch, triton, ...);
+* ``machine``: CPU model, logical cores, platform, and the GPU name(s) when CUDA is available.
+
+Outside a git checkout (an installed wheel) ``commit`` and ``describe`` are ``"unknown"`` and ``source_clean`` is
+None. Nothing here changes a numerical result; it only reads git, ``/proc/cpuinfo`` and package metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+#: The repository root of a source checkout (the folder holding ``mimo_numerics/``).
+ROOT = Path(__file__).resolve().parent.parent
+#: Changes under these top-level folders do not make the source unclean (they are the reports being regenerated).
+REPORT_DIRS = ("reports",)
+
+__all__ = ["ROOT", "collect", "command_line", "git", "machine", "markdown_header", "source_state"]
+
+
+def git(*args: str, root: Path = ROOT) -> Optional[str]:
+    """``git args`` in ``root``; its stripped stdout, or None when git fails or is not installed."""
+    try:
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def source_state(root: Path = ROOT) -> Dict[str, object]:
+    """``{"commit", "describe", "source_clean", "changed"}``: ``changed`` lists the paths outside ``reports/`` that
+    differ from the commit (at most 20)."""
+    commit = git("rev-parse", "--short", "HEAD", root=root)
+    if commit is None:
+        return {"commit": "unknown", "describe": "unknown", "source_clean": None, "changed": []}
+    describe = git("describe", "--always", "--dirty", root=root) or commit
+    status = git("status", "--porcelain", "--untracked-files=all", root=root) or ""
+    changed = []
+    for line in status.splitlines():
+        path = line[3:].split(" -> ")[-1].strip().strip('"')
+        if path and path.split("/", 1)[0] not in REPORT_DIRS:
+            changed.append(path)
+    return {"commit": commit, "describe": describe, "source_clean": not changed, "changed": changed[:20]}
+
+
+def command_line(argv: Optional[Sequence[str]] = None) -> str:
+    """The command that is running, as one would type it in the repository root: ``python scripts/x.py --a 1``
+    (``python -m mod ...`` for a module run with ``-m``)."""
+    argv = list(sys.argv if argv is None else argv)
+    if not argv:
+        return "python"
+    first = argv[0]
+    try:
+        first = str(Path(first).resolve().relative_to(ROOT))
+    except (ValueError, OSError):
+        pass
+    if first.endswith("__main__.py") or first == "-m":
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        if spec is not None and spec.name:
+            name = spec.name[:-len(".__main__")] if spec.name.endswith(".__main__") else spec.name
+            return " ".join(["python", "-m", name] + [shlex.quote(a) for a in argv[1:]])
+    if first.endswith(".py"):
+        return " ".join(["python", first] + [shlex.quote(a) for a in argv[1:]])
+    return " ".join([Path(first).name] + [shlex.quote(a) for a in argv[1:]])
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _gpus() -> List[str]:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        try:
+            import torch  # noqa: F811
+        except ImportError:  # pragma: no cover
+            return []
+    try:
+        if not torch.cuda.is_available():
+            return []
+        from .envinfo import device_name
+
+        return [device_name(f"cuda:{i}") for i in range(torch.cuda.device_count())]
+    except Exception:  # a broken driver must not break a report  # pragma: no cover
+        return []
+
+
+def machine() -> Dict[str, object]:
+    """``{"cpu": model name, "cores": logical cores, "platform": "linux-x86_64", "gpus": [names]}``."""
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "platform": f"{sys.platform}-{platform.machine()}",
+            "gpus": _gpus()}
+
+
+def collect(argv: Optional[Sequence[str]] = None, command: Optional[str] = None) -> Dict[str, object]:
+    """The provenance of the running report generator (module docstring); ``command`` overrides the command line
+    read from ``argv`` (default ``sys.argv``)."""
+    from .envinfo import versions
+
+    out: Dict[str, object] = dict(source_state())
+    out["command"] = command if command is not None else command_line(argv)
+    out["versions"] = versions()
+    out["machine"] = machine()
+    return out
+
+
+def _versions_text(versions: Dict[str, str]) -> str:
+    keys = ("mimo_numerics", "python", "torch", "numpy", "triton", "tilelang", "mamba_ssm")
+    return ", ".join(f"{k} {versions[k]}" for k in keys if k in versions)
+
+
+def markdown_header(prov: Optional[Dict[str, object]] = None, **collect_kw) -> str:
+    """The provenance as one Markdown paragraph (no trailing newline), e.g.
+
+    ``Generated by `python scripts/x.py` at commit `abc1234` (`git describe --always --dirty`: `abc1234`; source
+    tree clean) on Intel(R) Xeon(R) ... (2 cores), no GPU; mimo_numerics 0.1.0, python 3.12.3, torch 2.13.0.``
+    """
+    prov = collect(**collect_kw) if prov is None else prov
+    clean = prov.get("source_clean")
+    if clean is None:
+        state = "not a git checkout"
+    elif clean:
+        state = "source tree clean"
+    else:
+        changed = list(prov.get("changed") or [])
+        state = "source tree NOT clean: " + ", ".join(f"`{p}`" for p in changed[:5]) + (
+            ", ..." if len(changed) > 5 else "")
+    mach = prov.get("machine") or {}
+    gpus = mach.get("gpus") or []
+    gpu = ", ".join(gpus) if gpus else "no GPU"
+    return (f"Generated by `{prov.get('command')}` at commit `{prov.get('commit')}` (`git describe --always "
+            f"--dirty`: `{prov.get('describe')}`; {state}) on {mach.get('cpu')} ({mach.get('cores')} cores), {gpu}; "
+            f"{_versions_text(prov.get('versions') or {})}.")
