@@ -55,7 +55,7 @@ class GoldenFile:
 FILES: Dict[str, GoldenFile] = {
     "seed_cases": GoldenFile(
         "upstream_h200_seed_cases.pt", "238ee4f20fb30e7ad78efb6e71ea10cc104b543bedd2e35400538fa613680f52",
-        "stage 1 (mamba_mimo_bwd_fwd) on the seed PR's 15 cases, inputs stored", SEED_VERSIONS),
+        "stage 1 on the seed PR's 15 cases, inputs stored", SEED_VERSIONS),
     "realistic_outputs": GoldenFile(
         "upstream_h200_realistic_outputs.pt", "804d3d2a06a4f970dcaf00a4e5a6ea3a0e82020f4c5e8222c37dff8b56a735fa",
         "stage 1 on the six long cases of the sweep grid, inputs regenerated from CaseSpecs", WHOLE_OP_VERSIONS),

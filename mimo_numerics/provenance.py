@@ -37,13 +37,16 @@ REPORT_DIRS = ("reports",)
 __all__ = ["ROOT", "collect", "command_line", "git", "machine", "markdown_header", "source_state"]
 
 
-def git(*args: str, root: Path = ROOT) -> Optional[str]:
-    """``git args`` in ``root``; its stripped stdout, or None when git fails or is not installed."""
+def git(*args: str, root: Path = ROOT, strip: bool = True) -> Optional[str]:
+    """``git args`` in ``root``; its stdout (stripped unless ``strip`` is False), or None when git fails or is not
+    installed."""
     try:
         out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() if strip else out.stdout
 
 
 def source_state(root: Path = ROOT) -> Dict[str, object]:
@@ -53,7 +56,7 @@ def source_state(root: Path = ROOT) -> Dict[str, object]:
     if commit is None:
         return {"commit": "unknown", "describe": "unknown", "source_clean": None, "changed": []}
     describe = git("describe", "--always", "--dirty", root=root) or commit
-    status = git("status", "--porcelain", "--untracked-files=all", root=root) or ""
+    status = git("status", "--porcelain", "--untracked-files=all", root=root, strip=False) or ""
     changed = []
     for line in status.splitlines():
         path = line[3:].split(" -> ")[-1].strip().strip('"')

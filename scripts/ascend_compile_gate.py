@@ -201,8 +201,6 @@ def spec_label(plan: LaunchPlan) -> str:
 def load_plans(spec: str, **kw) -> List[LaunchPlan]:
     """``MODULE[:FUNC]`` → the plans that function returns (default FUNC: ``ascend_compile_plans``)."""
     mod_name, _, func_name = spec.partition(":")
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     mod = importlib.import_module(mod_name)
     func = getattr(mod, func_name or "ascend_compile_plans")
     return [as_plan(p) for p in func(**kw)]

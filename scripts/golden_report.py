@@ -19,12 +19,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from mimo_numerics import envinfo, operator, presets  # noqa: E402
-from mimo_numerics.metrics import bit_equal_fraction, rel_rms  # noqa: E402
-from mimo_numerics.ops import registry  # noqa: E402
+from mimo_numerics import envinfo, operator, presets
+from mimo_numerics.metrics import bit_equal_fraction, rel_rms
+from mimo_numerics.ops import registry
 
 
 def _policy(name: str, lp: str):

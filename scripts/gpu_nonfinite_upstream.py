@@ -37,12 +37,11 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import mimo_numerics as mn  # noqa: E402
-from mimo_numerics import golden, nonfinite  # noqa: E402
-from mimo_numerics.cases import as_args, as_kwargs  # noqa: E402
-from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES  # noqa: E402
+import mimo_numerics as mn
+from mimo_numerics import golden, nonfinite
+from mimo_numerics.cases import as_args, as_kwargs
+from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES
 
 VALUES = {"nan": float("nan"), "+inf": float("inf"), "-inf": float("-inf")}
 

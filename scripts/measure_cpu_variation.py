@@ -29,11 +29,10 @@ from typing import Dict
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
-import mimo_numerics as mn  # noqa: E402
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs  # noqa: E402
-from mimo_numerics.metrics import bit_equal_fraction, rel_rms  # noqa: E402
+import mimo_numerics as mn
+from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs
+from mimo_numerics.metrics import bit_equal_fraction, rel_rms
 
 ENV_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS",
             "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -63,14 +62,17 @@ def _stage1(inputs: dict, policy):
 
 def compute() -> Dict[str, torch.Tensor]:
     """Every result of the module docstring, by ``group/case[/output]``."""
-    import bwd_bwd_support
-    import mamba_mimo_fwd_support as fwd_support
-    import stage2_support
-    from mimo_numerics.ops.mamba3_mimo import measure
+    from mimo_numerics import golden_data, presets
+    from mimo_numerics.ops.mamba3_mimo import chain, measure
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.golden import golden_inputs as stage2_inputs
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.reference import mamba_mimo_bwd_bwd
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES as STAGE2_INPUTS
+    from mimo_numerics.ops.mamba_mimo_fwd.golden import golden_args
+    from mimo_numerics.ops.mamba_mimo_fwd.reference import mamba_mimo_fwd
     from mimo_numerics.ops.mamba3_mimo_epilogue.reference import mamba3_mimo_epilogue_reference
 
     out: Dict[str, torch.Tensor] = {}
-    seed_cases = torch.load(ROOT / "tests" / "data" / "upstream_h200_seed_cases.pt", weights_only=True)
+    seed_cases = golden_data.load("seed_cases")
     for name in sorted(seed_cases):
         inputs = seed_cases[name]["inputs"]
         for preset in ("upstream_sm90", "fp32"):
@@ -85,19 +87,21 @@ def compute() -> Dict[str, torch.Tensor]:
     for preset in ("upstream_sm90", "fp32"):
         _put(out, f"stage1_generated_{preset}", GENERATED.case_id, _stage1(generated, preset))
 
-    full_op = torch.load(ROOT / "tests" / "data" / "upstream_h200_full_op_cases.pt", weights_only=True)
+    full_op = golden_data.load("full_op")
     for name in sorted(full_op):
         case = full_op[name]
         _put(out, "preprocess_fp32", name, measure.preprocess(case, torch.float32))
         for preset in ("upstream_sm90", "fp32"):
             _put(out, f"fwd_golden_{preset}", name,
-                 fwd_support.run_forward(fwd_support.golden_args(case), fwd_support.fwd_policy(preset)).o)
-            _put(out, f"stage2_golden_{preset}", name,
-                 bwd_bwd_support.run_reference(bwd_bwd_support.golden_stage2_inputs(case), preset))
+                 mamba_mimo_fwd(**golden_args(case), policy=presets.get(preset)).o)
+            s2 = stage2_inputs(case)
+            _put(out, f"stage2_golden_{preset}", name, mamba_mimo_bwd_bwd(
+                *[s2[n] for n in STAGE2_INPUTS], chunk_size=s2["chunk_size"],
+                rotary_dim_divisor=s2["rotary_dim_divisor"], policy=presets.get(preset)))
         inputs = case["inputs"]
         _put(out, "epilogue_golden", name, mamba3_mimo_epilogue_reference(
-            *stage2_support.epilogue_args(inputs, case["pre"], case["bwd_fwd"], case["bwd_bwd"]),
-            **stage2_support.epilogue_kwargs(inputs)))
+            *chain.epilogue_args(inputs, case["pre"], case["bwd_fwd"], case["bwd_bwd"]),
+            **chain.epilogue_kwargs(inputs)))
 
     if mn.kernels.triton_available():
         for spec in KERNEL_CASES:

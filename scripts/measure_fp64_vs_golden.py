@@ -7,25 +7,24 @@ forward oracle against the FP64 model on the drawn grid ``cases.ORACLE_GRID``. E
 ``metric(upstream, fp64)``. CPU, a few seconds a case.
 
 Usage: ``python scripts/measure_fp64_vs_golden.py [--golden PATH]`` (default: the path of
-``tests/mamba3_mimo_support.py``).
+``mimo_numerics.golden_data``).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
 import torch
 
+from mimo_numerics import golden_data
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba3_mimo import cases, measure
 from mimo_numerics.ops.mamba3_mimo.fp64_model import INPUT_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from mamba3_mimo_support import GOLDEN_FULL_OP  # noqa: E402  (the one place the golden path is written)
+GOLDEN_FULL_OP = golden_data.path("full_op")
 
 
 def _fmt(value: float) -> str:

@@ -22,13 +22,28 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from mamba_mimo_fwd_support import (golden_args, golden_table, load_golden, run_forward,  # noqa: E402
-                                    fwd_policy)
-from mimo_numerics.metrics import rel_rms  # noqa: E402
-from mimo_numerics.ops.mamba_mimo_fwd import reference as fwd_reference  # noqa: E402
-from mimo_numerics.ops.mamba_mimo_fwd.sites import SITES  # noqa: E402
+from mimo_numerics import presets
+from mimo_numerics.ops.mamba3_mimo.golden import load as load_whole_op
+from mimo_numerics.ops.mamba_mimo_fwd.golden import golden_args, golden_table
+from mimo_numerics.metrics import rel_rms
+from mimo_numerics.ops.mamba_mimo_fwd import reference as fwd_reference
+from mimo_numerics.ops.mamba_mimo_fwd.sites import SITES
+
+
+def fwd_policy(preset: str, sites=None, **knobs):
+    """``preset`` with ``knobs`` and the forward's ``sites`` ({site: bool}) changed."""
+    policy = presets.get(preset).replace(**knobs) if knobs else presets.get(preset)
+    return policy.with_sites("mamba_mimo_fwd", **sites) if sites else policy
+
+
+def run_forward(args: dict, policy):
+    return fwd_reference.mamba_mimo_fwd(**args, policy=policy)
+
+
+def load_golden() -> dict:
+    """The whole-op golden cases with a forward output, by name."""
+    return {name: case for name, case in load_whole_op().items() if case.get("fwd") is not None}
 
 
 def _with_upstream_states(case: dict) -> torch.Tensor:

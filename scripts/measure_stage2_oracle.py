@@ -28,15 +28,14 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
-import stage2_support as support  # noqa: E402
-
-from mimo_numerics.metrics import bit_equal_fraction, max_abs, rel_rms  # noqa: E402
-from mimo_numerics.ops.mamba3_mimo_epilogue.oracle import mamba3_mimo_epilogue_oracle  # noqa: E402
-from mimo_numerics.ops.mamba3_mimo_epilogue.reference import mamba3_mimo_epilogue_reference  # noqa: E402
-from mimo_numerics.ops.mamba3_mimo_epilogue.spec import GRAD_NAMES, POST_NAMES  # noqa: E402
-from mimo_numerics.ops.mamba_mimo_bwd_bwd.oracle import (  # noqa: E402
+from mimo_numerics import golden_data
+from mimo_numerics.ops.mamba3_mimo import chain
+from mimo_numerics.metrics import bit_equal_fraction, max_abs, rel_rms
+from mimo_numerics.ops.mamba3_mimo_epilogue.oracle import mamba3_mimo_epilogue_oracle
+from mimo_numerics.ops.mamba3_mimo_epilogue.reference import mamba3_mimo_epilogue_reference
+from mimo_numerics.ops.mamba3_mimo_epilogue.spec import GRAD_NAMES, POST_NAMES
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.oracle import (
     OUTPUT_NAMES, mamba_mimo_bwd_bwd_abs_terms, mamba_mimo_bwd_bwd_oracle)
 
 CANCELLING = ("dD", "ddA", "dangles")
@@ -52,14 +51,14 @@ def _short(name: str) -> str:
 
 
 def stage2_table() -> str:
-    data = support.load_full_op()
-    names = support.case_names()
+    data = golden_data.load("full_op")
+    names = sorted(golden_data.load("full_op"))
     rel = {}
     scaled = {}
     for name in names:
         case = data[name]
-        args = support.stage2_args(case["inputs"], case["pre"], case["bwd_fwd"])
-        kwargs = support.stage2_kwargs(case["inputs"])
+        args = chain.stage2_args(case["inputs"], case["pre"], case["bwd_fwd"])
+        kwargs = chain.stage2_kwargs(case["inputs"])
         got = mamba_mimo_bwd_bwd_oracle(*args, **kwargs)
         terms = mamba_mimo_bwd_bwd_abs_terms(*args, **kwargs)
         for out in OUTPUT_NAMES:
@@ -99,13 +98,13 @@ def _golden_targets(case):
 
 
 def epilogue_table() -> str:
-    data = support.load_full_op()
-    names = support.case_names()
+    data = golden_data.load("full_op")
+    names = sorted(golden_data.load("full_op"))
     stats = {}
     for name in names:
         case = data[name]
-        args = support.epilogue_args(case["inputs"], case["pre"], case["bwd_fwd"], case["bwd_bwd"])
-        kwargs = support.epilogue_kwargs(case["inputs"])
+        args = chain.epilogue_args(case["inputs"], case["pre"], case["bwd_fwd"], case["bwd_bwd"])
+        kwargs = chain.epilogue_kwargs(case["inputs"])
         runs = {"fma": mamba3_mimo_epilogue_reference(*args, **kwargs, fma=True),
                 "no_fma": mamba3_mimo_epilogue_reference(*args, **kwargs, fma=False),
                 "fp64": mamba3_mimo_epilogue_oracle(*args, **kwargs)}
@@ -132,14 +131,13 @@ def epilogue_table() -> str:
 
 
 def chain_table() -> str:
-    from chain_support import fp64_chain  # noqa: E402  (needs the FP64 preprocessing)
 
-    data = support.load_full_op()
-    names = support.case_names()
+    data = golden_data.load("full_op")
+    names = sorted(golden_data.load("full_op"))
     rel = {}
     for name in names:
         case = data[name]
-        got = fp64_chain(case["inputs"])
+        got = chain.fp64_chain(case["inputs"])
         for out in GRAD_NAMES:
             want = case["autograd"][out]
             if want is not None:

@@ -10,7 +10,7 @@ Sections: (1) the golden table per case and output (rel RMS against upstream und
 ``fp64``; bit-equal fraction; for dD, ddA, dangles the error relative to Σ|terms|); (2) knob variants; (3) one site
 at a time: off from ``upstream_sm90`` (rel RMS against upstream) and on alone from ``fp32`` (rel RMS against the
 reference under ``fp64``); (4) the one rounding flip behind the seed-formula case. Policies are the operator
-presets (``tests/bwd_bwd_support.py``). Deterministic on one machine (no timestamps); fp32 GEMMs go
+presets (``stage2_policy`` below). Deterministic on one machine (no timestamps); fp32 GEMMs go
 through BLAS, so the last digit of an fp32-level figure may differ elsewhere. About 2 minutes on 2 cores.
 
 The generic ``scripts/make_sensitivity_report.py --op mamba_mimo_bwd_bwd`` (``reports/
@@ -31,13 +31,38 @@ from statistics import mean
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
-from bwd_bwd_support import (CANCELLING_OUTPUTS, abs_term_sums, golden_stage2_inputs, load_golden,  # noqa: E402
-                             rel_to_abs_terms, run_reference, stage2_policy, GOLDEN_FULL_OP)
-from mimo_numerics.metrics import bit_equal_fraction, rel_rms  # noqa: E402
-from mimo_numerics.ops.mamba_mimo_bwd_bwd.sites import SITES  # noqa: E402
-from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import OUTPUT_NAMES  # noqa: E402
+from mimo_numerics import golden_data, presets
+from mimo_numerics.ops.mamba3_mimo.golden import load as load_whole_op
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.cancellation import CANCELLING_OUTPUTS, abs_term_sums, rel_to_abs_terms
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.golden import golden_inputs as golden_stage2_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.reference import mamba_mimo_bwd_bwd
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES
+from mimo_numerics.metrics import bit_equal_fraction, rel_rms
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.sites import SITES
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import OUTPUT_NAMES
+
+GOLDEN_FULL_OP = golden_data.path("full_op")
+OP = "mamba_mimo_bwd_bwd"
+
+
+def stage2_policy(name: str, sites=None, **knobs):
+    """Preset ``name`` with some stage-2 switches (``sites``) and knobs changed."""
+    policy = presets.get(name).replace(**knobs) if knobs else presets.get(name)
+    return policy.with_sites(OP, **sites) if sites else policy
+
+
+def run_reference(inputs: dict, policy, record=None):
+    """The stage-2 reference on stage-2 ``inputs`` (by name) under ``policy`` (a policy or preset name)."""
+    policy = stage2_policy(policy) if isinstance(policy, str) else policy
+    return mamba_mimo_bwd_bwd(*[inputs[n] for n in INPUT_NAMES], chunk_size=inputs["chunk_size"],
+                              rotary_dim_divisor=inputs["rotary_dim_divisor"], policy=policy, record=record)
+
+
+def load_golden() -> dict:
+    """The whole-op golden cases with a stage-2 output (the shared 7 and the extra H200 cases)."""
+    return {name: case for name, case in load_whole_op().items() if case.get("bwd_bwd") is not None}
+
 
 DEFAULT_OUT = ROOT / "reports" / "stage2_site_sensitivity.md"
 FOCUS = ("dq", "dk", "dv")
@@ -189,7 +214,7 @@ def build(out: Path = DEFAULT_OUT) -> str:
         f"`{GOLDEN_FULL_OP.resolve().relative_to(ROOT)}` ({len(cases)} cases; mamba-ssm 2.3.2.post1, tilelang "
         "0.1.8, one H200; stage 2 fed "
         "upstream's own stage-1 `states` and `qk_dot`). Policies are the presets "
-        "(`tests/bwd_bwd_support.py::stage2_policy`). Rel RMS = `||a − e|| / ||e||`.",
+        "(`scripts/stage2_site_sensitivity.py::stage2_policy`). Rel RMS = `||a − e|| / ||e||`.",
         "",
         DIFFERENCES,
         "",

@@ -198,7 +198,7 @@ def test_upstream_reproduces_the_golden_outputs_bit_for_bit():
 
 # ---------------------------------------------------------------------------------------------------------- make_golden
 def test_make_golden_flow_with_a_stand_in_kernel(tmp_path, monkeypatch, capsys):
-    """scripts/make_golden.py end to end on CPU: the kernel is replaced by a stand-in that returns the golden
+    """golden/make_golden.py end to end on CPU: the kernel is replaced by a stand-in that returns the golden
     outputs for golden inputs (found by digest) and the reference's otherwise."""
     import importlib.util
 

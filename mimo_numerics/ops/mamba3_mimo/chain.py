@@ -260,7 +260,8 @@ def run_epilogue(inputs: dict, pre: dict, bwd_fwd: dict, bwd_bwd: dict, policy, 
     whether the bias sums are stored in lp (upstream 2.3.2.post1 sums dq/dk over (B, S) in bf16: an lp output
     store, so the ``fp32`` preset keeps it too).
     Returns the 14 gradients plus ``ddt_core``, ``dDT_angle`` (``mamba3_mimo_epilogue.spec.OUTPUT_NAMES``);
-    ``record`` gets ``mamba3_mimo_epilogue.<name>``."""
+    ``record`` gets ``mamba3_mimo_epilogue.<name>``. ``policy``: a RoundingPolicy or a preset name."""
+    policy = _presets.resolve(policy)
     args, kw = epilogue_args(inputs, pre, bwd_fwd, bwd_bwd), epilogue_kwargs(inputs)
     if chain_kind(policy) == "fp64":
         result = mamba3_mimo_epilogue_oracle(*args, **kw)

@@ -1,7 +1,7 @@
 """The whole-op golden data of the real upstream op on an H200, and the kernel inputs built from raw inputs.
 
 Files (``tests/data``, provenance in ``tests/data/README.md``): ``upstream_h200_full_op_cases.pt`` (7 cases, the
-shared golden set) and ``upstream_h200_full_op_extra_cases.pt`` (made with ``scripts/make_golden_full_op.py``: R = 1,
+shared golden set) and ``upstream_h200_full_op_extra_cases.pt`` (made with ``golden/make_golden_full_op.py``: R = 1,
 R = 8, fp16, a forward tail, G = H with N = 32). Each case: ``kw``, ``inputs`` (the 14 raw inputs, ``dout``,
 ``chunk_size``, ``rotary_dim_divisor``), ``autograd``, ``pre``, ``fwd``, ``bwd_fwd``, ``bwd_bwd``, ``post`` (a
 section is absent where upstream refused, with ``refused`` saying why).

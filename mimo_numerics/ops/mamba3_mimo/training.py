@@ -21,7 +21,7 @@ the two gradients differ by the op's numerics under the policy (and float32 arit
 :func:`train` runs the steps for one policy and one seed (Adam on float32 weights, the policy's gradient applied) and
 records, per step, the policy's loss, the FP64 loss at the same weights and the rel RMS of every parameter's gradient
 against the FP64 gradient; :func:`train_demo` runs several policies and seeds from the same initial weights and
-writes the JSON and the plots (``scripts/train_demo.py``, ``docs/whole_op.md``).
+writes the JSON and the plots (``mimo-numerics train-demo``, ``docs/whole_op.md``).
 """
 
 from __future__ import annotations
@@ -417,8 +417,8 @@ def train_demo(out_dir: Union[str, Path] = "reports/training_under_policy", *, s
                seeds: Sequence[int] = (0, 1, 2), policies: Optional[Sequence[str]] = None, device: str = "cpu",
                realistic: bool = False, lr: float = 2e-2, threads: Optional[int] = 1, plots: bool = True,
                progress: Optional[Callable[[str], None]] = None,
-               command: str = "python scripts/train_demo.py") -> dict:
-    """The training experiment from one call (the CLI's ``train-demo`` and ``scripts/train_demo.py``).
+               command: str = "mimo-numerics train-demo") -> dict:
+    """The training experiment from one call (the CLI's ``train-demo``).
 
     Args:
         out_dir: where ``results.json``, the PNGs and ``README.md`` go.
@@ -483,7 +483,7 @@ def _geo(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def write_readme(results: dict, out_dir: Path, command: str = "python scripts/train_demo.py") -> Path:
+def write_readme(results: dict, out_dir: Path, command: str = "mimo-numerics train-demo") -> Path:
     """``README.md`` of the experiment: setup, the numbers (from ``results``), the figures and a reading whose
     figures are computed here, not typed in."""
     import platform
@@ -616,7 +616,7 @@ Lines: geometric mean over the seeds; bands: min – max over the seeds. `result
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``scripts/train_demo.py`` (and the CLI's ``train-demo``): parse ``argv`` and run :func:`train_demo`."""
+    """The CLI's ``train-demo``: parse ``argv`` and run :func:`train_demo`."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="train-demo", description=(
@@ -636,7 +636,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be >= 1")
-    command = "python scripts/train_demo.py" + ("" if not argv else " " + " ".join(argv))
+    command = "mimo-numerics train-demo" + ("" if not argv else " " + " ".join(argv))
     result = train_demo(args.out, steps=args.steps, seeds=args.seeds, policies=args.policies, device=args.device,
                         realistic=args.realistic, lr=args.lr, threads=args.threads or None,
                         plots=not args.no_plots, progress=lambda line: print(line, flush=True), command=command)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Profile one reference call at the headline shape with torch.profiler; prints the top ops by self time.
 
-    python scripts/profile_reference.py --device cpu --policy upstream_sm90
-    python scripts/profile_reference.py --device cuda --policy upstream_sm90 --stacks
+    python benchmarks/profile_reference.py --device cpu --policy upstream_sm90
+    python benchmarks/profile_reference.py --device cuda --policy upstream_sm90 --stacks
 
 ``--stacks`` groups by python call site (the line of ``reference.py`` or ``rounding.py`` that launched the op).
 """

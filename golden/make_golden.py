@@ -20,7 +20,7 @@ so the TileLang compilations (tens of seconds each) overlap; ``--jobs 1`` runs e
 
 Usage (on the GPU machine, after ``. scripts/use_upstream_wheels.sh`` when it has no package registry)::
 
-    python scripts/make_golden.py --out out/upstream_h200 [--sets seed,realistic] [--only GLOB] [--repeat 2]
+    python golden/make_golden.py --out out/upstream_h200 [--sets seed,realistic] [--only GLOB] [--repeat 2]
         [--golden tests/data/upstream_h200_seed_cases.pt | --no-golden] [--upstream-src DIR] [--jobs 8]
 """
 
@@ -36,15 +36,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run from a checkout without installing the package
-    sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+import torch
 
-from mimo_numerics import cases, envinfo, upstream  # noqa: E402
-from mimo_numerics.bundles import (BundleCase, bit_identical, decode_safetensors, encode_safetensors,  # noqa: E402
+from mimo_numerics import cases, envinfo, upstream
+from mimo_numerics.bundles import (BundleCase, bit_identical, decode_safetensors, encode_safetensors,
                                    save_bundle)
-from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES, MimoBwdFwdOutputs  # noqa: E402
+from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES, MimoBwdFwdOutputs
 
 #: The seed PR's test cases: golden name -> keyword arguments of its ``_make_inputs``.
 SEED_CASES = {

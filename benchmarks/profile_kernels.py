@@ -1,12 +1,12 @@
 """One warm call of the Triton kernels on a benchmark shape, bracketed for a profiler (Nsight Compute).
 
-    ncu --clock-control none --profile-from-start off --set full -o prof python scripts/profile_kernels.py --shape a
+    ncu --clock-control none --profile-from-start off --set full -o prof python benchmarks/profile_kernels.py --shape a
     ncu --import prof.ncu-rep --page details          # per-kernel summary; --page source --print-source sass per line
 
 The call is made once to compile and warm up, then once more between ``cudaProfilerStart`` / ``cudaProfilerStop``
 (``torch.cuda.profiler``), so ``--profile-from-start off`` captures exactly one call's launches. ``--tuning`` takes a
 JSON dict of the call's ``tuning=`` overrides (keys ``kernels.TUNING_KEYS``; no numerics change). Times under a
-profiler are not benchmark figures: use ``scripts/bench_kernels.py`` for those.
+profiler are not benchmark figures: use ``benchmarks/bench_kernels.py`` for those.
 """
 
 from __future__ import annotations
@@ -19,17 +19,15 @@ import sys
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
-from bench_kernels import spec_of  # noqa: E402
-from mimo_numerics.cases import as_args, as_kwargs, make_inputs  # noqa: E402
-from mimo_numerics.kernels import mimo_bwd_fwd  # noqa: E402
+from bench_kernels import spec_of
+from mimo_numerics.cases import as_args, as_kwargs, make_inputs
+from mimo_numerics.kernels import mimo_bwd_fwd
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", default="a", help="a benchmark shape of scripts/bench_kernels.py (a, b, c, d)")
+    ap.add_argument("--shape", default="a", help="a benchmark shape of benchmarks/bench_kernels.py (a, b, c, d)")
     ap.add_argument("--policy", default="upstream_sm90")
     ap.add_argument("--tuning", default="{}", help="JSON dict of tuning overrides (keys: kernels.TUNING_KEYS)")
     args = ap.parse_args(argv)

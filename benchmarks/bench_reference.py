@@ -10,8 +10,8 @@ torch calls, OpenMP threads that wait for a descheduled partner cost far more th
 ``--baseline REV`` also times the implementation of commit REV (``git archive`` of its ``mimo_numerics`` into a
 temporary directory) in the same session, in alternating worker processes, and puts both side by side.
 
-    python scripts/bench_reference.py --device cpu --repeats 5 --baseline 97b53fc
-    python scripts/bench_reference.py --device cuda --repeats 20
+    python benchmarks/bench_reference.py --device cpu --repeats 5 --baseline 97b53fc
+    python benchmarks/bench_reference.py --device cuda --repeats 20
 """
 
 from __future__ import annotations

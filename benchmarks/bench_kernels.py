@@ -1,7 +1,7 @@
 """Benchmark the Triton ``mamba_mimo_bwd_fwd`` kernels on a CUDA GPU (one command, compact tables).
 
-    python scripts/bench_kernels.py                 # shapes a-d, writes reports/bench/<date>_<sha>_kernels.{md,json}
-    python scripts/bench_kernels.py --shapes a --variants default,emulated,rbk2,k3w4,bp3_32,k2w4s3,k2s8
+    python benchmarks/bench_kernels.py                 # shapes a-d, writes reports/bench/<date>_<sha>_kernels.{md,json}
+    python benchmarks/bench_kernels.py --shapes a --variants default,emulated,rbk2,k3w4,bp3_32,k2w4s3,k2s8
 
 For every shape it first checks correctness (kernel vs reference under the same policy, rel RMS <= 3e-4 on every
 output, no NaN after a poisoned launch) and refuses to time a configuration whose gate is red. Then it reports the
@@ -30,14 +30,13 @@ import sys
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-import mimo_numerics as mn  # noqa: E402
-from mimo_numerics import kernels, tolerances, upstream  # noqa: E402
-from mimo_numerics.metrics import rel_rms  # noqa: E402
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs  # noqa: E402
-from mimo_numerics.kernels import mimo_bwd_fwd  # noqa: E402
-from mimo_numerics.outputs import OUTPUT_NAMES  # noqa: E402
+import mimo_numerics as mn
+from mimo_numerics import kernels, tolerances, upstream
+from mimo_numerics.metrics import rel_rms
+from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs
+from mimo_numerics.kernels import mimo_bwd_fwd
+from mimo_numerics.outputs import OUTPUT_NAMES
 
 PEAK_BW = 4.3e12
 #: The gate before timing: kernels vs reference within the same-policy tolerance.

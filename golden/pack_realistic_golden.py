@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""Pack the outputs of an upstream "realistic" bundle (from scripts/make_golden.py) into compact test data.
+"""Pack the outputs of an upstream "realistic" bundle (from golden/make_golden.py) into compact test data.
 
 The inputs are not stored: each case keeps its ``CaseSpec`` and the sha256 digest of its inputs, so a test
 regenerates them with ``mimo_numerics.cases.make_inputs`` and proves, by the digest, that they are the very inputs the
 upstream kernel saw. That keeps the realistic set under 10 MB.
 
-    python scripts/pack_realistic_golden.py BUNDLE_DIR tests/data/upstream_h200_realistic_outputs.pt
+    python golden/pack_realistic_golden.py BUNDLE_DIR tests/data/upstream_h200_realistic_outputs.pt
 """
 
 import sys

@@ -17,7 +17,7 @@ in TileLang's cache is written there (``cuobjdump --dump-sass``), with the gener
 
 Usage (on the GPU machine, after ``. scripts/use_upstream_wheels.sh``)::
 
-    python scripts/make_golden_full_op.py --out out/full_op_extra.pt [--sets stored,extra] [--repeat 2] [--jobs 8]
+    python golden/make_golden_full_op.py --out out/full_op_extra.pt [--sets stored,extra] [--repeat 2] [--jobs 8]
         [--golden tests/data/upstream_h200_full_op_cases.pt] [--sass out/sass] [--upstream-src DIR]
 """
 
@@ -36,14 +36,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+import torch
 
-from mimo_numerics import envinfo, upstream  # noqa: E402
-from mimo_numerics.ops.mamba3_mimo import upstream as op_upstream  # noqa: E402
-from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs  # noqa: E402
+from mimo_numerics import envinfo, upstream
+from mimo_numerics.ops.mamba3_mimo import upstream as op_upstream
+from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
 
 #: New cases for the forward and stage-2 gates (name -> spec).
 EXTRA_CASES = {
