@@ -31,17 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _headline():
+def _headline(fields_json: str):
+    """The headline ``CaseSpec`` from its fields (``mimo_numerics.benchmark_cases.HEADLINE_FIELDS``, handed to the
+    worker as JSON so that a worker running another commit's package builds the same shape)."""
     from mimo_numerics.cases import CaseSpec
 
-    return CaseSpec(batch=1, seqlen=8192, heads=16, groups=1, state_dim=64, value_dim=64, rank=4, chunk_size=16,
-                    reduce_o=True, has_z=True, has_d=True, formula="realistic", seed=0)
-
-
-def __getattr__(name):  # ``from bench_reference import HEADLINE`` without importing torch at module import
-    if name == "HEADLINE":
-        return _headline()
-    raise AttributeError(name)
+    return CaseSpec(**json.loads(fields_json))
 
 
 def _sync(device) -> None:
@@ -76,7 +71,7 @@ def worker(args) -> int:
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # the reference's GEMMs must be IEEE fp32
-    inputs = make_inputs(_headline(), device=device)
+    inputs = make_inputs(_headline(args.case), device=device)
     result = {"module": mn.__file__, "threads": torch.get_num_threads(), "torch": torch.__version__, "policies": {}}
     for name in args.policies.split(","):
         policy = mn.presets.get(name)
@@ -121,8 +116,11 @@ def _export(rev: str, into: Path) -> Path:
 
 
 def _run_worker(path: Path, args) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(path) + os.pathsep + str(ROOT / "scripts"))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--device", args.device,
+    from mimo_numerics.benchmark_cases import HEADLINE_FIELDS
+
+    env = dict(os.environ, PYTHONPATH=str(path))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", json.dumps(HEADLINE_FIELDS),
+           "--device", args.device,
            "--policies", args.policies, "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(path))
     if out.returncode:
@@ -144,6 +142,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(ROOT / "reports" / "bench"))
     parser.add_argument("--commit", default=None, help="commit to record (default: git rev-parse of the checkout)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--case", default=None, help=argparse.SUPPRESS)  # the worker's shape fields (JSON)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)

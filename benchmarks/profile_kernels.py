@@ -20,7 +20,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from bench_kernels import spec_of
+from mimo_numerics.benchmark_cases import kernel_shape
 from mimo_numerics.cases import as_args, as_kwargs, make_inputs
 from mimo_numerics.kernels import mimo_bwd_fwd
 
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    x = make_inputs(spec_of(args.shape), device=torch.device("cuda"))
+    x = make_inputs(kernel_shape(args.shape), device=torch.device("cuda"))
     prep = mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=args.policy, tuning=tuning)
     for launch in prep.launches:  # compile and warm up
         launch.run()

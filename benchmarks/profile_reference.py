@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 import mimo_numerics as mn
 from mimo_numerics.cases import as_args, as_kwargs, make_inputs
 
-from bench_reference import HEADLINE
+from mimo_numerics.benchmark_cases import HEADLINE
 
 
 def _sync(device: str) -> None:

@@ -45,8 +45,7 @@ import mimo_numerics as mn
 from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, grid, make_inputs
 from mimo_numerics.policy import RoundingPolicy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_reference import HEADLINE  # noqa: E402
+from mimo_numerics.benchmark_cases import HEADLINE
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BASELINE = ROOT / "out" / "reference_bits.json"

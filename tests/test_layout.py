@@ -45,7 +45,7 @@ OPS = PACKAGE / "ops"
 GENERIC_MODULES = (
     "bundle_manifest", "bundles", "drift", "envinfo", "exact_random", "inference", "metrics", "nonfinite",
     "operator", "plots", "policy", "presets", "pytest_plugin", "report", "rounding", "sensitivity", "sweep",
-    "testing", "tolerances", "cases", "golden_data", "provenance",
+    "testing", "tolerances", "cases", "golden_data", "provenance", "benchmark_cases",
 )
 #: Top-level modules allowed to name operators, with the reason.
 NAMING_ALLOWED = {
