@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-from mimo_numerics import envinfo, operator, presets
+from mimo_numerics import operator, presets, provenance
 from mimo_numerics.metrics import bit_equal_fraction, rel_rms
 from mimo_numerics.ops import registry
 
@@ -32,12 +31,13 @@ def _policy(name: str, lp: str):
     return policy if policy.lp_dtype == lp else policy.replace(lp_dtype=lp)
 
 
-def rows(op_name: str):
-    """``(case, output, sm90, fp32, fp64, bit_equal)`` per golden case and output (None where both are 0)."""
+def rows(op_name: str, max_cases: int = None):
+    """``(case, output, sm90, fp32, fp64, bit_equal)`` per golden case and output (None where both are 0); the first
+    ``max_cases`` golden cases only when given (``--smoke``)."""
     op = operator.get(op_name)
     outputs_of = op.load("golden_outputs")
     out = []
-    for case in op.load("golden")():
+    for case in op.load("golden")()[:max_cases]:
         inputs, want = op.draw(case), outputs_of(case.source)
         runs = {p: op.run_reference(inputs, _policy(p, case.dtype)) for p in ("upstream_sm90", "fp32", "fp64")}
         for name in op.output_names:
@@ -52,13 +52,11 @@ def rows(op_name: str):
     return out
 
 
-def markdown(op_name: str, table, seconds: float) -> str:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip() or "?"
-    versions = envinfo.versions()
+def markdown(op_name: str, table, seconds: float, prov: dict = None, smoke: bool = False) -> str:
     lines = [f"# {op_name}: the policy reference against the real upstream kernel (H200 golden data)", "",
-             f"Made by `python scripts/golden_report.py --op {op_name}` at commit {commit} (torch "
-             f"{versions.get('torch')}, {envinfo.device_name('cpu')}), {seconds:.0f} s. Upstream: mamba-ssm "
+             provenance.markdown_header(prov) + (" **Smoke run (one case): not the report's figures.**" if smoke
+                                                 else ""), "",
+             f"Run time {seconds:.0f} s. Upstream: mamba-ssm "
              "2.3.2.post1 on one NVIDIA H200, TileLang 0.1.8 for the whole-op data (tests/data/README.md). "
              "Errors are rel RMS against upstream; `sm90` is `upstream_sm90` (`upstream_sm90_fp16` for fp16 cases); "
              "`closer` = fp32 / sm90. One upstream run is one sample of its FP32 helpers' autotuned reduction "
@@ -83,10 +81,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--op", default=registry.DEFAULT_OPERATOR, choices=registry.OPERATORS)
     parser.add_argument("--out", help="the Markdown file to write (default: print)")
+    parser.add_argument("--smoke", action="store_true", help="the first golden case only (seconds)")
     args = parser.parse_args(argv)
+    prov = provenance.collect()
     start = time.perf_counter()
-    table = rows(args.op)
-    text = markdown(args.op, table, time.perf_counter() - start)
+    table = rows(args.op, max_cases=1 if args.smoke else None)
+    text = markdown(args.op, table, time.perf_counter() - start, prov, smoke=args.smoke)
     if args.out:
         Path(args.out).write_text(text)
         print(f"wrote {args.out}")
