@@ -28,10 +28,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from mimo_numerics import plots  # noqa: E402
-from mimo_numerics.ops.mamba3_mimo import golden, ranking, runs  # noqa: E402
+from mimo_numerics import plots
+from mimo_numerics.ops.mamba3_mimo import golden, ranking, runs
 
 DEFAULT_OUT = ROOT / "reports" / "mamba3_mimo_site_ranking.md"
 
