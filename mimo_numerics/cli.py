@@ -124,8 +124,8 @@ def _resolve_policy(text: str):
     except (ValueError, TypeError, NotImplementedError) as exc:
         if _looks_like_file(text):
             message = str(exc) if text in str(exc) else f"policy file {text}: {exc}"
-            raise CliError(message, f"fix the file; a complete policy file is the JSON `{PROG} policy show "
-                                    "upstream_sm90` prints below its # line") from None
+            raise CliError(message, f"fix the file; `{PROG} policy show upstream_sm90 > FILE.json` writes a "
+                                    "complete policy file") from None
         raise CliError(str(exc), "mimo-numerics presets lists the preset names; a file must end in .json") from None
 
 
@@ -675,8 +675,11 @@ def cmd_presets(args) -> int:
 
 
 def cmd_policy_show(args) -> int:
+    """The policy's JSON on stdout (a file ``presets.resolve`` loads: ``policy show NAME > p.json``); which policy
+    it is goes to stderr, so a redirect keeps only the JSON."""
     policy = _resolve_policy(args.policy)
-    print(f"# {args.policy}: preset {policy.name!r}" if policy.name != "custom" else f"# {args.policy}: custom policy")
+    print(f"# {args.policy}: preset {policy.name!r}" if policy.name != "custom" else f"# {args.policy}: custom policy",
+          file=sys.stderr)
     print(policy.to_json())
     return 0
 
@@ -800,7 +803,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("policy", parents=[common], help="show or diff policies")
     psub = p.add_subparsers(dest="policy_command", metavar="ACTION")
-    q = psub.add_parser("show", parents=[common], help="print a policy as JSON")
+    q = psub.add_parser("show", parents=[common], help="print a policy as JSON on stdout (a policy file: "
+                                                      "'policy show NAME > p.json'); its name goes to stderr")
     q.add_argument("policy", help="preset name or policy JSON file")
     q.set_defaults(func=cmd_policy_show)
     q = psub.add_parser("diff", parents=[common], help="fields that differ between two policies")

@@ -454,11 +454,20 @@ class RoundingPolicy:
 
     @classmethod
     def from_json(cls, text: str, source: Optional[str] = None) -> "RoundingPolicy":
-        """Inverse of :meth:`to_json`; ``source`` (a file name) is named in errors."""
+        """Inverse of :meth:`to_json`: ``text`` is the JSON text itself, not a file name (a policy file, a preset
+        name or a policy: ``mimo_numerics.presets.resolve``); ``source`` (a file name) is named in errors."""
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise TypeError(f"RoundingPolicy.from_json takes the JSON text of a policy (str), got "
+                            f"{type(text).__name__}; to load a policy file use mimo_numerics.presets.resolve(path)")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"policy {'file ' + source if source else 'JSON'} is not valid JSON: {exc}") from None
+            if source:
+                raise ValueError(f"policy file {source} is not valid JSON: {exc}") from None
+            shown = text if len(text) <= 60 else text[:57] + "..."
+            raise ValueError(f"policy JSON is not valid JSON: {exc} (RoundingPolicy.from_json takes the JSON text "
+                             f"itself, got {shown!r}; to load a policy file or a preset by name use "
+                             "mimo_numerics.presets.resolve(path_or_name))") from None
         return cls.from_dict(data, source=source)
 
 

@@ -128,7 +128,9 @@ def label(policy: RoundingPolicy, operator: Optional[str] = None,
 
 
 def resolve(policy) -> RoundingPolicy:
-    """Accept a preset name, a ``RoundingPolicy`` or the path of a policy JSON file (named in errors)."""
+    """The policy of a preset name, a ``RoundingPolicy`` or the path of a policy JSON file: the package's file loader
+    (``mimo-numerics policy show NAME > p.json`` writes such a file; :meth:`RoundingPolicy.from_json` takes the JSON
+    text instead). A file is named in errors."""
     if isinstance(policy, RoundingPolicy):
         return policy
     if isinstance(policy, (str, Path)):
@@ -139,6 +141,10 @@ def resolve(policy) -> RoundingPolicy:
             path = Path(text)
             if not path.is_file():
                 raise ValueError(f"policy file {text} does not exist")
-            return RoundingPolicy.from_json(path.read_text(encoding="utf-8"), source=text)
+            content = path.read_text(encoding="utf-8")
+            if content.lstrip().startswith("#"):
+                raise ValueError(f"policy file {text} is not valid JSON: it starts with a '#' line (the name line "
+                                 "older versions of `mimo-numerics policy show` printed to stdout); delete that line")
+            return RoundingPolicy.from_json(content, source=text)
         return get(text)
     raise TypeError(f"policy must be a RoundingPolicy, a preset name or a .json path, got {type(policy).__name__}")

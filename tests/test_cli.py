@@ -322,14 +322,13 @@ def test_presets_and_policy_commands(tmp_path, capsys):
 
     code, out, _ = run_cli(capsys, "presets")
     assert code == 0 and all(name in out for name in presets.names()) and "evidence:" in out
-    code, out, _ = run_cli(capsys, "policy", "show", "upstream_sm90")
-    assert code == 0 and "preset 'upstream_sm90'" in out
-    policy_json = out.split("\n", 1)[1]
-    assert presets.name_of(presets.RoundingPolicy.from_json(policy_json)) == "upstream_sm90"
+    code, out, err = run_cli(capsys, "policy", "show", "upstream_sm90")
+    assert code == 0 and "preset 'upstream_sm90'" in err
+    assert presets.name_of(presets.RoundingPolicy.from_json(out)) == "upstream_sm90"
     path = tmp_path / "custom.json"
     path.write_text(presets.get("upstream_sm90").replace(out=False).to_json())
-    code, out, _ = run_cli(capsys, "policy", "show", str(path))
-    assert code == 0 and "custom policy" in out
+    code, out, err = run_cli(capsys, "policy", "show", str(path))
+    assert code == 0 and "custom policy" in err
     code, out, _ = run_cli(capsys, "policy", "diff", "upstream_sm90", str(path))
     assert code == 0 and "out" in out and "True  ->  False" in out
     code, out, _ = run_cli(capsys, "policy", "diff", "upstream_sm90", "upstream_sm90")
