@@ -22,11 +22,12 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import socket
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from tqdm.auto import tqdm
 
@@ -106,11 +107,91 @@ def _one_thread(fn: Callable[[Any], Any], item: Any, threads: int) -> Any:
         torch.set_num_threads(saved)
 
 
+#: Seconds :func:`check_ray_address` waits for a TCP connection to a Ray address before giving up.
+RAY_CONNECT_TIMEOUT_S = 10.0
+#: Ray's default ports: the GCS of a head (``host`` alone) and the Ray client server (``ray://host``).
+_RAY_GCS_PORT, _RAY_CLIENT_PORT = 6379, 10001
+
+
+def ray_endpoint(address: Optional[str]) -> Optional[Tuple[str, int]]:
+    """``(host, port)`` that a Ray ``address`` names: ``"host:port"`` (a head's GCS, port 6379 when left out) or
+    ``"ray://host:port"`` (the Ray client server, port 10001 when left out); None for the addresses that name no
+    endpoint (None: a local instance, ``"auto"``: the cluster Ray finds on this machine, ``"local"``).
+
+    Raises:
+        ValueError: an address of another scheme, or a port that is not a number in 1..65535.
+    """
+    if address is None:
+        return None
+    if not isinstance(address, str):
+        raise TypeError(f"address must be a str (host:port, ray://host:port, 'auto', 'local') or None, got "
+                        f"{type(address).__name__}")
+    text = address.strip()
+    if text in ("", "auto", "local"):
+        return None
+    port = _RAY_GCS_PORT
+    if text.startswith("ray://"):
+        text, port = text[len("ray://"):], _RAY_CLIENT_PORT
+    elif "://" in text:
+        raise ValueError(f"address {address!r}: expected host:port, ray://host:port, 'auto' or 'local'")
+    text = text.split("/", 1)[0]
+    if text.startswith("["):  # [IPv6]:port
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host, port_text = text, ""
+    if port_text:
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise ValueError(f"address {address!r}: the port must be a number in 1..65535, got {port_text!r}")
+        port = int(port_text)
+    if not host:
+        raise ValueError(f"address {address!r} names no host")
+    return host, port
+
+
+def check_ray_address(address: Optional[str], timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Fail fast where ``ray.init(address)`` would wait for minutes: a TCP connection to the host and port the
+    address names (:func:`ray_endpoint`), given up after ``timeout`` seconds.
+
+    It checks only that something accepts a TCP connection there, not that it is a Ray head of a matching version
+    (``ray.init`` still checks that, with its own waits); ``None``, ``"auto"`` and ``"local"`` are not checked.
+
+    Raises:
+        ConnectionError: nothing accepted the connection in time, naming the address and the timeout.
+    """
+    endpoint = ray_endpoint(address)
+    if endpoint is None:
+        return
+    host, port = endpoint
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except socket.timeout:
+        raise ConnectionError(f"executor='ray': no answer from {host}:{port} (address {address!r}) within "
+                              f"{timeout:g} s; is a Ray head running there (ray start --head)?") from None
+    except OSError as exc:
+        raise ConnectionError(f"executor='ray': cannot connect to {host}:{port} (address {address!r}): "
+                              f"{exc.strerror or exc}; is a Ray head running there (ray start --head)?") from None
+
+
+def _ray_preflight(address: Optional[str], connect_timeout: float) -> None:
+    """:func:`check_ray_address`, unless this process already runs a Ray instance (then ``address`` is not used)."""
+    running = sys.modules.get("ray")
+    if not (running is not None and running.is_initialized()):
+        check_ray_address(address, connect_timeout)
+
+
 def _map_ray(fn: Callable[[Any], Any], items: List[Any], *, workers: int, bar: tqdm, desc: str,
-             threads_per_worker: int, address: Optional[str] = None, num_gpus: Optional[float] = None) -> List[Any]:
+             threads_per_worker: int, address: Optional[str] = None, num_gpus: Optional[float] = None,
+             connect_timeout: float = RAY_CONNECT_TIMEOUT_S) -> List[Any]:
     """One Ray task per item, in input order, on a local Ray instance (``workers`` CPUs, started here and shut down
     afterwards) or on the cluster at ``address`` (``"auto"``, ``"ray://head:10001"``), ``num_gpus`` per task.
-    An instance already running in this process (``ray.init`` in a notebook) is used and left running."""
+    An instance already running in this process (``ray.init`` in a notebook) is used and left running. Before
+    ``ray.init``, :func:`check_ray_address` gives up on an address that accepts no TCP connection within
+    ``connect_timeout`` seconds (``ray.init`` itself would retry for minutes)."""
+    _ray_preflight(address, connect_timeout)
     try:
         import ray
     except ImportError as exc:
@@ -143,7 +224,7 @@ def _map_ray(fn: Callable[[Any], Any], items: List[Any], *, workers: int, bar: t
 
 
 #: Executors of :func:`parallel_map` by name (module docstring: the interface of one); ``"ray"`` also takes
-#: ``address`` and ``num_gpus`` (docs/sweeps.md).
+#: ``address``, ``num_gpus`` and ``connect_timeout`` (docs/sweeps.md).
 EXECUTORS: Dict[str, Callable[..., List[Any]]] = {"process": _map_processes, "ray": _map_ray}
 
 
@@ -161,7 +242,7 @@ def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: Option
         desc (str): the bar's label.
         threads_per_worker (int): torch intra-op threads in each worker.
         executor (str): a key of :data:`EXECUTORS` (``"process"``, ``"ray"``).
-        executor_options: the executor's own options (``"ray"``: ``address``, ``num_gpus``).
+        executor_options: the executor's own options (``"ray"``: ``address``, ``num_gpus``, ``connect_timeout``).
 
     Returns:
         list: the results, in the order of ``items``. An exception in a worker is raised here as a ``RuntimeError``
@@ -181,6 +262,9 @@ def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], workers: Option
         run, executor_options = _map_in_process, {}
     else:
         run = EXECUTORS[executor]
+    if executor == "ray":  # before the bar: an unreachable address is one line, not a bar and a traceback
+        _ray_preflight(executor_options.get("address"),
+                       executor_options.get("connect_timeout", RAY_CONNECT_TIMEOUT_S))
     with progress_bar(len(items), desc, enabled=progress) as bar:
         return run(fn, items, workers=workers, bar=bar, desc=desc, threads_per_worker=threads_per_worker,
                    **executor_options)
@@ -328,7 +412,7 @@ class SweepResult:
 def run_sweep(cases: Sequence[CaseLike], policies: Sequence[Union[str, Any]], baseline: str = "fp64",
               workers: Optional[int] = None, progress: bool = True, op: OperatorLike = None,
               executor: str = "process", address: Optional[str] = None,
-              num_gpus: Optional[float] = None) -> SweepResult:
+              num_gpus: Optional[float] = None, connect_timeout: Optional[float] = None) -> SweepResult:
     """Evaluate every (case, policy) pair of operator ``op`` in parallel (see :func:`evaluate_task`).
 
     Args:
@@ -342,6 +426,8 @@ def run_sweep(cases: Sequence[CaseLike], policies: Sequence[Union[str, Any]], ba
         executor (str): how the tasks are spread (:data:`EXECUTORS`: ``"process"``, ``"ray"``).
         address (str, optional), num_gpus (float, optional): Ray only (docs/sweeps.md): the cluster to use (None: a
             local instance for this call) and the GPUs each task reserves.
+        connect_timeout (float, optional): Ray only: seconds to wait for a TCP connection to ``address`` before
+            giving up (:func:`check_ray_address`; default :data:`RAY_CONNECT_TIMEOUT_S`).
 
     Returns:
         SweepResult
@@ -356,20 +442,22 @@ def run_sweep(cases: Sequence[CaseLike], policies: Sequence[Union[str, Any]], ba
         presets.resolve(policy).section(op.name)  # PolicyUndefined names the policy and the operator
     tasks = [SweepTask(case, p.to_dict() if isinstance(p, RoundingPolicy) else p, baseline, op.name)
              for case in cases for p in policies]
-    options = {k: v for k, v in (("address", address), ("num_gpus", num_gpus)) if v is not None}
+    options = {k: v for k, v in (("address", address), ("num_gpus", num_gpus),
+                                 ("connect_timeout", connect_timeout)) if v is not None}
     records = parallel_map(evaluate_task, tasks, workers=workers, progress=progress, desc=f"sweep {op.name}",
                            executor=executor, **options)
     return SweepResult(records, operator=op.name)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m mimo_numerics.sweep``: a grid and/or the golden cases × policies of one operator, in parallel."""
+    """``mimo-numerics sweep`` (also ``python -m mimo_numerics.sweep``): a grid and/or the golden cases × policies of
+    one operator, in parallel."""
     import argparse
 
     from . import presets
     from .ops import registry
 
-    parser = argparse.ArgumentParser(prog="python -m mimo_numerics.sweep", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="mimo-numerics sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--op", choices=registry.OPERATORS, default=registry.DEFAULT_OPERATOR,
                         help=f"the operator (default {registry.DEFAULT_OPERATOR})")
     parser.add_argument("--grid", action="append", default=[],
@@ -384,6 +472,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--address", default=None, help="Ray cluster address (executor ray; default: a local "
                                                         "instance)")
     parser.add_argument("--num-gpus", type=float, default=None, help="GPUs per Ray task (executor ray)")
+    parser.add_argument("--connect-timeout", type=float, default=None, metavar="SECONDS",
+                        help=f"executor ray: give up when --address accepts no TCP connection within SECONDS "
+                             f"(default {RAY_CONNECT_TIMEOUT_S:g})")
     parser.add_argument("--output", default=None, help="output shown in the printed table (default: the first "
                                                        "output along the tokens)")
     parser.add_argument("--out", default=None, help="write all records as JSON here")
@@ -403,10 +494,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if args.output is not None and args.output not in op.output_names:
         parser.error(f"--output {args.output}: not an output of {op.name}; outputs: {', '.join(op.output_names)}")
-    if args.executor != "ray" and (args.address is not None or args.num_gpus is not None):
-        parser.error("--address and --num-gpus apply to --executor ray only")
+    if args.executor != "ray" and (args.address is not None or args.num_gpus is not None
+                                   or args.connect_timeout is not None):
+        parser.error("--address, --num-gpus and --connect-timeout apply to --executor ray only")
+    if args.connect_timeout is not None and not args.connect_timeout > 0:
+        parser.error(f"--connect-timeout must be > 0 seconds, got {args.connect_timeout:g}")
     result = run_sweep(specs, policies, args.baseline, args.workers, progress=not args.quiet, op=op,
-                       executor=args.executor, address=args.address, num_gpus=args.num_gpus)
+                       executor=args.executor, address=args.address, num_gpus=args.num_gpus,
+                       connect_timeout=args.connect_timeout)
     if args.out:
         result.save_json(args.out)
     print(result.to_markdown(args.output))
