@@ -618,22 +618,38 @@ Lines: geometric mean over the seeds; bands: min – max over the seeds. `result
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The CLI's ``train-demo``: parse ``argv`` and run :func:`train_demo`."""
     import argparse
+    import datetime
 
-    parser = argparse.ArgumentParser(prog="train-demo", description=(
+    class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+        """Every default in ``--help``, except None and False (their help says what they mean)."""
+
+        def _get_help_string(self, action):
+            if action.default is None or action.default is False:
+                return action.help
+            return super()._get_help_string(action)
+
+    parser = argparse.ArgumentParser(prog="mimo-numerics train-demo", description=(
         "Train one Mamba-3 MIMO layer under several rounding policies from the same initial weights, with the FP64 "
-        "gradient of the same weights at every step; writes results.json, PNGs and README.md."))
-    parser.add_argument("--out", default="reports/training_under_policy", help="output folder")
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+        "gradient of the same weights at every step; writes results.json, PNGs and README.md."),
+        formatter_class=DefaultsShown)
+    parser.add_argument("--out", default=None,
+                        help="output folder (default: a new folder out/train-demo/<UTC yyyymmdd_HHMMSS> under the "
+                             "current directory, so no earlier run or committed report is overwritten; the "
+                             "committed report is --out reports/training_under_policy)")
+    parser.add_argument("--steps", type=int, default=200, help="Adam steps per run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one run per policy and seed")
     parser.add_argument("--policy", action="append", dest="policies", default=None,
                         help="a preset or '<preset> - <operator>.<site>' (repeat; default: "
                              f"{', '.join(DemoConfig().policies)})")
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--realistic", action="store_true", help="shapes near upstream's (for --device cuda)")
-    parser.add_argument("--lr", type=float, default=2e-2)
+    parser.add_argument("--lr", type=float, default=2e-2, help="Adam's learning rate")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads while training (0: leave as is)")
     parser.add_argument("--no-plots", action="store_true", help="write results.json only")
     args = parser.parse_args(argv)
+    if args.out is None:
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d_%H%M%S")
+        args.out = str(Path("out") / "train-demo" / stamp)
     if args.steps < 1:
         parser.error("--steps must be >= 1")
     command = "mimo-numerics train-demo" + ("" if not argv else " " + " ".join(argv))
