@@ -18,7 +18,9 @@ same policy. Which implementation runs each step is :mod:`.chain`'s business (``
   2.3.2.post1).
 * ``fp64``: float64 preprocessing and the FP64 oracle of every step, nothing rounded. ``Out`` is float64; torch
   autograd casts each gradient to its input's dtype when it stores ``.grad`` (``dQ`` of a bf16 ``Q`` becomes
-  bf16), so the unrounded float64 gradients are read from ``record`` (``"mamba3_mimo_epilogue.dQ"``, ...).
+  bf16), so with upstream's input dtypes the unrounded float64 gradients are read from ``record``
+  (``"mamba3_mimo_epilogue.dQ"``, ...). Or give float64 inputs (:data:`FLOAT64_INPUTS_RULE`): then every
+  ``.grad`` is the float64 gradient itself.
 
 ``record={}`` collects, under ``"<operator>.<stage>"`` keys (:data:`RECORD_PREFIXES`): the preprocessing outputs
 (``mamba3_mimo_preprocess.angles_cumsum``, ...), the recorded stages and the outputs of each operator
@@ -70,6 +72,12 @@ RECORD_PREFIXES = ("mamba3_mimo_preprocess", "mamba_mimo_fwd", "mamba_mimo_bwd_f
 #: Inputs upstream takes in the low-precision ``dtype``; every other tensor is float32.
 LP_INPUTS = ("Q", "K", "V", "Trap", "Z")
 _LP_DTYPES = (torch.bfloat16, torch.float16)
+#: When the 14 tensors may be float64 instead of upstream's dtypes (:func:`validate_op_inputs`, ``wide=True``).
+FLOAT64_INPUTS_RULE = (
+    "float64 inputs are taken only under a policy whose chain is float64 and unrounded (the fp64 preset: "
+    "math_dtype='float64', round_outputs=False, no rounding site on), and then for every tensor argument at once "
+    "(Q, K, V, Trap, Z in place of the lp dtype, the others in place of float32), so that autograd stores "
+    "float64 gradients")
 
 
 class BackendFallbackWarning(UserWarning):
@@ -85,14 +93,26 @@ class _Config:
     record: Optional[MutableMapping]
 
 
+def _check_float64_inputs(tensors: Dict[str, Optional[torch.Tensor]], dtype, lp_dtype: torch.dtype) -> None:
+    """``wide=True`` with a float64 ``Q``: every tensor float64 (:data:`FLOAT64_INPUTS_RULE`); ``dtype`` None or
+    the policy's lp dtype (it names no tensor's dtype then)."""
+    for name, value in tensors.items():
+        if value is not None and value.dtype != torch.float64:
+            raise TypeError(f"{name} has dtype {value.dtype} but Q is float64: {FLOAT64_INPUTS_RULE}; give every "
+                            "tensor in float64, or every one in upstream's dtype")
+    if dtype is not None and dtype != lp_dtype:
+        raise TypeError(f"dtype={dtype} with float64 inputs: dtype must be None or the policy's lp_dtype {lp_dtype}")
+
+
 def validate_op_inputs(tensors: Dict[str, Optional[torch.Tensor]], chunk_size, rotary_dim_divisor, dtype,
-                       lp_dtype: torch.dtype, *, needs_backward: bool) -> None:
+                       lp_dtype: torch.dtype, *, needs_backward: bool, wide: bool = False) -> None:
     """Check the 14 raw inputs of the op (golden names) before anything runs; errors name the argument.
 
     Shapes, pairings (``Z`` with ``MIMO_Z``), sizes and devices by the FP64 model's validation; then upstream's
     dtypes: ``Q``, ``K``, ``V``, ``Trap``, ``Z`` in one lp dtype (``dtype`` when given, the policy's ``lp_dtype``),
-    every other tensor float32. With ``needs_backward``: upstream's backward limits, ``S % chunk_size == 0`` and
-    ``G`` in ``{1, H}``.
+    every other tensor float32. ``wide=True`` (the policy runs the fp64 chain, ``chain.chain_kind``) also takes
+    every tensor in float64 (:data:`FLOAT64_INPUTS_RULE`). With ``needs_backward``: upstream's backward limits,
+    ``S % chunk_size == 0`` and ``G`` in ``{1, H}``.
 
     Raises:
         TypeError: a missing or non-tensor argument, a wrong dtype. ValueError: shapes, devices, pairings, sizes.
@@ -103,8 +123,29 @@ def validate_op_inputs(tensors: Dict[str, Optional[torch.Tensor]], chunk_size, r
             raise TypeError(f"{name} must be a dense (strided) torch.Tensor, got {kind}")
     B, S, R, G, N, H, P, C, _ = _validate_shapes(tensors, chunk_size, rotary_dim_divisor, "upstream")
     lp = tensors["Q"].dtype
-    if lp not in _LP_DTYPES:
-        raise TypeError(f"Q must have dtype torch.bfloat16 or torch.float16 (upstream's low-precision dtype), got {lp}")
+    float64_hint = (" (float64 inputs under this policy: every tensor at once, Q included)" if wide
+                    else f" ({FLOAT64_INPUTS_RULE})")
+    if wide and lp == torch.float64:
+        _check_float64_inputs(tensors, dtype, lp_dtype)
+    elif lp not in _LP_DTYPES:
+        raise TypeError(f"Q must have dtype torch.bfloat16 or torch.float16 (upstream's low-precision dtype), got "
+                        f"{lp}{float64_hint if lp == torch.float64 else ''}")
+    else:
+        _check_upstream_dtypes(tensors, lp, dtype, lp_dtype, float64_hint)
+    if needs_backward:
+        if S % C:
+            raise ValueError(f"the backward needs the sequence length to be a multiple of chunk_size, as upstream's "
+                             f"(its Triton helpers assert it): S={S}, chunk_size={C}; pad the sequence or run "
+                             "without gradients")
+        if G not in (1, H):
+            raise ValueError(f"the backward supports G == 1 or G == H only, as upstream's mamba_mimo_bwd_combined: "
+                             f"Q has G={G} groups for H={H} heads")
+
+
+def _check_upstream_dtypes(tensors: Dict[str, Optional[torch.Tensor]], lp: torch.dtype, dtype,
+                           lp_dtype: torch.dtype, float64_hint: str) -> None:
+    """Upstream's dtypes: ``Q`` ... in ``lp`` (= ``dtype`` when given, = the policy's ``lp_dtype``), the rest
+    float32."""
     if dtype is not None:
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype (torch.bfloat16 or torch.float16) or None, got "
@@ -121,15 +162,8 @@ def validate_op_inputs(tensors: Dict[str, Optional[torch.Tensor]], chunk_size, r
         want = lp if name in LP_INPUTS else torch.float32
         if value.dtype != want:
             role = "the low-precision dtype of Q" if name in LP_INPUTS else "float32, as upstream takes it"
-            raise TypeError(f"{name} must have dtype {want} ({role}), got {value.dtype}")
-    if needs_backward:
-        if S % C:
-            raise ValueError(f"the backward needs the sequence length to be a multiple of chunk_size, as upstream's "
-                             f"(its Triton helpers assert it): S={S}, chunk_size={C}; pad the sequence or run "
-                             "without gradients")
-        if G not in (1, H):
-            raise ValueError(f"the backward supports G == 1 or G == H only, as upstream's mamba_mimo_bwd_combined: "
-                             f"Q has G={G} groups for H={H} heads")
+            raise TypeError(f"{name} must have dtype {want} ({role}), got {value.dtype}"
+                            f"{float64_hint if value.dtype == torch.float64 else ''}")
 
 
 class _Mamba3MimoFunction(torch.autograd.Function):
@@ -208,7 +242,8 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
 
     Returns:
         Tensor: ``Out``, ``[B, S, H, P]`` with ``MIMO_Out``, else ``[B, S, R, H, P]``; lp in the float32 chain,
-        float64 under ``fp64``.
+        float64 under ``fp64``. Under ``fp64`` the 14 tensors may all be float64 (:data:`FLOAT64_INPUTS_RULE`):
+        then every ``.grad`` is float64, the gradient itself rather than autograd's cast of it to a bf16 input.
 
     Raises:
         NotImplementedError: ``return_state``, ``cu_seqlens``, a policy the chain cannot run (``chain.chain_kind``).
@@ -233,7 +268,7 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
     needs_backward = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in tensors.values())
     validate_op_inputs(tensors, chunk_size, rotary_dim_divisor, dtype, policy.lp_torch_dtype,
-                       needs_backward=needs_backward)
+                       needs_backward=needs_backward, wide=chain.chain_kind(policy) == "fp64")
     _check_backend(backend, policy, tensors, chunk_size)
     config = _Config(policy=policy, backend=backend, chunk_size=chunk_size, rotary_dim_divisor=rotary_dim_divisor,
                      record=record)

@@ -149,7 +149,8 @@ def _stage1_checks_float32_copies():
     names = _STAGE1_INPUT_NAMES
 
     def check_copies(*args, **kwargs):
-        lp = args[1].dtype  # q
+        lp = args[1].dtype  # q; float64 inputs of the whole op (its FLOAT64_INPUTS_RULE): a bf16 copy checks them
+        lp = torch.bfloat16 if lp == _F64 else lp
         copied = []
         for name, a in zip(names, args[:len(names)]):
             if isinstance(a, torch.Tensor) and a.dtype == _F64:
@@ -169,8 +170,8 @@ def stage1_oracle_fp64(*tensors, chunk_size: int, rotary_dim_divisor: int):
 
     The stage-1 oracle checks upstream's dtypes (``angles``, ``da_cs``, ``da_cs_rev``, ``segsum`` float32, ``dout``
     lp) but converts every tensor to float64 before computing. This checks float32 (lp) copies of the float64
-    tensors (shapes, pairings, everything else as usual) and runs the oracle's arithmetic on the float64 tensors
-    themselves. (The oracle module's ``validate_inputs`` is swapped for the call's duration: not thread-safe. A
+    tensors (shapes, pairings, everything else as usual; the lp copies in ``q``'s dtype, bfloat16 when ``q`` is
+    float64 too) and runs the oracle's arithmetic on the float64 tensors themselves. (The oracle module's ``validate_inputs`` is swapped for the call's duration: not thread-safe. A
     ``wide=True`` option of ``mimo_numerics.validation.validate_inputs`` would remove this.)
     """
     with _stage1_checks_float32_copies():
