@@ -41,6 +41,17 @@ def _axes(ax, size: Tuple[float, float]):
     return fig, fig.add_subplot(1, 1, 1)
 
 
+def _figure_title(fig: Figure, text: str, **kwargs) -> None:
+    """``text`` as the title of the whole figure (centred on it, room kept by the constrained layout), the figure
+    widened where the title is wider than it: a title over one narrow axes (its legend outside) was cut on both
+    sides."""
+    title = fig.suptitle(text, **kwargs)
+    fig.draw_without_rendering()
+    needed = title.get_window_extent().width / fig.dpi + 0.3  # inches, with a margin
+    if needed > fig.get_figwidth():
+        fig.set_figwidth(needed)
+
+
 def _positive_floor(values) -> float:
     finite = [v for v in values if v is not None and np.isfinite(v) and v > 0]
     return min(finite) / 10.0 if finite else 1e-12
@@ -318,6 +329,7 @@ def plot_score_matrix(values: Mapping[str, Mapping[str, float]], columns: Option
 def plot_gap_attribution(gap: GapAttribution, ax=None, title: Optional[str] = None) -> Figure:
     """Per output, the fraction of ``d(A)`` each differing field closes on its own, plus the interactions."""
     outputs = [o for o in gap.outputs if gap.gap[o] > 0]
+    own = ax is None
     fig, ax = _axes(ax, (max(6.0, 1.6 * len(outputs) + 2), 4.2))
     names = [f"{r.field}: {r.value_a}→{r.value_b}" for r in gap.rows] + ["interactions"]
     width = 0.8 / max(len(names), 1)
@@ -335,7 +347,11 @@ def plot_gap_attribution(gap: GapAttribution, ax=None, title: Optional[str] = No
     ax.set_ylabel(f"fraction of d({gap.policy_a.name}) closed")
     _legend_outside(ax)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.set_title(title or f"Gap {gap.policy_a.name} → {gap.policy_b.name} ({gap.metric} to {gap.target})")
+    text = title or f"Gap {gap.policy_a.name} → {gap.policy_b.name} ({gap.metric} to {gap.target})"
+    if own:
+        _figure_title(fig, text)
+    else:
+        ax.set_title(text)
     return fig
 
 
