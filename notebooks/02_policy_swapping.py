@@ -63,7 +63,7 @@ plots.plot_output_errors(against_device, baseline="H200 upstream", title=f"Outpu
 # is the fraction of the policy's error the site adds on its own, averaged over the outputs.
 
 # %%
-table = sensitivity.rank_sites(inputs, "upstream_sm90", "fp64")
+table = sensitivity.rank_sites(inputs, "upstream_sm90", "fp64", progress=False)
 plots.plot_sensitivity(table)
 
 # %%

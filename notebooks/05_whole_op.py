@@ -83,7 +83,8 @@ plots.plot_stage_drift(chain_table, groups=runs.groups(chain_table.stages()), st
 # About 80 runs of the op, a few seconds.
 
 # %%
-site_ranking = ranking.rank_op_sites([case.inputs], "upstream_sm90", names=[case.name], baselines=[op_runs["fp64"]])
+site_ranking = ranking.rank_op_sites([case.inputs], "upstream_sm90", names=[case.name], baselines=[op_runs["fp64"]],
+                                    progress=False)
 heat = {r.label: {o: site_ranking.fraction(r, o) for o in site_ranking.outputs} for r in site_ranking.ranked()[:20]}
 plots.plot_score_matrix(heat, site_ranking.outputs, vmax=1.0, ylabel="rounding turned off",
                         colorbar="share of the error removed", title="Share of each output's error, one rounding off")
