@@ -535,6 +535,20 @@ class InferenceResult:
         limit = self.distance * (1.0 + rtol)
         return tuple(dict.fromkeys(name for c in self.neighbours if c.distance <= limit for name in c.change))
 
+    def undetermined(self, rtol: float = 0.01) -> Tuple[str, ...]:
+        """Fields these data do not pin down: the ties, then the other weakly determined fields
+        (:meth:`weakly_determined`). Where any, ``best`` is the best fit, not a recovered policy."""
+        return tuple(dict.fromkeys(tuple(self.ties) + self.weakly_determined(rtol)))
+
+    def headline(self, rtol: float = 0.01) -> str:
+        """One line: ``"Recovered policy: <best>"`` where every field is determined, else ``"Best fit: <best>
+        (not determined by these data: <fields>)"``: a tie or a change within ``rtol`` is no recovery."""
+        name = describe_policy(self.best, self.operator)
+        loose = self.undetermined(rtol)
+        if not loose:
+            return f"Recovered policy: {name}"
+        return f"Best fit: {name} (not determined by these data: {', '.join(loose)})"
+
     def distance_of(self, policy: PolicyLike) -> Optional[float]:
         """The distance of an evaluated policy (None when the search never evaluated it)."""
         return self.distances.get(_presets.resolve(policy))
@@ -557,8 +571,12 @@ class InferenceResult:
     def to_markdown(self, neighbours: int = 10) -> str:
         """A short Markdown summary: best policy, distance, start, the changes from start and nearest neighbours."""
         changes = self.start.diff(self.best, operator=self.operator).items()
-        lines = [f"**Recovered policy** ({self.operator}): `{describe_policy(self.best, self.operator)}`, distance "
-                 f"{self.distance:.4g} over {self.n_cases} case(s) ({self.evaluations} policies evaluated)", "",
+        loose = self.undetermined()
+        what = ("**Best-fitting policy, not a unique recovery**" if loose else "**Recovered policy**")
+        lines = [f"{what} ({self.operator}): `{describe_policy(self.best, self.operator)}`, distance "
+                 f"{self.distance:.4g} over {self.n_cases} case(s) ({self.evaluations} policies evaluated)"
+                 + (f"; these data do not determine " + ", ".join(f"`{f}`" for f in loose)
+                    + " (tied or within 1 %, below)" if loose else ""), "",
                  f"Start `{describe_policy(self.start, self.operator)}`: distance {self.start_distance:.4g}; changes "
                  "from start: " + (", ".join(f"`{k}`: {a} → {b}" for k, (a, b) in changes) or "none"),
                  ""]

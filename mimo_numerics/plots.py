@@ -387,7 +387,7 @@ def plot_inference(result: InferenceResult, top: int = 15, extra: Optional[Mappi
     ax.set_ylabel("policy (best, then one field changed)")
     from matplotlib.patches import Patch
 
-    handles = [Patch(color="tab:green", label="recovered policy"),
+    handles = [Patch(color="tab:green", label="best fit" if result.undetermined() else "recovered policy"),
                Patch(color="tab:gray", label="neighbour (one field changed)")]
     if extra:
         handles.append(Patch(color="tab:orange", label="other policies"))
@@ -395,7 +395,7 @@ def plot_inference(result: InferenceResult, top: int = 15, extra: Optional[Mappi
         handles.append(Patch(facecolor="none", hatch="//", edgecolor="tab:green", label="0 (bit-exact)"))
     ax.legend(handles=handles, fontsize=8, loc="upper right")
     ax.grid(True, which="major", axis="x", alpha=0.3)
-    ax.set_title(title or f"Recovered policy: {describe_policy(result.best)}\n(distance {result.distance:.3g}, "
+    ax.set_title(title or f"{result.headline()}\n(distance {result.distance:.3g}, "
                  f"{result.n_cases} case(s)) and its single-field neighbours", fontsize=10)
     return fig
 

@@ -477,7 +477,8 @@ def _summary(rc, op, metrics, stage_table, vs_claimed, seq_chunk, errors, agreem
         ratio = seed_d / inference.distance if inference.distance > 0 else math.inf
         lines += ["## Policy inferred from the device outputs", "", "![inference](fig_inference.png)", "",
                   inference.to_markdown(), "",
-                  f"Distance of the start policy `{inference.start.name}` over the recovered one: {ratio:.3g}×.", ""]
+                  f"Distance of the start policy `{inference.start.name}` over the "
+                  f"{'best fit' if inference.undetermined() else 'recovered one'}: {ratio:.3g}×.", ""]
     if skipped:
         titles = {"sensitivity": "sensitivity ranking", "gap": "gap attribution", "inference": "policy inference"}
         lines += ["## Left out", ""] + [f"* {titles[k]}: {why}." for k, why in skipped.items()] + [""]

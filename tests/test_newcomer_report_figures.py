@@ -43,3 +43,40 @@ def test_gap_figure_title_and_legend_are_inside_the_figure(n_outputs):
     assert "seed_bf16" in title.get_text() and "upstream_sm90" in title.get_text()
     assert _inside(fig, title), (title.get_window_extent(), fig.bbox)
     assert _inside(fig, fig.axes[0].get_legend())
+
+
+# ---------------------------------------------------------------------------------------------- inference headline
+def _inference(neighbour_distances: dict, ties=()):
+    """An InferenceResult with best upstream_sm90 at distance 0.0464 and one neighbour per changed field."""
+    from mimo_numerics.inference import Candidate, Evaluation, InferenceResult
+
+    best = presets.get("upstream_sm90")
+    neighbours = [Candidate(best.replace(**{field: value}), distance, {}, {field: value})
+                  for (field, value), distance in sorted(neighbour_distances.items(), key=lambda kv: kv[1])]
+    return InferenceResult(best=best, distance=0.0464, evaluation=Evaluation(0.0464, {}, {}, {}),
+                           start=presets.get("seed_bf16"), start_distance=0.9, alternatives=[],
+                           neighbours=neighbours, ties=tuple(ties), trace=[], evaluations=255,
+                           lp_dtype="bfloat16", n_cases=15)
+
+
+def test_a_weakly_determined_field_is_no_recovered_policy():
+    weak = _inference({("silu_form", "sigmoid"): 0.04645, ("diag_mode", "mul_then_add"): 0.6})
+    assert weak.undetermined() == ("silu_form",)
+    assert weak.headline() == "Best fit: upstream_sm90 (not determined by these data: silu_form)"
+    first = weak.to_markdown().splitlines()[0]
+    assert first.startswith("**Best-fitting policy, not a unique recovery**") and "`silu_form`" in first
+    assert "Recovered policy" not in weak.to_markdown()
+    assert plots.plot_inference(weak).axes[0].get_title().startswith("Best fit: upstream_sm90 (not determined")
+
+
+def test_a_tie_is_no_recovered_policy():
+    tied = _inference({("silu_form", "sigmoid"): 0.0464, ("diag_mode", "mul_then_add"): 0.6}, ties=("silu_form",))
+    assert tied.headline().startswith("Best fit:") and "silu_form" in tied.headline()
+
+
+def test_a_determined_policy_is_recovered():
+    clear = _inference({("silu_form", "sigmoid"): 0.09, ("diag_mode", "mul_then_add"): 0.6})
+    assert clear.undetermined() == ()
+    assert clear.headline() == "Recovered policy: upstream_sm90"
+    assert clear.to_markdown().startswith("**Recovered policy** (")
+    assert plots.plot_inference(clear).axes[0].get_title().startswith("Recovered policy: upstream_sm90")
