@@ -191,7 +191,8 @@ def plot_sequence_drift(drift: SequenceDrift, stages: Optional[Sequence[str]] = 
                 ax.plot(xs[zeros], np.full(zeros.size, floor), linestyle="none", marker=style["marker"],
                         markersize=style["markersize"], markerfacecolor="none", color=line.get_color())
         ax.set_yscale("log")
-        ax.set_xlabel(f"{drift.per} index along the sequence")
+        ax.set_xlabel("chunk index along the sequence (chunk 0 first)" if drift.per == "chunk"
+                      else "token index along the sequence")
         ax.set_ylabel(f"relative RMS error vs {drift.baseline}")
         ax.set_title(_short(stage))
         ax.grid(True, which="major", axis="y", alpha=0.3)

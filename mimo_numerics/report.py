@@ -312,7 +312,7 @@ def build_report(case: Optional[str] = None, out: Optional[Path] = None, policie
     chunk = int(inputs["chunk_size"])
     metrics: Dict[str, Any] = {"case": rc.name, "operator": op.name, "description": rc.description,
                                "baseline": baseline, "policies": {l: p.to_dict() for l, p in chosen.items()},
-                               "device_label": rc.device_label, "lp_dtype": lp}
+                               "device_label": rc.device_label, "lp_dtype": lp, "chunk_size": chunk}
 
     # ---- runs and drift
     say("recording stages")
@@ -395,7 +395,7 @@ def build_report(case: Optional[str] = None, out: Optional[Path] = None, policie
          "fig_drift_vs_claimed.png")
     token_stages = [s for s in _drift.sequence_stages(op, "token") if s in seq.stages()][:2]
     if token_stages:
-        save(_plots.plot_sequence_drift(seq, token_stages, title=f"Error along the sequence: {where}"),
+        save(_plots.plot_sequence_drift(seq, token_stages, title=f"Error along the sequence, per token: {where}"),
              "fig_drift_along_sequence.png")
     if sens is not None:
         save(_plots.plot_sensitivity(sens), "fig_sensitivity.png")
@@ -452,15 +452,17 @@ def _summary(rc, op, metrics, stage_table, vs_claimed, seq_chunk, errors, agreem
               + ", ".join(f"`{l}`: {s or 'never'}" for l, s in metrics["entry_stage_vs_claimed"].items()), "",
               vs_claimed.to_markdown(), ""]
     chunk_stages = [s for s in _drift.sequence_stages(op, "chunk") if s in seq_chunk.stages()]
-    figure = ["![drift along the sequence](fig_drift_along_sequence.png)", ""] \
+    figure = ["Per token (the figure's x axis is the token index):", "",
+              "![drift along the sequence, per token](fig_drift_along_sequence.png)", ""] \
         if "fig_drift_along_sequence.png" in figures else []
-    lines += ["## Drift along the sequence", "", *figure, "Relative RMS error against fp64 per chunk:", ""]
+    lines += ["## Drift along the sequence", "", *figure,
+              f"Per chunk ({metrics['chunk_size']} tokens each; chunk 0 first): relative RMS error against fp64:", ""]
     rows = []
     for label, stages in seq_chunk.values.items():
         for s in chunk_stages:
             if s in stages:
                 rows.append([f"`{label}`", f"`{s}`", ", ".join(_fmt(v) if v == v else "–" for v in stages[s])])
-    lines += [_table(rows, ["run", "stage", "per chunk"]), ""]
+    lines += [_table(rows, ["run", "stage", "per chunk (chunk 0, 1, ...)"]), ""]
     skipped = metrics["skipped"]
     if sens is not None:
         lines += [f"## Sensitivity of `{sens.policy.name}` (one-on / one-off, against `{sens.baseline}`)", "",

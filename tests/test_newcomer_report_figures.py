@@ -2,6 +2,7 @@
 policy with a weakly determined field "recovered", and the per-chunk drift was drawn over an axis of token index."""
 
 import pytest
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.text import Text
 
@@ -80,3 +81,42 @@ def test_a_determined_policy_is_recovered():
     assert clear.headline() == "Recovered policy: upstream_sm90"
     assert clear.to_markdown().startswith("**Recovered policy** (")
     assert plots.plot_inference(clear).axes[0].get_title().startswith("Recovered policy: upstream_sm90")
+
+
+# ---------------------------------------------------------------------------------------------- drift along the sequence
+@pytest.fixture(scope="module")
+def smoke_report(tmp_path_factory):
+    """``mimo-numerics report --case smoke:0`` (stage 1, an emulated device), in this process."""
+    import argparse
+
+    from mimo_numerics import report
+
+    out = tmp_path_factory.mktemp("report") / "smoke"
+    parser = report.add_report_arguments(argparse.ArgumentParser())
+    report.run_report(parser.parse_args(["--case", "smoke:0", "--out", str(out), "--quiet"]))
+    return out
+
+
+def _drift_section(summary: str) -> str:
+    start = summary.index("## Drift along the sequence")
+    return summary[start:summary.index("\n## ", start + 1)]
+
+
+def test_report_says_which_drift_is_per_token_and_which_per_chunk(smoke_report):
+    section = _drift_section((smoke_report / "summary.md").read_text(encoding="utf-8"))
+    figure_at = section.index("fig_drift_along_sequence.png")
+    assert "Per token (the figure's x axis is the token index)" in section[:figure_at]
+    table_intro = section[figure_at:]
+    assert table_intro.index("Per chunk (") < table_intro.index("| run | stage | per chunk")
+
+
+def test_sequence_drift_axis_names_what_it_indexes():
+    from mimo_numerics.drift import SequenceDrift
+
+    series = np.array([1e-4, 2e-4, 3e-4])
+    for per, label in (("chunk", "chunk index along the sequence (chunk 0 first)"),
+                       ("token", "token index along the sequence")):
+        drift = SequenceDrift(per, "fp64", np.arange(3), {"upstream_sm90": {"out": series}}, None)
+        fig = plots.plot_sequence_drift(drift)
+        assert fig.axes[0].get_xlabel() == label
+        assert f"per {per}" in fig.get_suptitle()
