@@ -869,6 +869,8 @@ def _hint_for(exc: BaseException) -> str:
         return f"run: {PROG} upgrade {Path(exc.path).parent} --out NEW_DIR"
     if isinstance(exc, BundleError):
         return "the bundle is incomplete, corrupt or from a newer version; copy it again or re-create it"
+    if isinstance(exc, ConnectionError) and "executor='ray'" in str(exc):
+        return "check --address (host:port of the Ray head, ray://host:port for Ray Client) or --connect-timeout"
     if isinstance(exc, FileExistsError):
         return "pass --overwrite or choose another --out"
     if isinstance(exc, FileNotFoundError):

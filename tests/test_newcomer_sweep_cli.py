@@ -59,6 +59,7 @@ def test_cli_sweep_on_an_unreachable_ray_address_is_one_line_within_seconds():
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot connect" in lines[0] and address in lines[0], proc.stderr
+    assert "(hint: check --address" in lines[0]
     assert proc.stdout == ""
     assert elapsed < 60  # the interpreter and torch import included; ray.init alone used to wait for minutes
 
