@@ -251,7 +251,12 @@ def test_bwd_bwd_tail_chunk_equals_the_padded_sequence(synthetic_inputs):
             want = want[:, :S]
         elif o in ("dfactor", "dgamma_diag", "ddA", "ddA_cs_rev", "ddA_cs"):
             want = want[..., :S]
-        assert rel_rms(tail[o], want) <= tolerances.get("same_policy_rel_rms"), o  # bit-identical on CPU
+        # Bit-identical on every machine: both runs pad to the same Sp (the reference pads the tail itself), so every
+        # torch op, GEMM included, gets tensors of the same shapes and strides and runs the same kernel in the same
+        # order. The padded positions hold other values (da_cs: edge here, zeros inside the reference); that the kept
+        # outputs are equal shows they reach them only as exact zeros (products with a zero-padded operand; the
+        # chunk decay reads the last valid token), and adding an exact 0 leaves a partial sum as it is in any order
+        assert torch.equal(tail[o], want), o
 
 
 def test_bwd_bwd_groups_map_heads_as_expanded_heads(synthetic_inputs):
@@ -266,7 +271,9 @@ def test_bwd_bwd_groups_map_heads_as_expanded_heads(synthetic_inputs):
     got, want = run_reference(inputs, policy), run_reference(expanded, policy)
     for o in OUTPUT_NAMES:
         if want[o] is not None:
-            assert rel_rms(got[o], want[o]) <= tolerances.get("same_policy_rel_rms"), o  # bit-identical on CPU
+            # bit-identical on every machine: the reference maps heads to groups by index_select before any
+            # arithmetic, so both runs compute on tensors of the same shapes, strides and values, op for op
+            assert torch.equal(got[o], want[o]), o
 
 
 @pytest.mark.parametrize("rank_case,masked_input_rounded", [(0, True), (1, False)], ids=["R1", "R2"])
@@ -331,7 +338,9 @@ def test_bwd_bwd_strided_inputs_give_the_same_outputs(synthetic_inputs):
     got, want = run_reference(strided, policy), run_reference(inputs, policy)
     for o in OUTPUT_NAMES:
         if want[o] is not None:
-            assert rel_rms(got[o], want[o]) <= tolerances.get("same_policy_rel_rms"), o
+            # bit-identical on every machine: the reference makes every input contiguous before any arithmetic, so
+            # from there both runs perform the same ops on tensors of the same shapes, strides and values
+            assert torch.equal(got[o], want[o]), o
 
 
 def test_bwd_bwd_outputs_by_name_position_and_attribute(synthetic_inputs):

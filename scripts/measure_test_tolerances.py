@@ -1,0 +1,496 @@
+"""Measure what the tight tolerances of the test suite guard (issue 26, Tests 3 and 4).
+
+Each group below recomputes, on the very cases of its test, the quantity a tolerance of
+``mimo_numerics/tolerances.py`` bounds, and the script writes the worst value of each over its sweep to
+``reports/measurements/test_tolerances.json`` (with a short ``.md`` beside it). tolerances.py cites this file: each
+entry is the worst measured value over the sweep named here times a margin stated in the entry.
+
+The sweep runs once in this process (``native``) and, with ``--configs``, again in subprocesses under the emulated
+CPUs of ``scripts/cpu_emulation_suite.sh`` (``avx2``: torch's AVX2 kernels, MKL's AVX2 path, OpenBLAS Haswell;
+``scalar``: no AVX, MKL SSE4.2, OpenBLAS Nehalem), so that the worst value also covers those BLAS and vector paths
+(docs/reproducibility.md). The environment variables only select the emulated CPU of a child process; they change
+no result of the package.
+
+Groups (each named after the test it measures):
+
+* ``kernels``: ``tests/test_kernels.py::test_kernels_match_reference``: the Triton kernels under the CPU interpreter
+  vs the reference, same policy, on the 8 cases x policies of the test (24 pairs), per output: rel RMS, and for lp
+  outputs the number of differing elements and the rel RMS one flipped lp rounding of the largest element gives
+  (``one_flip``: how large a single flip, the kind of change another BLAS order makes, is on these small outputs).
+* ``stage2_paths``: ``tests/test_bwd_bwd_reference.py`` tail / groups / strided: differing elements (asserted 0).
+* ``stage2_state_update``: the two ``state_update`` orders of stage 2's dstates on the drawn cases with two k16
+  steps (C·R > 16): rel RMS (``stage2_state_update_orders_rel_rms``).
+* ``stage2_fp64``: stage 2's fp64 preset vs its FP64 oracle on the 11 golden and 5 drawn cases of
+  ``test_bwd_bwd_fp64_matches_oracle`` (``stage2_fp64_reference_vs_oracle_rel_rms``).
+* ``epilogue``: the FP32 epilogue vs the golden upstream post/autograd entries on the 7 whole-op golden cases:
+  differing elements of the outputs asserted bit-equal; dTrap's bit-equal fraction and the fraction of its
+  elements whose FP64 value lies within 8 fp32 ulps of an lp rounding midpoint (the elements an ulp-level change
+  of torch's sigmoid could flip).
+* ``golden_realistic``: ``tests/test_golden_realistic.py``: the stage-1 reference under ``upstream_sm90`` /
+  ``upstream_sm90_fp16`` vs the H200 outputs of the 6 realistic cases, per dtype (``golden_upstream_sm90_rel_rms``,
+  ``float16.golden_upstream_sm90_rel_rms``).
+
+Usage (a few minutes per configuration on an idle 2-core machine; the kernels group is most of it)::
+
+    python scripts/measure_test_tolerances.py --configs native,avx2,scalar
+    python scripts/measure_test_tolerances.py --groups stage2_fp64 --out /tmp/x.json   # one group, elsewhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "reports" / "measurements" / "test_tolerances.json"
+
+#: The emulated CPUs (scripts/cpu_emulation_suite.sh); the variables only pick the code paths of a child process.
+CONFIGS = {
+    "native": {},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "OPENBLAS_CORETYPE": "Haswell"},
+    "scalar": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "OPENBLAS_CORETYPE": "Nehalem"},
+}
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+def _rel_rms(a, b) -> float:
+    from mimo_numerics.metrics import rel_rms
+
+    return float(rel_rms(a, b))
+
+
+def _differing(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Elements whose values differ (``-0 == 0``), NaNs counted as differing."""
+    return int((a != b).sum().item())
+
+
+def _one_flip(x: torch.Tensor) -> float:
+    """rel RMS of ``x`` with its largest element moved by one ulp of its lp dtype: ``ulp(max|x|) / ||x||``."""
+    mant = {torch.bfloat16: 7, torch.float16: 10}[x.dtype]
+    xf = x.double()
+    top = xf.abs().max()
+    norm = torch.linalg.vector_norm(xf)
+    if top == 0 or norm == 0:
+        return 0.0
+    return float(2.0 ** (torch.floor(torch.log2(top)).item() - mant) / norm.item())
+
+
+def _near_midpoint_fraction(x64: torch.Tensor, lp: torch.dtype, ulps: int = 8) -> float:
+    """Fraction of the elements of the FP64 tensor ``x64`` within ``ulps`` fp32 ulps of a rounding midpoint of
+    ``lp`` (where an fp32 value that moves by that much can round to the other neighbour)."""
+    mant = {torch.bfloat16: 7, torch.float16: 10}[lp]
+    x = x64.abs()
+    x = x[x > 0]
+    if x.numel() == 0:
+        return 0.0
+    e = torch.floor(torch.log2(x))
+    lp_ulp = torch.pow(2.0, e - mant)
+    frac = torch.remainder(x, lp_ulp) / lp_ulp  # position between two lp neighbours, in [0, 1)
+    dist = (frac - 0.5).abs() * lp_ulp  # distance to the midpoint
+    return float((dist <= ulps * torch.pow(2.0, e - 23)).double().mean().item())
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
+def kernel_cases():
+    """The cases of tests/test_kernels.py (CASES) and the policies each is gated under (``_policies_for``)."""
+    import mimo_numerics as mn
+    from mimo_numerics.cases import CaseSpec
+
+    c = CaseSpec
+    cases = (
+        c(seqlen=13, state_dim=16, value_dim=16, rank=3, chunk_size=6, has_z=True, has_d=True),
+        c(batch=2, heads=4, groups=2, seqlen=12, state_dim=16, value_dim=32, rank=2, chunk_size=8),
+        c(formula="realistic", seqlen=24, heads=2, groups=1, state_dim=32, value_dim=16, rank=2, chunk_size=8,
+          reduce_o=False, has_z=True, has_d=True, rotary_dim_divisor=2),
+        c(seqlen=20, state_dim=32, value_dim=16, rank=1, chunk_size=16, reduce_o=False, has_d=True),
+        c(formula="realistic", seqlen=16, state_dim=16, value_dim=16, rank=4, chunk_size=4, has_z=True),
+        c(seqlen=11, state_dim=16, value_dim=16, rank=2, chunk_size=8, reduce_o=False),
+        c(seqlen=19, heads=2, groups=2, state_dim=16, value_dim=16, rank=2, chunk_size=8, has_z=True, has_d=True,
+          dtype="float16"),
+        c(seqlen=12, state_dim=16, value_dim=16, rank=1, chunk_size=4, reduce_o=False, has_z=True, dtype="float16",
+          rotary_dim_divisor=2),
+    )
+    out = []
+    for spec in cases:
+        if spec.dtype == "bfloat16":
+            pols = [(n, mn.presets.get(n)) for n in ("fp32", "seed_bf16", "upstream_sm90")]
+        else:
+            pols = [("upstream_sm90_fp16", mn.presets.get("upstream_sm90_fp16"))] + [
+                (f"{n}@fp16", mn.presets.get(n).replace(lp_dtype="float16")) for n in ("fp32", "seed_bf16")]
+        out += [(spec, name, pol) for name, pol in pols]
+    return out
+
+
+def measure_kernels() -> dict:
+    import mimo_numerics as mn
+    from mimo_numerics import kernels
+    from mimo_numerics.cases import as_args, as_kwargs, make_inputs
+    from mimo_numerics.outputs import OUTPUT_NAMES
+
+    rows = []
+    for spec, name, policy in kernel_cases():
+        x = make_inputs(spec)
+        got = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=policy, poison=True)
+        ref = mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=policy)
+        for o in OUTPUT_NAMES:
+            a, b = getattr(got, o), getattr(ref, o)
+            if b is None:
+                continue
+            row = {"case": f"{spec.case_id}-{name}", "output": o, "rel_rms": _rel_rms(a.float(), b.float()),
+                   "differing": _differing(a, b), "numel": b.numel()}
+            if b.dtype in (torch.bfloat16, torch.float16):
+                row["one_flip"] = _one_flip(b)
+            rows.append(row)
+    lp = [r for r in rows if "one_flip" in r]
+    fp32 = [r for r in rows if "one_flip" not in r]
+    return {
+        "cases": sorted({r["case"] for r in rows}),
+        "rows": rows,
+        "worst_rel_rms": max(r["rel_rms"] for r in rows),
+        "worst_lp_rel_rms": max(r["rel_rms"] for r in lp),
+        "worst_fp32_rel_rms": max(r["rel_rms"] for r in fp32),
+        "max_lp_differing": max(r["differing"] for r in lp),
+        "max_one_flip": max(r["one_flip"] for r in lp),
+        "pairs_exactly_equal": sum(all(r["differing"] == 0 for r in rows if r["case"] == c)
+                                   for c in {r["case"] for r in rows}),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- stage 2
+def stage2_synthetic_specs():
+    """SYNTHETIC of tests/test_bwd_bwd_reference.py."""
+    from mimo_numerics.cases import CaseSpec
+
+    return [
+        CaseSpec(seqlen=40, state_dim=16, value_dim=16, rank=1, chunk_size=16, has_z=True, has_d=True,
+                 formula="realistic", seed=21),
+        CaseSpec(batch=2, seqlen=32, heads=2, state_dim=16, value_dim=32, rank=2, chunk_size=8, reduce_o=False,
+                 has_z=True, formula="realistic", seed=22),
+        CaseSpec(seqlen=27, heads=2, state_dim=32, value_dim=16, rank=4, chunk_size=8, has_z=True, has_d=True,
+                 dtype="float16", formula="realistic", seed=23),
+        CaseSpec(seqlen=20, heads=4, groups=2, state_dim=16, value_dim=16, rank=8, chunk_size=4, reduce_o=False,
+                 has_d=True, seed=24),
+        CaseSpec(seqlen=24, state_dim=32, value_dim=16, rank=4, chunk_size=8, formula="realistic", seed=25,
+                 rotary_dim_divisor=2),
+    ]
+
+
+def _stage2_inputs(spec) -> dict:
+    """Stage-2 arguments of a drawn case: stage 1's inputs plus states and qk_dot from the stage-1 reference under
+    upstream_sm90 (upstream_sm90_fp16 for float16), as the tests' ``synthetic_stage2_inputs``."""
+    import mimo_numerics as mn
+    from mimo_numerics.cases import make_inputs
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES
+
+    x = make_inputs(spec)
+    s1 = mn.reference.mamba_mimo_bwd_fwd(*[x[n] for n in mn.INPUT_NAMES], chunk_size=x["chunk_size"],
+                                         rotary_dim_divisor=x["rotary_dim_divisor"],
+                                         policy="upstream_sm90" if spec.dtype == "bfloat16" else "upstream_sm90_fp16")
+    out = {n: x.get(n) for n in INPUT_NAMES if n not in ("states", "qk_dot")}
+    out["states"], out["qk_dot"] = s1.states, s1.qk_dot
+    out["chunk_size"], out["rotary_dim_divisor"] = x["chunk_size"], x["rotary_dim_divisor"]
+    return out
+
+
+def _stage2_golden_inputs() -> Dict[str, dict]:
+    """The golden whole-op cases with a stage-2 output, as stage-2 arguments (the tests' ``golden_stage2_inputs``)."""
+    from mimo_numerics.ops.mamba3_mimo.chain import stage2_args, stage2_kwargs
+    from mimo_numerics.ops.mamba3_mimo.golden import load
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES
+
+    out = {}
+    for name, case in load().items():
+        if case.get("bwd_bwd") is None:
+            continue
+        args = stage2_args(case["inputs"], case["pre"], case["bwd_fwd"])
+        out[name] = dict(zip(INPUT_NAMES, args), **stage2_kwargs(case["inputs"]))
+    return out
+
+
+def _stage2_policy(name: str, inputs: dict, **knobs):
+    from mimo_numerics import presets
+
+    lp = "float16" if inputs["q"].dtype == torch.float16 else "bfloat16"
+    if name == "upstream_sm90" and lp == "float16":
+        name = "upstream_sm90_fp16"
+        return presets.get(name).replace(**knobs) if knobs else presets.get(name)
+    return presets.get(name).replace(lp_dtype=lp, **knobs)
+
+
+def _stage2_run(inputs: dict, policy, record=None):
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.reference import mamba_mimo_bwd_bwd
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES
+
+    return mamba_mimo_bwd_bwd(*[inputs[n] for n in INPUT_NAMES], chunk_size=inputs["chunk_size"],
+                              rotary_dim_divisor=inputs["rotary_dim_divisor"], policy=policy, record=record)
+
+
+def measure_stage2_state_update() -> dict:
+    rows = []
+    for spec in stage2_synthetic_specs():
+        if spec.chunk_size * spec.rank <= 16:
+            continue  # one k16 step: the two orders are the same sum
+        inputs = _stage2_inputs(spec)
+        rec_a, rec_b = {}, {}
+        _stage2_run(inputs, _stage2_policy("upstream_sm90", inputs), record=rec_a)
+        _stage2_run(inputs, _stage2_policy("upstream_sm90", inputs, state_update="separate"), record=rec_b)
+        rows.append({"case": spec.case_id, "rel_rms": _rel_rms(rec_a["dstates"], rec_b["dstates"]),
+                     "differing": _differing(rec_a["dstates"], rec_b["dstates"])})
+    return {"cases": [r["case"] for r in rows], "rows": rows, "worst_rel_rms": max(r["rel_rms"] for r in rows)}
+
+
+def measure_stage2_fp64() -> dict:
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.oracle import mamba_mimo_bwd_bwd_oracle
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES, OUTPUT_NAMES
+
+    cases = dict(_stage2_golden_inputs())
+    cases.update({spec.case_id: _stage2_inputs(spec) for spec in stage2_synthetic_specs()})
+    rows = []
+    for name, inputs in cases.items():
+        got = _stage2_run(inputs, _stage2_policy("fp64", inputs))
+        want = mamba_mimo_bwd_bwd_oracle(*[inputs[n] for n in INPUT_NAMES], chunk_size=inputs["chunk_size"],
+                                         rotary_dim_divisor=inputs["rotary_dim_divisor"])
+        for o in OUTPUT_NAMES:
+            if want[o] is not None:
+                rows.append({"case": name, "output": o, "rel_rms": _rel_rms(got[o], want[o])})
+    worst = max(rows, key=lambda r: r["rel_rms"])
+    return {"cases": sorted(cases), "rows": rows, "worst_rel_rms": worst["rel_rms"],
+            "worst_at": f"{worst['case']}:{worst['output']}"}
+
+
+def measure_stage2_paths() -> dict:
+    """Differing elements of the three path comparisons of tests/test_bwd_bwd_reference.py (expected 0)."""
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import OUTPUT_NAMES
+
+    specs = stage2_synthetic_specs()
+    out = {}
+    # tail chunk vs the padded sequence (test_bwd_bwd_tail_chunk_equals_the_padded_sequence, the R = 4 fp16 case)
+    inputs = _stage2_inputs(specs[2])
+    S, C = inputs["q"].shape[1], inputs["chunk_size"]
+    Sp = -(-S // C) * C
+
+    def pad(x, dim, mode="zeros"):
+        if x is None:
+            return None
+        shape = list(x.shape)
+        shape[dim] = Sp - S
+        fill = x.narrow(dim, S - 1, 1).expand(shape) if mode == "edge" else torch.zeros(shape, dtype=x.dtype)
+        return torch.cat((x, fill), dim=dim)
+
+    padded = dict(inputs)
+    for key in ("dout", "q", "k", "v", "z", "angles"):
+        padded[key] = pad(inputs[key], 1)
+    for key in ("da_cs_rev", "dt", "trap", "qk_dot"):
+        padded[key] = pad(inputs[key], 2)
+    padded["da_cs"] = pad(inputs["da_cs"], 2, mode="edge")
+    pol = _stage2_policy("upstream_sm90", inputs)
+    tail, full = _stage2_run(inputs, pol), _stage2_run(padded, pol)
+    n = 0
+    for o in OUTPUT_NAMES:
+        if tail[o] is None:
+            continue
+        want = full[o]
+        if o in ("dq", "dk", "dv", "dangles"):
+            want = want[:, :S]
+        elif o in ("dfactor", "dgamma_diag", "ddA", "ddA_cs_rev", "ddA_cs"):
+            want = want[..., :S]
+        n += _differing(tail[o], want)
+    out["tail_differing"] = n
+    # 1 < G < H vs expanded groups (test_bwd_bwd_groups_map_heads_as_expanded_heads)
+    inputs = _stage2_inputs(specs[3])
+    heads, groups = inputs["v"].shape[2], inputs["q"].shape[3]
+    expanded = dict(inputs)
+    for key in ("q", "k"):
+        expanded[key] = inputs[key].repeat_interleave(heads // groups, dim=3)
+    pol = _stage2_policy("upstream_sm90", inputs)
+    got, want = _stage2_run(inputs, pol), _stage2_run(expanded, pol)
+    out["groups_differing"] = sum(_differing(got[o], want[o]) for o in OUTPUT_NAMES if want[o] is not None)
+    # strided inputs (test_bwd_bwd_strided_inputs_give_the_same_outputs)
+    inputs = _stage2_inputs(specs[1])
+    strided = {k: (v.transpose(0, -1).contiguous().transpose(0, -1) if isinstance(v, torch.Tensor) and v.dim() > 1
+                   else v) for k, v in inputs.items()}
+    pol = _stage2_policy("upstream_sm90", inputs)
+    got, want = _stage2_run(strided, pol), _stage2_run(inputs, pol)
+    out["strided_differing"] = sum(_differing(got[o], want[o]) for o in OUTPUT_NAMES if want[o] is not None)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- epilogue
+def measure_epilogue() -> dict:
+    from mimo_numerics.metrics import bit_equal_fraction
+    from mimo_numerics.ops.mamba3_mimo.chain import epilogue_args, epilogue_kwargs
+    from mimo_numerics.ops.mamba3_mimo_epilogue.oracle import mamba3_mimo_epilogue_oracle
+    from mimo_numerics.ops.mamba3_mimo_epilogue.reference import mamba3_mimo_epilogue_reference
+    from mimo_numerics.ops.mamba3_mimo_epilogue.spec import GRAD_NAMES, POST_NAMES
+
+    exact = ("dQ", "dK", "dV", "dZ", "dQ_bias", "dK_bias", "dMIMO_V", "dMIMO_Z", "dMIMO_Out", "dD")
+    golden = torch.load(ROOT / "tests" / "data" / "upstream_h200_full_op_cases.pt", weights_only=True)
+    rows = []
+    for name in sorted(golden):
+        case = golden[name]
+        inputs = case["inputs"]
+        args = epilogue_args(inputs, case["pre"], case["bwd_fwd"], case["bwd_bwd"])
+        kwargs = epilogue_kwargs(inputs)
+        got = mamba3_mimo_epilogue_reference(*args, **kwargs)
+        orc = mamba3_mimo_epilogue_oracle(*args, **kwargs)
+        targets = {k: v for k, v in case["autograd"].items() if k in GRAD_NAMES}
+        for post_name, key in POST_NAMES.items():
+            targets[key] = case["post"][post_name]
+        row = {"case": name, "exact_differing": sum(_differing(got[o], targets[o]) for o in exact
+                                                    if targets.get(o) is not None)}
+        row["dTrap_bit_equal"] = float(bit_equal_fraction(got["dTrap"], targets["dTrap"]))
+        row["dTrap_near_midpoint_8ulp"] = _near_midpoint_fraction(orc["dTrap"], inputs["Q"].dtype)
+        rows.append(row)
+    return {"cases": [r["case"] for r in rows], "rows": rows,
+            "max_exact_differing": max(r["exact_differing"] for r in rows),
+            "min_dTrap_bit_equal": min(r["dTrap_bit_equal"] for r in rows),
+            "max_dTrap_near_midpoint_8ulp": max(r["dTrap_near_midpoint_8ulp"] for r in rows)}
+
+
+# ---------------------------------------------------------------------------------------------------- realistic golden
+def measure_golden_realistic() -> dict:
+    import mimo_numerics as mn
+    from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs
+
+    data = torch.load(ROOT / "tests" / "data" / "upstream_h200_realistic_outputs.pt", weights_only=True)
+    rows = []
+    for name, case in sorted(data["cases"].items()):
+        spec = CaseSpec.from_dict(case["spec"])
+        policy = {"bfloat16": "upstream_sm90", "float16": "upstream_sm90_fp16"}[spec.dtype]
+        x = make_inputs(spec)
+        out = mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=policy)
+        for o, want in case["upstream"].items():
+            if want is not None:
+                rows.append({"case": name, "dtype": spec.dtype, "output": o,
+                             "rel_rms": _rel_rms(getattr(out, o), want)})
+    res = {"cases": sorted(data["cases"]), "rows": rows}
+    for dt in ("bfloat16", "float16"):
+        sel = [r for r in rows if r["dtype"] == dt]
+        worst = max(sel, key=lambda r: r["rel_rms"])
+        res[f"worst_{dt}_rel_rms"] = worst["rel_rms"]
+        res[f"worst_{dt}_at"] = f"{worst['case']}:{worst['output']}"
+    return res
+
+
+GROUPS: Dict[str, Callable[[], dict]] = {
+    "kernels": measure_kernels,
+    "stage2_paths": measure_stage2_paths,
+    "stage2_state_update": measure_stage2_state_update,
+    "stage2_fp64": measure_stage2_fp64,
+    "epilogue": measure_epilogue,
+    "golden_realistic": measure_golden_realistic,
+}
+
+#: per group, the summary keys to take the worst of over the configurations, and whether worst means max or min
+SUMMARY = {
+    "kernels": {"worst_rel_rms": max, "worst_lp_rel_rms": max, "worst_fp32_rel_rms": max, "max_lp_differing": max,
+                "max_one_flip": max, "pairs_exactly_equal": min},
+    "stage2_paths": {"tail_differing": max, "groups_differing": max, "strided_differing": max},
+    "stage2_state_update": {"worst_rel_rms": max},
+    "stage2_fp64": {"worst_rel_rms": max},
+    "epilogue": {"max_exact_differing": max, "min_dTrap_bit_equal": min, "max_dTrap_near_midpoint_8ulp": max},
+    "golden_realistic": {"worst_bfloat16_rel_rms": max, "worst_float16_rel_rms": max},
+}
+
+
+# ---------------------------------------------------------------------------------------------------- driver
+def _provenance(argv: List[str]) -> dict:
+    def git(*args):
+        try:
+            res = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return res.stdout.strip() if res.returncode == 0 else None
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import numpy
+
+    return {"describe": git("describe", "--always", "--dirty"), "commit": git("rev-parse", "--short", "HEAD"),
+            "command": " ".join(["python", "scripts/measure_test_tolerances.py"] + argv),
+            "machine": {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform()},
+            "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}}
+
+
+def run_groups(groups: List[str]) -> dict:
+    out = {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
+    for g in groups:
+        out[g] = GROUPS[g]()
+    return out
+
+
+def _child(config: str, groups: List[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "child.json"
+        env = dict(os.environ, **CONFIGS[config])
+        cmd = [sys.executable, __file__, "--child", str(path), "--groups", ",".join(groups)]
+        subprocess.run(cmd, env=env, check=True, cwd=ROOT)
+        return json.loads(path.read_text())
+
+
+def _markdown(result: dict) -> str:
+    p = result["provenance"]
+    lines = ["# What the test tolerances guard: measured worst values", "",
+             f"Generated by `{p['command']}` at `{p['describe']}` on {p['machine']['cpu']} "
+             f"({p['machine']['cores']} cores), torch {p['versions']['torch']}. Configurations: "
+             f"{', '.join(result['configs'])} (scripts/cpu_emulation_suite.sh). Data: `test_tolerances.json` beside "
+             "this file; the tolerances citing it are in `mimo_numerics/tolerances.py`.", "",
+             "| group | quantity | worst over the configurations | per configuration |", "|---|---|---|---|"]
+    for g, keys in result["worst"].items():
+        for k, v in keys.items():
+            per = ", ".join(f"{c} {result['by_config'][c][g][k]:.3g}" for c in result["configs"])
+            lines.append(f"| {g} | `{k}` | {v:.3g} | {per} |")
+    lines += ["", "Cases of each group: the `cases` lists in the JSON (the tests' own case lists).", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--configs", default="native", help="comma-separated, of " + ", ".join(CONFIGS))
+    ap.add_argument("--groups", default=",".join(GROUPS), help="comma-separated, of " + ", ".join(GROUPS))
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    groups = [g for g in args.groups.split(",") if g]
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown:
+        ap.error(f"unknown groups {unknown}; known: {list(GROUPS)}")
+    if args.child:
+        args.child.write_text(json.dumps(run_groups(groups)))
+        return 0
+    configs = [c for c in args.configs.split(",") if c]
+    bad = [c for c in configs if c not in CONFIGS]
+    if bad:
+        ap.error(f"unknown configurations {bad}; known: {list(CONFIGS)}")
+    by_config = {}
+    for c in configs:
+        print(f"measuring {groups} under {c}", flush=True)
+        by_config[c] = run_groups(groups) if c == "native" else _child(c, groups)
+    worst = {g: {k: agg(by_config[c][g][k] for c in configs) for k, agg in SUMMARY[g].items()} for g in groups}
+    result = {"provenance": _provenance(argv), "configs": configs, "groups": groups, "worst": worst,
+              "by_config": by_config}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(_markdown(result))
+    print(json.dumps(worst, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
