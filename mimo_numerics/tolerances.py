@@ -166,15 +166,18 @@ TOLERANCES: Dict[str, Tolerance] = {
     # ------------------------------------------------------------------ the FP32 epilogue after stage 2
     # mamba3_mimo_epilogue reference (fma=True), given upstream's recorded bwd_bwd, bwd_fwd, pre and raw inputs of
     # the 7 golden cases, against the golden post and autograd entries.
-    "epilogue_reference_vs_upstream_lp_bit_equal_min": Tolerance(
-        0.999,
-        "dQ, dK, dV, dTrap, dZ (lp) and dQ_bias, dK_bias (lp values in fp32): 1.0 bit-equal in every case "
-        "(2026-12-01, CPU); 0.999 admits a few flipped roundings from FP32 order or sigmoid differences",
-        "tests/test_epilogue.py; scripts/measure_stage2_oracle.py"),
-    "epilogue_reference_vs_upstream_fp32_sums_rel_rms": Tolerance(
-        1e-7,
-        "dMIMO_V, dMIMO_Z, dMIMO_Out, dD (fp32 sums over B <= 2): 0 in every case (2026-12-01, CPU)",
-        "tests/test_epilogue.py; scripts/measure_stage2_oracle.py"),
+    # dQ, dK, dV, dZ, dQ_bias, dK_bias and the fp32 sums dMIMO_V, dMIMO_Z, dMIMO_Out, dD are asserted bit-equal to
+    # upstream (tests/test_epilogue.py::EXACT_OUTPUTS says why that holds on every machine); dTrap goes through
+    # torch's vectorised sigmoid, which may differ by an ulp between CPUs, so it has a tolerance.
+    "epilogue_reference_vs_upstream_dtrap_bit_equal_min": Tolerance(
+        0.994,
+        "sweep: the 7 golden cases, native CPU and emulated avx2 / scalar (reports/measurements/test_tolerances.json, "
+        "group epilogue). dTrap bit-equal to upstream: 1.0 in every case and configuration. Bound: 1 - the largest "
+        "fraction of dTrap elements whose FP64 value lies within 8 fp32 ulps of an lp rounding midpoint, 5.2e-3 (1 "
+        "element of 192); margin: 8 ulps against torch's sigmoid differing by <= 1 ulp between CPUs "
+        "(docs/reproducibility.md), so every element a CPU could flip may flip. (The earlier 0.999 allowed no flip "
+        "in these small tensors.)",
+        "tests/test_epilogue.py; scripts/measure_test_tolerances.py --groups epilogue"),
     "epilogue_reference_vs_upstream_exp_rel_rms": Tolerance(
         5e-7,
         "ddt_core 6.4e-8 (bit-equal >= 0.66), dADT 1.5e-7 (bit-equal >= 0.25; max abs 1.5e-5) (2026-12-01, CPU): "
@@ -359,10 +362,14 @@ TOLERANCES.update({
         "2026-12-01, CPU)",
         "tests/test_bwd_bwd_reference.py::test_bwd_bwd_fp32_preset_differs_from_fp64_only_by_fp32_math_and_lp_stores"),
     "stage2_state_update_orders_rel_rms": Tolerance(
-        1e-5,
-        "dstates under state_update accumulate_into vs separate (FP32 order of the dstates GEMM's two k16 steps), "
-        "drawn case R = 4, C = 8: 1.04e-7 (2026-12-01, CPU)",
-        "tests/test_bwd_bwd_reference.py::test_bwd_bwd_knobs_act_where_documented"),
+        1e-6,
+        "dstates under state_update accumulate_into vs separate (FP32 order of the dstates GEMM's two k16 steps). "
+        "Sweep: the 3 drawn cases of tests/test_bwd_bwd_reference.py with C·R > 16, native CPU and emulated avx2 / "
+        "scalar: worst 9.0e-8 (reports/measurements/test_tolerances.json, group stage2_state_update). Margin 10x: "
+        "both sides are FP32 GEMMs, which another CPU's BLAS sums in other orders, giving another difference of the "
+        "same FP32 size; 10x covers orders the emulation cannot reach",
+        "tests/test_bwd_bwd_reference.py::test_bwd_bwd_knobs_act_where_documented; "
+        "scripts/measure_test_tolerances.py --groups stage2_state_update"),
 })
 
 # ------------------------------------------------------------------ accuracy gates of the forward and stage 2
@@ -461,4 +468,63 @@ TOLERANCES.update({
         "GEMM/reduction order of the CPU's BLAS and vector width only; 3e-4 = same_policy_rel_rms, 4x the worst",
         "tests/test_reliability_determinism.py::test_reference_on_other_cpu_kernels_within_tolerance; "
         "scripts/measure_cpu_variation.py"),
+})
+
+
+# ------------------------------------------------------------------ thresholds the tests used to write themselves
+# Issue 26 (Tests 4). Every figure: scripts/measure_test_tolerances.py, reports/measurements/test_tolerances.json
+# (group named in the entry), on the test's own cases, native CPU and emulated avx2 / scalar (docs/reproducibility.md).
+TOLERANCES.update({
+    "float16.golden_upstream_sm90_rel_rms": Tolerance(
+        2e-4,
+        "upstream_sm90_fp16 vs the H200 outputs of the one float16 realistic case (tests/data/"
+        "upstream_h200_realistic_outputs.pt): worst 9.6e-5 over its outputs (group golden_realistic; the bf16 cases "
+        "<= 2.9e-4 under the generic 1e-3). Margin 2x, as the other golden bounds; the remaining 1.0e-4 is 20x the "
+        "largest cross-CPU change of a stage-1 upstream_sm90 output (4.7e-6, reference_cross_cpu_rel_rms). Before: "
+        "gated with the bf16 entry (1e-3, measured on bf16 cases only)",
+        "tests/test_golden_realistic.py; scripts/measure_test_tolerances.py --groups golden_realistic"),
+    "fwd_sm90_vs_fp32_preset_rel_rms": Tolerance(
+        2e-2,
+        "forward o under upstream_sm90 (upstream_sm90_fp16) vs the fp32 preset (only the output store rounded), the 5 "
+        "BRANCH_SPECS of tests/test_fwd_reference.py: 7.4e-4 to 9.7e-3 (group fwd_branches): the sm90 model's lp "
+        "roundings. Margin 2x: a bf16-level quantity, which another CPU moves by a flipped rounding at most "
+        "(forward fp32 cross-CPU <= 1.0e-5)",
+        "tests/test_fwd_reference.py::test_fwd_branches_give_upstream_layout_and_finite_values; "
+        "scripts/measure_test_tolerances.py --groups fwd_branches"),
+    "drift_fp32_level_rel_rms": Tolerance(
+        1e-6,
+        "stage-1 drift of the TINY case of tests/test_drift.py: the fp32 preset's internal stages and output.dmimo_o vs "
+        "fp64, and the Triton kernel emulation run (seed_bf16) vs the reference, every stage: worst 2.1e-7 (fp32 "
+        "output.dmimo_o; internal stages 1.7e-7, kernel 1.2e-7; group drift). Margin 5x: FP32-level errors of BLAS "
+        "results, which another CPU's summation order changes by the same FP32 size (stage-1 dmimo_o cross-CPU "
+        "<= 4.8e-8)",
+        "tests/test_drift.py; scripts/measure_test_tolerances.py --groups drift"),
+    "drift_lp_level_min": Tolerance(
+        1e-4,
+        "a lower bound: stages where an lp rounding has entered. TINY case: upstream_sm90 from q_biased on >= 1.7e-3, "
+        "the fp32 preset's output.states 1.8e-3; the FP32-level stages <= 2.1e-7 (drift_fp32_level_rel_rms; group "
+        "drift). 1e-4 is 17x below the lp level and 480x above the FP32 level, so an ulp-level change on another CPU "
+        "moves neither across it",
+        "tests/test_drift.py; scripts/measure_test_tolerances.py --groups drift"),
+    "drift_device_dmimo_o_rel_rms": Tolerance(
+        5e-6,
+        "golden default case: the H200 output dmimo_o (an FP32 sum) vs the CPU reference under upstream_sm90: 2.0e-6 "
+        "(group drift). Margin 2.5x: fixed data vs a reference output whose cross-CPU change is <= 4.8e-8",
+        "tests/test_drift.py::test_golden_device_departs_from_upstream_only_at_fp32_level; "
+        "scripts/measure_test_tolerances.py --groups drift"),
+    "mamba3_mimo_pre_fp32_dacs_vs_fp64_max_abs": Tolerance(
+        2.3e-7,
+        "preprocess.dacs_segsum float32 vs float64 (max |difference| of da_cs, da_cs_rev, segsum) on the 4 drawn "
+        "(seqlen, chunk) cases of tests/test_mamba3_mimo_preprocess.py: 1.1e-7 (group preprocess). Margin 2x; the "
+        "float32 form is fp32 additions in a fixed order, bit-identical on every CPU "
+        "(mamba3_mimo_pre_fp32_dacs_bit_equal_min)",
+        "tests/test_mamba3_mimo_preprocess.py::test_dacs_segsum_fp32_agrees_with_fp64; "
+        "scripts/measure_test_tolerances.py --groups preprocess"),
+    "mamba3_mimo_pre_fp32_angles_wrapped_max_abs": Tolerance(
+        5.4e-6,
+        "preprocess.angle_cumsum float32 (C = 8 and 16) vs float64 over 37 tokens, wrapped max |difference|: 1.8e-6 "
+        "(group preprocess). Margin 3x: the float32 form uses torch's tanh, which may differ by an ulp between CPUs, "
+        "and sums 37 such terms",
+        "tests/test_mamba3_mimo_preprocess.py::test_angle_cumsum_runs_over_the_whole_sequence; "
+        "scripts/measure_test_tolerances.py --groups preprocess"),
 })

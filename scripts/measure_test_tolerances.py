@@ -29,6 +29,12 @@ Groups (each named after the test it measures):
 * ``golden_realistic``: ``tests/test_golden_realistic.py``: the stage-1 reference under ``upstream_sm90`` /
   ``upstream_sm90_fp16`` vs the H200 outputs of the 6 realistic cases, per dtype (``golden_upstream_sm90_rel_rms``,
   ``float16.golden_upstream_sm90_rel_rms``).
+* ``fwd_branches``, ``drift``, ``preprocess``: thresholds the tests used to write themselves (issue 26, Tests 4):
+  the forward's upstream_sm90 vs fp32 preset on ``BRANCH_SPECS``, the FP32-level and lp-level drift of
+  ``tests/test_drift.py``, the FP32 preprocessing vs its FP64 form (``tests/test_mamba3_mimo_preprocess.py``).
+* ``fp64_chain``, ``whole_op_fp64``: the FP64 backward chain vs torch autograd of the FP64 model on the 103 chain
+  cases of ``tests/test_epilogue.py`` (and the clamp case), and ``mamba3_mimo(policy="fp64")`` on the 37 cases of
+  ``tests/test_mamba3_mimo_autograd.py`` (``fp64_chain_vs_autograd_rel_rms``, ``whole_op_fp64_vs_autograd_rel_rms``).
 
 Usage (a few minutes per configuration on an idle 2-core machine; the kernels group is most of it)::
 
@@ -134,6 +140,7 @@ def measure_kernels() -> dict:
     import mimo_numerics as mn
     from mimo_numerics import kernels
     from mimo_numerics.cases import as_args, as_kwargs, make_inputs
+    from mimo_numerics.metrics import ulp_distance
     from mimo_numerics.outputs import OUTPUT_NAMES
 
     rows = []
@@ -149,6 +156,7 @@ def measure_kernels() -> dict:
                    "differing": _differing(a, b), "numel": b.numel()}
             if b.dtype in (torch.bfloat16, torch.float16):
                 row["one_flip"] = _one_flip(b)
+                row["max_ulps"] = int(ulp_distance(a, b, b.dtype).abs().max().item())
             rows.append(row)
     lp = [r for r in rows if "one_flip" in r]
     fp32 = [r for r in rows if "one_flip" not in r]
@@ -159,6 +167,7 @@ def measure_kernels() -> dict:
         "worst_lp_rel_rms": max(r["rel_rms"] for r in lp),
         "worst_fp32_rel_rms": max(r["rel_rms"] for r in fp32),
         "max_lp_differing": max(r["differing"] for r in lp),
+        "max_lp_ulps": max(r["max_ulps"] for r in lp),
         "max_one_flip": max(r["one_flip"] for r in lp),
         "pairs_exactly_equal": sum(all(r["differing"] == 0 for r in rows if r["case"] == c)
                                    for c in {r["case"] for r in rows}),
@@ -381,6 +390,194 @@ def measure_golden_realistic() -> dict:
     return res
 
 
+# ---------------------------------------------------------------------------------------------------- thresholds
+def measure_fwd_branches() -> dict:
+    """tests/test_fwd_reference.py::test_fwd_branches_give_upstream_layout_and_finite_values: rel RMS of the forward
+    under upstream_sm90 (upstream_sm90_fp16) against the fp32 preset on the 5 BRANCH_SPECS."""
+    from mimo_numerics import presets
+    from mimo_numerics.cases import CaseSpec, make_inputs
+    from mimo_numerics.ops.mamba_mimo_fwd.reference import mamba_mimo_fwd
+    from mimo_numerics.ops.mamba_mimo_fwd.spec import INPUT_NAMES
+
+    specs = [CaseSpec(seqlen=13, state_dim=16, value_dim=8, rank=2, chunk_size=4, reduce_o=ro, has_z=hz, has_d=hd,
+                      seed=s)
+             for s, (ro, hz, hd) in enumerate([(True, False, False), (True, True, False), (False, False, True),
+                                               (False, True, True)])]
+    specs.append(CaseSpec(seqlen=11, heads=4, groups=2, state_dim=16, value_dim=8, rank=3, chunk_size=4, has_z=True,
+                          has_d=True, dtype="float16", seed=9))
+    rows = []
+    for spec in specs:
+        x = make_inputs(spec)
+        args = dict({n: x[n] for n in INPUT_NAMES}, chunk_size=x["chunk_size"],
+                    rotary_dim_divisor=x["rotary_dim_divisor"])
+        sm90 = presets.get("upstream_sm90" if spec.dtype == "bfloat16" else "upstream_sm90_fp16")
+        o = mamba_mimo_fwd(**args, policy=sm90).o
+        fp32 = mamba_mimo_fwd(**args, policy=presets.get("fp32").replace(lp_dtype=spec.dtype)).o
+        rows.append({"case": spec.case_id, "rel_rms": _rel_rms(o, fp32)})
+    return {"cases": [r["case"] for r in rows], "rows": rows, "worst_rel_rms": max(r["rel_rms"] for r in rows),
+            "least_rel_rms": min(r["rel_rms"] for r in rows)}
+
+
+def measure_drift() -> dict:
+    """tests/test_drift.py: the per-stage drift levels of the TINY case (fp32 preset and upstream_sm90 vs fp64), the
+    kernel emulation run vs the reference, and the golden device run's dmimo_o."""
+    from mimo_numerics import cases, drift, golden
+
+    tiny = cases.make_inputs(cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8, has_z=True,
+                                            has_d=True))
+    runs = drift.standard_runs(tiny, ("fp32", "seed_bf16", "upstream_sm90"), emulation_policy=None)
+    pivot = drift.stage_drift(runs, "fp64").pivot()
+    fp32, bf16 = pivot["fp32"], pivot["upstream_sm90"]
+    out = {"fp32_internal_max": max(fp32[s] for s in drift.STAGES[:23]),
+           "bf16_entry_stages_min": min(bf16[s] for s in ("q_biased", "psiv", "state", "out", "dz_accum")),
+           "bf16_before_q_biased_max": max([bf16[s] for s in drift.STAGES[:drift.STAGES.index("q_biased")]] or [0.0]),
+           "fp32_output_states": fp32["output.states"], "fp32_output_dmimo_o": fp32["output.dmimo_o"]}
+    small = cases.make_inputs(cases.CaseSpec(seqlen=8, state_dim=16, value_dim=16, rank=2, chunk_size=4,
+                                             has_z=True))
+    if drift.kernels_available():
+        table = drift.stage_drift({"kernel": drift.kernel_run(small, "seed_bf16")},
+                                  drift.reference_run(small, "seed_bf16"))
+        out["kernel_vs_reference_max"] = max(r.rel_rms for r in table.rows)
+    inputs, upstream = golden.golden_case(golden.DEFAULT_CASE)
+    runs = drift.standard_runs(inputs, ("seed_bf16", "upstream_sm90"), device_outputs=upstream,
+                               device_label="device")
+    out["device_output_dmimo_o"] = drift.stage_drift(runs, "upstream_sm90").pivot()["device"]["output.dmimo_o"]
+    return out
+
+
+def measure_preprocess() -> dict:
+    """tests/test_mamba3_mimo_preprocess.py: dacs_segsum float32 vs float64 (the test's draws; worst |error| over
+    (2e-7 + 2e-6 |fp64|), assert_close's measure), and the float32 angle_cumsum (C = 8, 16) vs the float64 one
+    (wrapped max |error|)."""
+    from mimo_numerics.ops.mamba3_mimo import measure
+    from mimo_numerics.ops.mamba3_mimo.preprocess import angle_cumsum, dacs_segsum
+
+    def draw(shape, seed, positive_fraction=0.0):  # the test's _draw
+        gen = torch.Generator().manual_seed(seed)
+        x = -torch.rand(shape, generator=gen, dtype=torch.float64) * 0.2
+        return x + positive_fraction * 0.2 if positive_fraction else x
+
+    dacs = {"max_abs": 0.0, "max_rel": 0.0}
+    for seqlen, chunk in ((13, 4), (40, 16), (64, 32), (128, 64)):
+        adt = draw((2, 2, seqlen), seed=seqlen, positive_fraction=0.5).float()
+        for got, want in zip(dacs_segsum(adt, chunk, math_dtype=torch.float32),
+                             dacs_segsum(adt, chunk, math_dtype=torch.float64)):
+            err = (got.double() - want).abs()
+            dacs["max_abs"] = max(dacs["max_abs"], float(err.max()))
+            dacs["max_rel"] = max(dacs["max_rel"], float((err / want.abs().clamp_min(1e-30)).max()))
+    gen = torch.Generator().manual_seed(3)
+    angles = 2 * torch.rand(1, 37, 2, 4, generator=gen)
+    dt = torch.rand(1, 2, 37, generator=gen) * 0.5
+    ref = angle_cumsum(angles, dt, 8, math_dtype=torch.float64)
+    wrapped = max(measure.wrapped_max_abs(angle_cumsum(angles, dt, c, math_dtype=torch.float32), ref) for c in (8, 16))
+    return {"dacs_fp32_max_abs": dacs["max_abs"], "dacs_fp32_max_rel": dacs["max_rel"],
+            "angle_cumsum_fp32_wrapped_max_abs": float(wrapped)}
+
+
+# ---------------------------------------------------------------------------------------------------- FP64 chains
+def chain_cases():
+    """CHAIN_CASES and SLOW_CHAIN_CASES of tests/test_epilogue.py, as OpCaseSpec (the tests' ``draw_inputs``)."""
+    import itertools
+
+    from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec
+
+    def c(rank, n, dtype, ro, z, d, heads=2, groups=1, batch=1, chunk_size=4, nchunks=3, rotary_dim_divisor=4,
+          seed=0, positive_adt=False):
+        return OpCaseSpec(batch=batch, seqlen=nchunks * chunk_size, heads=heads, groups=groups, state_dim=n,
+                          value_dim=8, rank=rank, chunk_size=chunk_size, reduce_o=ro, has_z=z, has_d=d, dtype=dtype,
+                          seed=seed, rotary_dim_divisor=rotary_dim_divisor, positive_adt=positive_adt)
+
+    fast = [c(1, 32, "bfloat16", True, True, True, chunk_size=8, seed=1),
+            c(2, 64, "float16", False, True, False, groups=2, batch=2, rotary_dim_divisor=2, seed=2),
+            c(4, 128, "bfloat16", True, False, False, groups=2, seed=3),
+            c(8, 32, "float16", True, False, True, heads=3, rotary_dim_divisor=2, seed=4),
+            c(4, 64, "bfloat16", False, False, True, heads=1, chunk_size=8, seed=5),
+            c(8, 128, "float16", False, True, True, groups=2, seed=6),
+            c(2, 32, "bfloat16", True, True, False, heads=4, batch=2, nchunks=4, seed=7)]
+    slow = [c(r, n, dt, ro, z, d, groups=1 + (i % 2), seed=100 + i)
+            for i, (r, n, dt, (ro, z, d)) in enumerate(itertools.product(
+                (1, 2, 4, 8), (32, 64, 128), ("bfloat16", "float16"),
+                ((True, True, True), (False, False, False), (True, False, True), (False, True, False))))]
+    clamp = c(2, 32, "bfloat16", True, True, True, positive_adt=True, seed=3)
+    return fast + slow, clamp
+
+
+def measure_fp64_chain() -> dict:
+    """tests/test_epilogue.py: the FP64 chain vs torch autograd of the FP64 model on the 103 chain cases, and on the
+    clamp case against the straight-through gradient (every gradient) and the exact one (all but dADT)."""
+    from mimo_numerics.ops.mamba3_mimo import chain
+    from mimo_numerics.ops.mamba3_mimo.cases import make_op_inputs
+    from mimo_numerics.ops.mamba3_mimo_epilogue.spec import GRAD_NAMES
+
+    cases, clamp = chain_cases()
+    worst, at = 0.0, ""
+    for spec in cases:
+        inputs = make_op_inputs(spec)
+        got, want = chain.fp64_chain(inputs), chain.autograd_fp64(inputs)
+        for g in GRAD_NAMES:
+            if want[g] is not None:
+                e = _rel_rms(got[g], want[g])
+                if e > worst:
+                    worst, at = e, f"{spec.case_id}:{g}"
+    inputs = make_op_inputs(clamp)
+    got = chain.fp64_chain(inputs)
+    st, exact = chain.autograd_fp64(inputs, "upstream"), chain.autograd_fp64(inputs, "exact")
+    clamp_worst = max([_rel_rms(got[g], st[g]) for g in GRAD_NAMES if st[g] is not None]
+                      + [_rel_rms(got[g], exact[g]) for g in GRAD_NAMES if g != "dADT" and exact[g] is not None])
+    return {"cases": [s.case_id for s in cases] + [clamp.case_id], "worst_rel_rms": max(worst, clamp_worst),
+            "worst_at": at, "clamp_case_rel_rms": clamp_worst}
+
+
+def measure_whole_op_fp64() -> dict:
+    """tests/test_mamba3_mimo_autograd.py: mamba3_mimo(policy=fp64)'s recorded backward vs autograd of the FP64
+    model on FP64_CASES + SLOW_FP64_CASES (37), and its forward vs the model on the first case."""
+    from mimo_numerics import presets
+    from mimo_numerics.ops.mamba3_mimo import chain
+    from mimo_numerics.ops.mamba3_mimo.autograd import mamba3_mimo
+    from mimo_numerics.ops.mamba3_mimo.cases import OP_GRAD_NAMES, OP_INPUT_NAMES, make_op_inputs, small_case
+    from mimo_numerics.ops.mamba3_mimo.fp64_model import mamba3_mimo_fp64
+
+    fast = (
+        small_case(seqlen=24, rank=1, chunk_size=8, seed=11),
+        small_case(batch=2, seqlen=12, heads=2, groups=2, state_dim=64, value_dim=8, rank=2, chunk_size=4,
+                   reduce_o=False, has_d=False, rotary_dim_divisor=2, dtype="float16", seed=12),
+        small_case(seqlen=12, heads=3, value_dim=8, rank=4, chunk_size=4, has_z=False, has_d=False, seed=13),
+        small_case(seqlen=8, heads=2, groups=2, value_dim=8, rank=8, chunk_size=4, reduce_o=False, has_z=False,
+                   seed=14),
+        small_case(seqlen=16, heads=4, value_dim=8, rank=2, chunk_size=8, reduce_o=True, has_z=True, has_d=False,
+                   rotary_dim_divisor=2, seed=15),
+    )
+    slow = tuple(
+        small_case(batch=1 + i % 2, seqlen=16, heads=2, groups=1 + i % 2, state_dim=n, value_dim=8, rank=r,
+                   chunk_size=4 if r == 8 else 8, reduce_o=ro, has_z=z, has_d=d, seed=100 + i)
+        for i, (r, n, (ro, z, d)) in enumerate(
+            (r, n, b) for r in (1, 2, 4, 8) for n in (32, 64)
+            for b in ((True, True, True), (False, False, False), (True, False, True), (False, True, False))))
+    worst, at = 0.0, ""
+    for spec in fast + slow:
+        inputs = make_op_inputs(spec)
+        leaves = {n: (None if inputs[n] is None else inputs[n].detach().clone().requires_grad_(True))
+                  for n in OP_INPUT_NAMES}
+        record = {}
+        out = mamba3_mimo(*leaves.values(), spec.chunk_size, spec.rotary_dim_divisor,
+                          policy=presets.get("fp64").replace(lp_dtype=spec.dtype), record=record)
+        out.backward(inputs["dout"].to(torch.float64))
+        want = chain.autograd_fp64(inputs)
+        for g in OP_GRAD_NAMES:
+            if want[g] is not None:
+                e = _rel_rms(record[f"mamba3_mimo_epilogue.{g}"], want[g])
+                if e > worst:
+                    worst, at = e, f"{spec.case_id}:{g}"
+    spec = fast[0]
+    inputs = make_op_inputs(spec)
+    out = mamba3_mimo(*[inputs[n] for n in OP_INPUT_NAMES], spec.chunk_size, spec.rotary_dim_divisor, policy="fp64")
+    with torch.no_grad():
+        fwd = _rel_rms(out, mamba3_mimo_fp64(*[inputs[n] for n in OP_INPUT_NAMES], spec.chunk_size,
+                                             spec.rotary_dim_divisor))
+    return {"cases": [s.case_id for s in fast + slow], "worst_rel_rms": max(worst, fwd), "worst_at": at,
+            "forward_rel_rms": fwd}
+
+
 GROUPS: Dict[str, Callable[[], dict]] = {
     "kernels": measure_kernels,
     "stage2_paths": measure_stage2_paths,
@@ -388,17 +585,29 @@ GROUPS: Dict[str, Callable[[], dict]] = {
     "stage2_fp64": measure_stage2_fp64,
     "epilogue": measure_epilogue,
     "golden_realistic": measure_golden_realistic,
+    "fwd_branches": measure_fwd_branches,
+    "drift": measure_drift,
+    "preprocess": measure_preprocess,
+    "fp64_chain": measure_fp64_chain,
+    "whole_op_fp64": measure_whole_op_fp64,
 }
 
 #: per group, the summary keys to take the worst of over the configurations, and whether worst means max or min
 SUMMARY = {
     "kernels": {"worst_rel_rms": max, "worst_lp_rel_rms": max, "worst_fp32_rel_rms": max, "max_lp_differing": max,
-                "max_one_flip": max, "pairs_exactly_equal": min},
+                "max_lp_ulps": max, "max_one_flip": max, "pairs_exactly_equal": min},
     "stage2_paths": {"tail_differing": max, "groups_differing": max, "strided_differing": max},
     "stage2_state_update": {"worst_rel_rms": max},
     "stage2_fp64": {"worst_rel_rms": max},
     "epilogue": {"max_exact_differing": max, "min_dTrap_bit_equal": min, "max_dTrap_near_midpoint_8ulp": max},
     "golden_realistic": {"worst_bfloat16_rel_rms": max, "worst_float16_rel_rms": max},
+    "fwd_branches": {"worst_rel_rms": max, "least_rel_rms": min},
+    "drift": {"fp32_internal_max": max, "bf16_entry_stages_min": min, "bf16_before_q_biased_max": max,
+              "fp32_output_states": min, "fp32_output_dmimo_o": max, "kernel_vs_reference_max": max,
+              "device_output_dmimo_o": max},
+    "preprocess": {"dacs_fp32_max_abs": max, "dacs_fp32_max_rel": max, "angle_cumsum_fp32_wrapped_max_abs": max},
+    "fp64_chain": {"worst_rel_rms": max},
+    "whole_op_fp64": {"worst_rel_rms": max},
 }
 
 

@@ -198,7 +198,7 @@ def test_fwd_branches_give_upstream_layout_and_finite_values(spec):
     assert torch.isfinite(o.float()).all()
     # the fp32 preset (only the output store rounded) is an lp rounding away from the sm90 model, not more
     fp32 = run_forward(args, fwd_policy("fp32", lp_dtype=spec.dtype)).o
-    assert 0 < rel_rms(o, fp32) < 0.05
+    assert 0 < rel_rms(o, fp32) <= tolerances.get("fwd_sm90_vs_fp32_preset_rel_rms")
 
 
 def test_fwd_record_holds_the_documented_stages(branch_args):

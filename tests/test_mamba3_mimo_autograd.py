@@ -83,7 +83,7 @@ def test_fp64_backward_equals_autograd_of_the_fp64_model(spec):
     _assert_fp64_backward_matches(spec)
 
 
-@pytest.mark.slow
+# in the default suite: it reproduces the figure of whole_op_fp64_vs_autograd_rel_rms (32 cases, ~29 s loaded)
 @pytest.mark.parametrize("spec", SLOW_FP64_CASES, ids=lambda s: s.case_id)
 def test_fp64_backward_equals_autograd_of_the_fp64_model_slow(spec):
     _assert_fp64_backward_matches(spec)

@@ -86,7 +86,8 @@ def test_dacs_segsum_fp32_agrees_with_fp64(seqlen, chunk):
     for got, want in zip(dacs_segsum(adt, chunk, math_dtype=torch.float32),
                          dacs_segsum(adt, chunk, math_dtype=torch.float64)):
         assert got.dtype == torch.float32
-        torch.testing.assert_close(got.double(), want, rtol=2e-6, atol=2e-7)
+        torch.testing.assert_close(got.double(), want, rtol=0,
+                                   atol=tolerances.get("mamba3_mimo_pre_fp32_dacs_vs_fp64_max_abs"))
 
 
 @pytest.mark.parametrize("kind, size", sorted(SCAN_LAYOUTS) + [("1d", 8), ("2d", 64)])
@@ -111,7 +112,8 @@ def test_angle_cumsum_runs_over_the_whole_sequence():
         torch.testing.assert_close(got[0, t], want, rtol=0, atol=1e-13)
     fp32_c8 = angle_cumsum(angles, dt, 8, math_dtype=torch.float32)
     fp32_c16 = angle_cumsum(angles, dt, 16, math_dtype=torch.float32)
-    assert measure.wrapped_max_abs(fp32_c8, got) < 1e-5 and measure.wrapped_max_abs(fp32_c16, got) < 1e-5
+    limit = tolerances.get("mamba3_mimo_pre_fp32_angles_wrapped_max_abs")
+    assert measure.wrapped_max_abs(fp32_c8, got) <= limit and measure.wrapped_max_abs(fp32_c16, got) <= limit
 
 
 _ANGLES = torch.zeros(1, 8, 2, 4)

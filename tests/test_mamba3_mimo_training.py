@@ -25,7 +25,8 @@ def test_fp64_policy_gradients_equal_the_fp64_layer_but_for_the_bf16_gradient_st
     for name in training.PARAM_NAMES:
         err = float(torch.linalg.norm(grads[name].double() - grads64[name]) / torch.linalg.norm(grads64[name]))
         if name == "in_proj":
-            assert 1e-6 < err < 2 ** -8, name  # one bf16 store per activation gradient element
+            # one bf16 store per activation gradient element: structural, RN to bf16 errs by <= 2^-9 relative
+            assert 1e-6 < err < 2 ** -8, name
         else:
             assert err < 1e-5, name  # float32 projections only
 
