@@ -1,7 +1,8 @@
 """CPU (Triton interpreter) tests of the policy-configured Triton kernels ``mimo_numerics.kernels``.
 
 Gates (issue acceptance 1, 4): on small cases covering every branch, GQA, tails, B > 1 and R = 3 / C = 6, the
-kernel under policy P matches the reference under P (relative RMS <= 3e-4 on every output) and is closer to it
+kernel under policy P matches the reference under P (fp32 outputs within an FP32-order rel RMS, lp outputs equal
+but for a few elements a lp ulp or two apart: tolerances.py, kernels_interpreter_vs_reference_*) and is closer to it
 than to the reference under any other preset that accepts the same inputs; outputs and intermediate buffers are
 poisoned with NaN before each launch and must come back without NaN. Plus: rounding helpers against torch, every
 policy switch and knob honoured, records, determinism, bad inputs, unsupported sizes and policies, the interpreter
@@ -23,7 +24,7 @@ import torch
 import mimo_numerics as mn
 from mimo_numerics import kernels, tolerances
 from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs
-from mimo_numerics.metrics import rel_rms
+from mimo_numerics.metrics import rel_rms, ulp_distance
 from mimo_numerics.outputs import OUTPUT_NAMES
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as SWITCHES
 from mimo_numerics.rounding import round_sum_to_lp, round_to_lp
@@ -32,6 +33,12 @@ pytestmark = pytest.mark.skipif(not kernels.triton_available(), reason="triton i
 
 #: Two correct implementations of one policy (the kernels and the reference) differ by FP32 summation order.
 GATE_RTOL = tolerances.get("same_policy_rel_rms")
+#: The gate cases' own bounds (measured on CASES: scripts/measure_test_tolerances.py, group kernels): FP32 outputs
+#: by rel RMS; lp outputs by how many elements differ and by how many lp ulps, since on these small outputs one
+#: flipped rounding (what another CPU's BLAS order can cause) is worth up to 4e-3 in rel RMS.
+FP32_RTOL = tolerances.get("kernels_interpreter_vs_reference_fp32_rel_rms")
+LP_DIFFERING = tolerances.get("kernels_interpreter_vs_reference_lp_differing_max")
+LP_ULPS = tolerances.get("kernels_interpreter_vs_reference_lp_ulps_max")
 
 
 # ---------------------------------------------------------------------------------------------------- cases
@@ -116,8 +123,13 @@ def test_kernels_match_reference(spec, name, policy):
             continue
         assert a.dtype == b.dtype and a.shape == b.shape, (n, a.dtype, b.dtype, a.shape, b.shape)
         assert not torch.isnan(a.float()).any(), f"{n}: NaN left by the poisoned launch (element not written)"
-        err = rel_rms(a.float(), b.float())
-        assert err <= GATE_RTOL, f"{n}: kernel vs reference rel RMS {err:.3e} > {GATE_RTOL}"
+        if b.dtype in (torch.bfloat16, torch.float16):
+            ulps = ulp_distance(a, b, b.dtype)
+            differing, worst = int((ulps > 0).sum()), int(ulps.max())
+            assert differing <= LP_DIFFERING and worst <= LP_ULPS, f"{n}: {differing} differ, up to {worst} ulps"
+        else:
+            err = rel_rms(a, b)
+            assert err <= FP32_RTOL, f"{n}: kernel vs reference rel RMS {err:.3e} > {FP32_RTOL}"
 
 
 @pytest.mark.parametrize("spec, name, policy", GATE_PARAMS)
