@@ -475,18 +475,21 @@ def measure_preprocess() -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------- FP64 chains
+def _chain_case(rank, n, dtype, ro, z, d, heads=2, groups=1, batch=1, chunk_size=4, nchunks=3,
+                rotary_dim_divisor=4, seed=0, positive_adt=False):
+    """The tests' ``ChainCase`` (chain_support.py) as the OpCaseSpec its ``draw_inputs`` builds."""
+    from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec
+
+    return OpCaseSpec(batch=batch, seqlen=nchunks * chunk_size, heads=heads, groups=groups, state_dim=n, value_dim=8,
+                      rank=rank, chunk_size=chunk_size, reduce_o=ro, has_z=z, has_d=d, dtype=dtype, seed=seed,
+                      rotary_dim_divisor=rotary_dim_divisor, positive_adt=positive_adt)
+
+
 def chain_cases():
     """CHAIN_CASES and SLOW_CHAIN_CASES of tests/test_epilogue.py, as OpCaseSpec (the tests' ``draw_inputs``)."""
     import itertools
 
-    from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec
-
-    def c(rank, n, dtype, ro, z, d, heads=2, groups=1, batch=1, chunk_size=4, nchunks=3, rotary_dim_divisor=4,
-          seed=0, positive_adt=False):
-        return OpCaseSpec(batch=batch, seqlen=nchunks * chunk_size, heads=heads, groups=groups, state_dim=n,
-                          value_dim=8, rank=rank, chunk_size=chunk_size, reduce_o=ro, has_z=z, has_d=d, dtype=dtype,
-                          seed=seed, rotary_dim_divisor=rotary_dim_divisor, positive_adt=positive_adt)
-
+    c = _chain_case
     fast = [c(1, 32, "bfloat16", True, True, True, chunk_size=8, seed=1),
             c(2, 64, "float16", False, True, False, groups=2, batch=2, rotary_dim_divisor=2, seed=2),
             c(4, 128, "bfloat16", True, False, False, groups=2, seed=3),
@@ -524,8 +527,26 @@ def measure_fp64_chain() -> dict:
     st, exact = chain.autograd_fp64(inputs, "upstream"), chain.autograd_fp64(inputs, "exact")
     clamp_worst = max([_rel_rms(got[g], st[g]) for g in GRAD_NAMES if st[g] is not None]
                       + [_rel_rms(got[g], exact[g]) for g in GRAD_NAMES if g != "dADT" and exact[g] is not None])
-    return {"cases": [s.case_id for s in cases] + [clamp.case_id], "worst_rel_rms": max(worst, clamp_worst),
-            "worst_at": at, "clamp_case_rel_rms": clamp_worst}
+    # tests/test_bwd_bwd_oracle.py::test_bwd_bwd_oracle_with_a_tail_chunk_gives_the_gradients (S = 10, C = 4)
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.oracle import mamba_mimo_bwd_bwd_oracle
+
+    tail_spec = _chain_case(rank=2, n=32, dtype="bfloat16", ro=True, z=True, d=True, batch=2, seed=11)
+    inputs = make_op_inputs(tail_spec)
+    for name in ("Q", "K", "V", "Z", "dout", "Angles"):
+        inputs[name] = inputs[name][:, :10].contiguous()
+    for name in ("ADT", "DT", "Trap"):
+        inputs[name] = inputs[name][..., :10].contiguous()
+    pre = chain.preprocess(inputs, torch.float64)
+    stage1 = chain.stage1_oracle_fp64(*chain.stage1_args(inputs, pre), chunk_size=4, rotary_dim_divisor=4)
+    s2 = mamba_mimo_bwd_bwd_oracle(*chain.stage2_args(inputs, pre, stage1.as_dict()), chunk_size=4,
+                                   rotary_dim_divisor=4)
+    want = chain.autograd_fp64(inputs)
+    pairs = {"dQ": s2["dq"].sum(dim=3, keepdim=True), "dK": s2["dk"].sum(dim=3, keepdim=True), "dV": s2["dv"],
+             "dMIMO_V": s2["dmimo_v"].sum(dim=0), "dD": s2["dD"].sum(dim=0)}
+    tail_worst = max(_rel_rms(v, want[n]) for n, v in pairs.items())
+    return {"cases": [s.case_id for s in cases] + [clamp.case_id, tail_spec.case_id + "_S10"],
+            "worst_rel_rms": max(worst, clamp_worst, tail_worst), "worst_at": at, "clamp_case_rel_rms": clamp_worst,
+            "stage2_tail_case_rel_rms": tail_worst}
 
 
 def measure_whole_op_fp64() -> dict:
