@@ -723,11 +723,11 @@ def main(argv=None) -> int:
     bad = [c for c in configs if c not in CONFIGS]
     if bad:
         ap.error(f"unknown configurations {bad}; known: {list(CONFIGS)}")
+    provenance = _provenance(argv)  # before measuring: the tree that runs
     by_config = {}
     for c in configs:
         print(f"measuring {groups} under {c}", flush=True)
         by_config[c] = run_groups(groups) if c == "native" else _child(c, groups)
-    provenance = _provenance(argv)
     by_group = _grouped(json.loads(args.out.read_text())) if args.update and args.out.is_file() else {}
     for g in groups:
         by_group[g] = {"provenance": provenance, "configs": configs,
