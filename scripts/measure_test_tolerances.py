@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -634,27 +633,10 @@ SUMMARY = {
 
 # ---------------------------------------------------------------------------------------------------- driver
 def _provenance(argv: List[str]) -> dict:
-    def git(*args):
-        try:
-            res = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return res.stdout.strip() if res.returncode == 0 else None
+    """mimo_numerics.provenance's record of this run (commit, ``git describe --dirty``, command, versions, machine)."""
+    from mimo_numerics import provenance
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import numpy
-
-    return {"describe": git("describe", "--always", "--dirty"), "commit": git("rev-parse", "--short", "HEAD"),
-            "command": " ".join(["python", "scripts/measure_test_tolerances.py"] + argv),
-            "machine": {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform()},
-            "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__}}
+    return provenance.collect(command=" ".join(["python", "scripts/measure_test_tolerances.py"] + argv))
 
 
 def run_groups(groups: List[str]) -> dict:
