@@ -34,7 +34,7 @@ Groups (each named after the test it measures):
   ``tests/test_drift.py``, the FP32 preprocessing vs its FP64 form (``tests/test_mamba3_mimo_preprocess.py``).
 * ``fp64_chain``, ``whole_op_fp64``: the FP64 backward chain vs torch autograd of the FP64 model on the 103 chain
   cases of ``tests/test_epilogue.py`` (and the clamp case), and ``mamba3_mimo(policy="fp64")`` on the 37 cases of
-  ``tests/test_mamba3_mimo_autograd.py`` (``fp64_chain_vs_autograd_rel_rms``, ``whole_op_fp64_vs_autograd_rel_rms``).
+  ``tests/test_mamba3_mimo_autograd.py`` and the 2 float64-leaf cases of ``tests/test_newcomer_float64_leaves.py`` (``fp64_chain_vs_autograd_rel_rms``, ``whole_op_fp64_vs_autograd_rel_rms``).
 
 Usage (a few minutes per configuration on an idle 2-core machine; the kernels group is most of it)::
 
@@ -588,13 +588,36 @@ def measure_whole_op_fp64() -> dict:
                 e = _rel_rms(record[f"mamba3_mimo_epilogue.{g}"], want[g])
                 if e > worst:
                     worst, at = e, f"{spec.case_id}:{g}"
+    # tests/test_newcomer_float64_leaves.py: float64 leaves off the lp grid (its two CASES, its perturbation)
+    wide_cases = (small_case(seqlen=16, rank=2, value_dim=8, chunk_size=8, seed=21),
+                  small_case(seqlen=8, heads=2, groups=2, value_dim=8, rank=1, chunk_size=4, reduce_o=False,
+                             has_z=False, has_d=False, rotary_dim_divisor=2, dtype="float16", seed=22))
+    for spec in wide_cases:
+        inputs = make_op_inputs(spec)
+        gen = torch.Generator().manual_seed(5)
+        wide = dict(inputs)
+        for n in OP_INPUT_NAMES + ("dout",):
+            if inputs[n] is not None:
+                x = inputs[n].to(torch.float64)
+                wide[n] = x * (1 + 1e-3 * torch.rand(x.shape, generator=gen, dtype=torch.float64))
+        leaves = {n: None if wide[n] is None else wide[n].detach().requires_grad_(True) for n in OP_INPUT_NAMES}
+        out = mamba3_mimo(*leaves.values(), spec.chunk_size, spec.rotary_dim_divisor,
+                          policy=presets.get("fp64").replace(lp_dtype=spec.dtype))
+        out.backward(wide["dout"])
+        want = chain.autograd_fp64(wide)
+        for g in OP_GRAD_NAMES:
+            if want[g] is not None:
+                e = _rel_rms(leaves[g[1:]].grad, want[g])
+                if e > worst:
+                    worst, at = e, f"{spec.case_id}_float64_leaves:{g}"
     spec = fast[0]
     inputs = make_op_inputs(spec)
     out = mamba3_mimo(*[inputs[n] for n in OP_INPUT_NAMES], spec.chunk_size, spec.rotary_dim_divisor, policy="fp64")
     with torch.no_grad():
         fwd = _rel_rms(out, mamba3_mimo_fp64(*[inputs[n] for n in OP_INPUT_NAMES], spec.chunk_size,
                                              spec.rotary_dim_divisor))
-    return {"cases": [s.case_id for s in fast + slow], "worst_rel_rms": max(worst, fwd), "worst_at": at,
+    return {"cases": [s.case_id for s in fast + slow] + [s.case_id + "_float64_leaves" for s in wide_cases],
+            "worst_rel_rms": max(worst, fwd), "worst_at": at,
             "forward_rel_rms": fwd}
 
 
