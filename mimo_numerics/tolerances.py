@@ -459,7 +459,8 @@ TOLERANCES.update({
         "mamba3_mimo(policy='fp64') backward (the recorded float64 epilogue outputs) vs torch autograd of "
         "fp64_model.mamba3_mimo_fp64, every gradient, and its forward vs the model. Sweep: the 5 + 32 cases of "
         "tests/test_mamba3_mimo_autograd.py (all in the default suite; every branch, G = 1 and G = H, R in {1, 2, 4, "
-        "8}, N in {32, 64}, bf16 and fp16), native CPU and emulated avx2: worst 1.6e-15 (group whole_op_fp64). "
+        "8}, N in {32, 64}, bf16 and fp16) and the 2 float64-leaf cases of tests/test_newcomer_float64_leaves.py, "
+        "native CPU and emulated avx2: worst 1.6e-15 (group whole_op_fp64). "
         "Margin 10x: FP64 summation order only; another CPU's BLAS and vector width sum in other orders, which moves such a result by about its own size (the stage-1 FP64 oracle moves by <= 5.5e-16 across the emulated CPUs, docs/reproducibility.md); 10x leaves room for orders the emulation cannot reach",
         "tests/test_mamba3_mimo_autograd.py::test_fp64_backward_equals_autograd_of_the_fp64_model; "
         "scripts/measure_test_tolerances.py --groups whole_op_fp64"),
