@@ -32,12 +32,14 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import mimo_numerics as mn
-from mimo_numerics import kernels, tolerances, upstream
+from mimo_numerics import kernels, tolerances
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import upstream
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.benchmark_cases import KERNEL_SHAPES, kernel_shape
-from mimo_numerics.cases import as_args, as_kwargs, make_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 from mimo_numerics.kernels import mimo_bwd_fwd
-from mimo_numerics.outputs import OUTPUT_NAMES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import OUTPUT_NAMES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 PEAK_BW = 4.3e12
 #: The gate before timing: kernels vs reference within the same-policy tolerance.
@@ -220,7 +222,7 @@ def main(argv=None) -> int:
             except Exception as exc:  # an upstream refusal or compile failure is reported, not fatal
                 row["upstream_tilelang_ms"] = f"failed: {type(exc).__name__}: {str(exc)[:120]}"
                 print(f"[{shape}] upstream TileLang failed: {exc}")
-        refs = {p: mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=p)
+        refs = {p: stage1_reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=p)
                 for p in ("upstream_sm90", "seed_bf16")}
         row["bytes"] = bytes_moved(x, refs["upstream_sm90"])
         runs = [("upstream_sm90", v, VARIANTS[v]) for v in variants] + [("seed_bf16", "default", {})]
@@ -253,7 +255,7 @@ def main(argv=None) -> int:
                                       "ms": kms})
         if not args.no_reference_timing:
             row["reference_upstream_sm90_ms"] = do_bench(
-                lambda: mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90"),
+                lambda: stage1_reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90"),
                 warmup=1, rep=1, return_mode="median")
             print(f"[{shape}] reference (torch, CUDA) upstream_sm90  {row['reference_upstream_sm90_ms']:8.1f} ms")
         rows.append(row)

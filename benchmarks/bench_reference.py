@@ -27,6 +27,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +67,7 @@ def worker(args) -> int:
     import torch
 
     import mimo_numerics as mn
-    from mimo_numerics.cases import as_args, as_kwargs, make_inputs
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -75,7 +76,7 @@ def worker(args) -> int:
     result = {"module": mn.__file__, "threads": torch.get_num_threads(), "torch": torch.__version__, "policies": {}}
     for name in args.policies.split(","):
         policy = mn.presets.get(name)
-        wall, cpu = time_call(lambda: mn.reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs),
+        wall, cpu = time_call(lambda: stage1_reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs),
                                                                       policy=policy),
                               device, args.warmup, args.repeats)
         result["policies"][name] = {"wall_ms": wall, "cpu_ms": cpu}

@@ -21,7 +21,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from mimo_numerics.benchmark_cases import kernel_shape
-from mimo_numerics.cases import as_args, as_kwargs, make_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 from mimo_numerics.kernels import mimo_bwd_fwd
 
 

@@ -13,9 +13,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import mimo_numerics as mn
-from mimo_numerics.cases import as_args, as_kwargs, make_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 
 from mimo_numerics.benchmark_cases import HEADLINE
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 
 def _sync(device: str) -> None:
@@ -31,7 +32,7 @@ def main():
     parser.add_argument("--stacks", action="store_true", help="group by python call site")
     args = parser.parse_args()
     inputs = make_inputs(HEADLINE, device=args.device)
-    call = lambda: mn.reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=args.policy)
+    call = lambda: stage1_reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=args.policy)
     call()  # warm-up
     _sync(args.device)
     cuda = args.device.startswith("cuda")

@@ -39,10 +39,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 import torch
 
-from mimo_numerics import cases, envinfo, upstream
+from mimo_numerics import cases, envinfo
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import upstream
 from mimo_numerics.bundles import (BundleCase, bit_identical, decode_safetensors, encode_safetensors,
                                    save_bundle)
-from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES, MimoBwdFwdOutputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES, OUTPUT_NAMES, MimoBwdFwdOutputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
 
 #: The seed PR's test cases: golden name -> keyword arguments of its ``_make_inputs``.
 SEED_CASES = {
@@ -73,7 +75,7 @@ def case_list(sets, only):
     if "seed" in sets:
         out += [(name, cases.spec_from_seed_kwargs(kw), "seed") for name, kw in SEED_CASES.items()]
     if "realistic" in sets:
-        out += [(spec.case_id, spec, "realistic") for spec in cases.grid("sweep")]
+        out += [(spec.case_id, spec, "realistic") for spec in stage1_cases.grid("sweep")]
     if only:
         out = [c for c in out if any(fnmatch.fnmatchcase(c[0], g) for g in only)]
     return out
@@ -90,7 +92,7 @@ def case_inputs(name, spec, golden):
     inputs ``cases.make_inputs`` draws for ``spec``."""
     if golden is not None and name in golden:
         return dict(golden[name]["inputs"])
-    return cases.make_inputs(spec, "cpu")
+    return stage1_cases.make_inputs(spec, "cpu")
 
 
 def _load_golden(path):
@@ -104,7 +106,7 @@ def run_case(spec, inputs, device, repeat, source_dir):
     t0 = time.perf_counter()
     for _ in range(repeat):
         try:
-            out = upstream.mamba_mimo_bwd_fwd(*cases.as_args(dev), **cases.as_kwargs(dev), source_dir=source_dir)
+            out = upstream.mamba_mimo_bwd_fwd(*stage1_cases.as_args(dev), **stage1_cases.as_kwargs(dev), source_dir=source_dir)
         except upstream.UpstreamUnsupported as exc:
             skipped = str(exc)
             break

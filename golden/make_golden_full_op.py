@@ -39,7 +39,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 import torch
 
-from mimo_numerics import envinfo, upstream
+from mimo_numerics import envinfo
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import upstream
 from mimo_numerics.ops.mamba3_mimo import upstream as op_upstream
 from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
 

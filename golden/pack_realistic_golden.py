@@ -13,7 +13,8 @@ import sys
 import torch
 
 from mimo_numerics.bundles import inputs_digest, load_bundle
-from mimo_numerics.cases import make_inputs, tensor_digests
+from mimo_numerics.cases import tensor_digests
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import make_inputs
 
 
 def main(bundle_dir: str, out: str) -> int:

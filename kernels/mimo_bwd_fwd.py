@@ -17,8 +17,9 @@ from typing import Dict, Mapping, Optional
 import torch
 
 from mimo_numerics import presets as _presets
-from mimo_numerics.outputs import MimoBwdFwdOutputs
-from mimo_numerics.validation import Dims, validate_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import MimoBwdFwdOutputs
+from mimo_numerics.validation import Dims
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.validation import validate_inputs
 
 from . import _backend
 from ._config import (  # noqa: F401  (re-exported: the launcher's public names)

@@ -1,8 +1,14 @@
-"""``mimo_numerics.golden`` is :mod:`mimo_numerics.ops.mamba_mimo_bwd_fwd.golden` (stage 1's golden, in its operator folder):
-this module makes the old import path the same module object, so the public stage-1 API keeps working."""
+"""``mimo_numerics.golden``: stage 1's golden data, re-exported for users from
+:mod:`mimo_numerics.ops.mamba_mimo_bwd_fwd.golden`.
 
-import sys
+The module lives in stage 1's operator folder; code inside the package, the scripts and the tests import it from
+there (``tests/test_layout.py`` refuses an internal import of this alias).
+"""
 
-from .ops.mamba_mimo_bwd_fwd import golden as _module
+from .ops.mamba_mimo_bwd_fwd.golden import (  # noqa: F401
+    DEFAULT_PATH, DEFAULT_CASE, PathLike, default_path, load_golden, golden_names, golden_case,
+    upstream_outputs, golden_kwargs, stored_cases,
+)
 
-sys.modules[__name__] = _module
+__all__ = ["DEFAULT_PATH", "DEFAULT_CASE", "PathLike", "default_path", "load_golden",
+           "golden_names", "golden_case", "upstream_outputs", "golden_kwargs", "stored_cases"]

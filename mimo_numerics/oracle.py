@@ -1,8 +1,12 @@
-"""``mimo_numerics.oracle`` is :mod:`mimo_numerics.ops.mamba_mimo_bwd_fwd.oracle` (stage 1's oracle, in its operator folder):
-this module makes the old import path the same module object, so the public stage-1 API keeps working."""
+"""``mimo_numerics.oracle``: stage 1's FP64 oracle, re-exported for users from
+:mod:`mimo_numerics.ops.mamba_mimo_bwd_fwd.oracle`.
 
-import sys
+The module lives in stage 1's operator folder; code inside the package, the scripts and the tests import it from
+there (``tests/test_layout.py`` refuses an internal import of this alias).
+"""
 
-from .ops.mamba_mimo_bwd_fwd import oracle as _module
+from .ops.mamba_mimo_bwd_fwd.oracle import (  # noqa: F401
+    mamba_mimo_bwd_fwd_oracle,
+)
 
-sys.modules[__name__] = _module
+__all__ = ["mamba_mimo_bwd_fwd_oracle"]

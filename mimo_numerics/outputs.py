@@ -1,8 +1,12 @@
-"""``mimo_numerics.outputs`` is :mod:`mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs` (stage 1's outputs, in its operator folder):
-this module makes the old import path the same module object, so the public stage-1 API keeps working."""
+"""``mimo_numerics.outputs``: stage 1's input and output names and outputs NamedTuple, re-exported for users from
+:mod:`mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs`.
 
-import sys
+The module lives in stage 1's operator folder; code inside the package, the scripts and the tests import it from
+there (``tests/test_layout.py`` refuses an internal import of this alias).
+"""
 
-from .ops.mamba_mimo_bwd_fwd import outputs as _module
+from .ops.mamba_mimo_bwd_fwd.outputs import (  # noqa: F401
+    INPUT_NAMES, OPTIONAL_INPUTS, OUTPUT_NAMES, MimoBwdFwdOutputs,
+)
 
-sys.modules[__name__] = _module
+__all__ = ["INPUT_NAMES", "OPTIONAL_INPUTS", "OUTPUT_NAMES", "MimoBwdFwdOutputs"]

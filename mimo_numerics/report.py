@@ -208,7 +208,8 @@ def default_out_dir(case_name: str, root: Path = Path("reports"), op=None) -> Pa
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _jsonable(value):
+def jsonable(value):
+    """``value`` with NaN as None, infinities as strings and tuples as lists (for ``json.dumps``)."""
     if isinstance(value, float):
         if math.isnan(value):
             return None
@@ -216,17 +217,19 @@ def _jsonable(value):
             return "inf" if value > 0 else "-inf"
         return value
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     return value
 
 
-def _fmt(value) -> str:
+def fmt3(value) -> str:
+    """Three significant digits, ``–`` for None."""
     return "–" if value is None else f"{value:.3g}"
 
 
-def _table(rows: Sequence[Sequence[str]], head: Sequence[str]) -> str:
+def markdown_table(rows: Sequence[Sequence[str]], head: Sequence[str]) -> str:
+    """A Markdown table of ``rows`` under ``head``."""
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
@@ -409,7 +412,7 @@ def build_report(case: Optional[str] = None, out: Optional[Path] = None, policie
     metrics["seconds"] = time.monotonic() - started
 
     # ---- summary
-    (out / "metrics.json").write_text(json.dumps(_jsonable(metrics), indent=1), encoding="utf-8")
+    (out / "metrics.json").write_text(json.dumps(jsonable(metrics), indent=1), encoding="utf-8")
     (out / "summary.md").write_text(_summary(rc, op, metrics, stage_table, vs_claimed, seq_chunk, errors, agreement,
                                              sens, gap, inference, figures, baseline), encoding="utf-8")
     say(f"wrote {out} in {metrics['seconds']:.1f} s")
@@ -431,13 +434,13 @@ def _summary(rc, op, metrics, stage_table, vs_claimed, seq_chunk, errors, agreem
     outputs = [o for o in op.output_names if any(o in e for e in errors.values())]
     check = metrics["fp64_vs_oracle"]
     lines += ["## Output error against the baseline (relative RMS)", "",
-              _table([[f"`{l}`"] + [_fmt(e.get(o)) for o in outputs] for l, e in errors.items()], ["run", *outputs]),
+              markdown_table([[f"`{l}`"] + [fmt3(e.get(o)) for o in outputs] for l, e in errors.items()], ["run", *outputs]),
               "", "The `fp64` reference (the stage baseline) against the independent FP64 oracle: "
-              + ", ".join(f"{o}: {_fmt(v)}" for o, v in check.items()) + ".", ""]
+              + ", ".join(f"{o}: {fmt3(v)}" for o, v in check.items()) + ".", ""]
     if agreement:
         lines += [f"## Agreement with the device ({rc.device_label})", "",
                   "relative RMS / bit-equal fraction of each policy's outputs against the device outputs.", "",
-                  _table([[f"`{l}`"] + [f"{a[o]['rel_rms']:.3g} / {a[o]['bit_equal']:.4f}" if o in a else "–"
+                  markdown_table([[f"`{l}`"] + [f"{a[o]['rel_rms']:.3g} / {a[o]['bit_equal']:.4f}" if o in a else "–"
                                         for o in outputs] for l, a in agreement.items()], ["policy", *outputs]), ""]
     lines += ["## Drift by stage", "", "![drift by stage](fig_drift_by_stage.png)", "",
               stage_table.to_markdown(), ""]
@@ -461,8 +464,8 @@ def _summary(rc, op, metrics, stage_table, vs_claimed, seq_chunk, errors, agreem
     for label, stages in seq_chunk.values.items():
         for s in chunk_stages:
             if s in stages:
-                rows.append([f"`{label}`", f"`{s}`", ", ".join(_fmt(v) if v == v else "–" for v in stages[s])])
-    lines += [_table(rows, ["run", "stage", "per chunk (chunk 0, 1, ...)"]), ""]
+                rows.append([f"`{label}`", f"`{s}`", ", ".join(fmt3(v) if v == v else "–" for v in stages[s])])
+    lines += [markdown_table(rows, ["run", "stage", "per chunk (chunk 0, 1, ...)"]), ""]
     skipped = metrics["skipped"]
     if sens is not None:
         lines += [f"## Sensitivity of `{sens.policy.name}` (one-on / one-off, against `{sens.baseline}`)", "",

@@ -102,7 +102,7 @@ def policy_label(policy: RoundingPolicy, reference: Optional[RoundingPolicy] = N
 
 
 # ---------------------------------------------------------------------------------------------- rank_sites
-def _added(total: float, floor: float) -> float:
+def quadrature_excess(total: float, floor: float) -> float:
     """The part of ``total`` above ``floor`` when independent errors add in quadrature (0 when below)."""
     if math.isinf(total):
         return math.inf
@@ -256,8 +256,8 @@ def rank_sites(inputs: CasesLike, policy: PolicyLike = "upstream_sm90", baseline
 
     def make_row(site, kind, value, on_policy, off_policy):
         on, off = _errors(evaluator, on_policy), _errors(evaluator, off_policy)
-        added = {o: _added(on[o], floor[o]) for o in outputs}
-        removed = {o: _added(full[o], off[o]) for o in outputs}
+        added = {o: quadrature_excess(on[o], floor[o]) for o in outputs}
+        removed = {o: quadrature_excess(full[o], off[o]) for o in outputs}
         ratios = [added[o] / full[o] if full[o] > 0 else (0.0 if added[o] == 0 else math.inf) for o in outputs]
         score = sum(ratios) / len(ratios) if ratios else 0.0
         return SiteSensitivity(site, kind, value, on, off, added, removed, score)

@@ -1,4 +1,8 @@
-"""Input validation for ``mamba_mimo_bwd_fwd``: the one place every implementation checks its arguments.
+"""The argument checks every operator's validation uses: ``Dims``, the tensor-argument, size and lp-dtype checks.
+
+Each operator's own validation lives in its folder (``ops/<operator>/validation.py``). ``validate_inputs`` and
+``LP_INPUTS`` here are stage 1's (``ops/mamba_mimo_bwd_fwd/validation.py``), kept at this public path for users
+(loaded on first use, so that this generic module imports no operator).
 
 Every failure raises ``TypeError`` (wrong Python or torch type, wrong dtype) or ``ValueError`` (shape, device,
 pairing, unsupported size) with a message that names the argument and says what was expected.
@@ -11,10 +15,7 @@ from typing import Iterable, Mapping, Optional
 
 import torch
 
-from .outputs import INPUT_NAMES, OPTIONAL_INPUTS
-
 LOW_PRECISION_DTYPES = (torch.bfloat16, torch.float16)
-LP_INPUTS = ("dout", "q", "k", "v", "z", "trap")
 SUPPORTED_ROTARY_DIVISORS = (2, 4)
 #: The ``chunk_size`` every implementation (reference, oracle, kernels, upstream) assumes when it is not passed.
 DEFAULT_CHUNK_SIZE = 16
@@ -58,7 +59,8 @@ class Dims:
         return self.heads // self.groups
 
 
-def _check_int(name: str, value, minimum: int) -> int:
+def check_int(name: str, value, minimum: int) -> int:
+    """``value`` if it is an int (not a bool) >= ``minimum``; ``TypeError``/``ValueError`` naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if value < minimum:
@@ -66,7 +68,8 @@ def _check_int(name: str, value, minimum: int) -> int:
     return value
 
 
-def _check_tensor(name: str, tensor, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+def check_tensor(name: str, tensor, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    """``tensor`` has exactly ``shape``, ``dtype`` and ``device`` (the message names ``name`` and the expected value)."""
     if tuple(tensor.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {list(shape)}, got {list(tensor.shape)}")
     if tensor.dtype != dtype:
@@ -117,8 +120,8 @@ def check_sizes(q: torch.Tensor, v: torch.Tensor, chunk_size, rotary_dim_divisor
     """``chunk_size`` (int >= 1), ``rotary_dim_divisor`` (2 or 4) and the sizes every operator reads from ``q``
     ``[B, S, R, G, N]`` and ``v`` ``[B, S, H, P]``: no empty dimension, H a multiple of G, N even and divisible by
     the rotary divisor. Shared by every operator's validation."""
-    chunk_size = _check_int("chunk_size", chunk_size, 1)
-    rotary_dim_divisor = _check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
+    chunk_size = check_int("chunk_size", chunk_size, 1)
+    rotary_dim_divisor = check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
     if rotary_dim_divisor not in SUPPORTED_ROTARY_DIVISORS:
         raise ValueError(f"rotary_dim_divisor must be one of {SUPPORTED_ROTARY_DIVISORS}, got {rotary_dim_divisor}")
     if q.dim() != 5:
@@ -155,69 +158,17 @@ def check_lp_dtype(q: torch.Tensor, lp_dtype: Optional[torch.dtype] = None,
     return lp
 
 
-def _check_segsum_chunk(segsum: torch.Tensor, chunk_size: int) -> None:
-    """Name ``chunk_size`` (and its default) when segsum ``[B, H, nchunks, C, C]`` was made with another C."""
-    if segsum.dim() != 5 or segsum.shape[-1] != segsum.shape[-2] or segsum.shape[-1] == chunk_size:
-        return
-    found = segsum.shape[-1]
-    default = " (the default when chunk_size is not passed)" if chunk_size == DEFAULT_CHUNK_SIZE else ""
-    raise ValueError(f"segsum has chunk size {found} (shape {list(segsum.shape)} = [B, H, nchunks, C, C]) but "
-                     f"chunk_size={chunk_size}{default}: pass chunk_size={found}, or a segsum made with chunk size "
-                     f"{chunk_size}")
+
+#: Stage 1's names at their old public path (``mimo_numerics.validation.validate_inputs``), loaded on first use.
+_STAGE1_NAMES = ("validate_inputs", "LP_INPUTS", "INPUT_NAMES", "OPTIONAL_INPUTS")
+
+__all__ = ["LOW_PRECISION_DTYPES", "SUPPORTED_ROTARY_DIVISORS", "DEFAULT_CHUNK_SIZE", "Dims", "Sizes", "check_int",
+           "check_tensor", "check_tensor_arguments", "check_sizes", "check_lp_dtype", *_STAGE1_NAMES]
 
 
-def validate_inputs(
-    dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, segsum,
-    chunk_size, rotary_dim_divisor, *, lp_dtype: Optional[torch.dtype] = None,
-) -> Dims:
-    """Check the 17 tensors and two sizes of ``mamba_mimo_bwd_fwd`` and return their dimensions.
+def __getattr__(name):
+    if name in _STAGE1_NAMES:
+        import importlib
 
-    Args:
-        dout..segsum: the tensors of the API, see ``docs/semantics.md`` for shapes and dtypes.
-        chunk_size (int): C >= 1. rotary_dim_divisor (int): 2 or 4, dividing N.
-        lp_dtype (torch.dtype, optional): when given (a policy's ``lp_dtype``), the low-precision inputs must have it.
-
-    Returns:
-        Dims: the validated sizes and branch flags.
-    """
-    values = dict(zip(INPUT_NAMES, (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs,
-                                    da_cs_rev, dt, trap, d, segsum)))
-    check_tensor_arguments(values, OPTIONAL_INPUTS)
-    sizes = check_sizes(q, v, chunk_size, rotary_dim_divisor)
-    batch, seqlen, rank, groups, state_dim = sizes.batch, sizes.seqlen, sizes.rank, sizes.groups, sizes.state_dim
-    heads, value_dim = sizes.heads, sizes.value_dim
-    chunk_size, rotary_dim_divisor = sizes.chunk_size, sizes.rotary_dim_divisor
-
-    device = q.device
-    lp = check_lp_dtype(q, lp_dtype)
-    nchunks = sizes.nchunks
-    reduce_o = mimo_o is not None
-    has_z = z is not None
-    if has_z != (mimo_z is not None):
-        raise ValueError("z and mimo_z must be given together: got z "
-                         f"{'present' if has_z else 'None'} and mimo_z {'None' if has_z else 'present'}")
-
-    bshp = (batch, seqlen, heads, value_dim)
-    _check_tensor("dout", dout, bshp if reduce_o else (batch, seqlen, rank, heads, value_dim), lp, device)
-    _check_tensor("k", k, tuple(q.shape), lp, device)
-    _check_tensor("v", v, bshp, lp, device)
-    _check_tensor("trap", trap, (batch, heads, seqlen), lp, device)
-    for name in ("q_bias", "k_bias"):
-        _check_tensor(name, values[name], (heads, rank, state_dim), torch.float32, device)
-    _check_tensor("mimo_v", mimo_v, (heads, rank, value_dim), torch.float32, device)
-    _check_tensor("angles", angles, (batch, seqlen, heads, state_dim // rotary_dim_divisor), torch.float32, device)
-    for name in ("da_cs", "da_cs_rev", "dt"):
-        _check_tensor(name, values[name], (batch, heads, seqlen), torch.float32, device)
-    _check_segsum_chunk(segsum, chunk_size)
-    _check_tensor("segsum", segsum, (batch, heads, nchunks, chunk_size, chunk_size), torch.float32, device)
-    if reduce_o:
-        _check_tensor("mimo_o", mimo_o, (heads, rank, value_dim), torch.float32, device)
-    if has_z:
-        _check_tensor("z", z, bshp, lp, device)
-        _check_tensor("mimo_z", mimo_z, (heads, rank, value_dim), torch.float32, device)
-    if d is not None:
-        _check_tensor("d", d, (heads,), torch.float32, device)
-
-    return Dims(batch=batch, seqlen=seqlen, heads=heads, groups=groups, state_dim=state_dim, value_dim=value_dim,
-                rank=rank, chunk_size=chunk_size, nchunks=nchunks, rotary_dim_divisor=rotary_dim_divisor,
-                reduce_o=reduce_o, has_z=has_z, has_d=d is not None, lp_dtype=lp, device=device)
+        return getattr(importlib.import_module("mimo_numerics.ops.mamba_mimo_bwd_fwd.validation"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -49,6 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -668,14 +669,14 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
             spec = _cases.CaseSpec(formula="realistic", batch=2, heads=2, groups=1, seqlen=3 * c - 1, state_dim=n,
                                    value_dim=p, rank=r, chunk_size=c, reduce_o=ro, has_z=z, has_d=d,
                                    dtype=policy.lp_dtype)
-            inputs_cache[shape] = _cases.make_inputs(spec, "cpu")
+            inputs_cache[shape] = stage1_cases.make_inputs(spec, "cpu")
         inputs = inputs_cache[shape]
         label = f"N{n}_P{p}_R{r}_C{c}_" + ("ro" if ro else "fo") + ("Z" if z else "-") + ("D" if d else "-")
         with torch.no_grad(), warnings.catch_warnings():
             # without CANN, triton-ascend's driver probe warns "No such file or directory: 'ccec'" on every call
             # (the launcher asks it for the core count and falls back to a default)
             warnings.filterwarnings("ignore", message=r".*ccec.*", category=UserWarning)
-            prep = build(*_cases.as_args(inputs), **_cases.as_kwargs(inputs), policy=policy, backend="npu")
+            prep = build(*stage1_cases.as_args(inputs), **stage1_cases.as_kwargs(inputs), policy=policy, backend="npu")
         for launch in prep.launches:
             grid = launch.grid if isinstance(launch.grid, (tuple, list)) else (int(launch.grid),)
             plans.append(LaunchPlan(kernel=launch.kernel, args=tuple(launch.args),

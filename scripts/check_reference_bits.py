@@ -42,10 +42,12 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import torch
 
 import mimo_numerics as mn
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, grid, make_inputs
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, grid, make_inputs
 from mimo_numerics.policy import RoundingPolicy
 
 from mimo_numerics.benchmark_cases import HEADLINE
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BASELINE = ROOT / "out" / "reference_bits.json"
@@ -145,7 +147,7 @@ def _run(label: str, spec: CaseSpec, stress: Optional[str], keep_record: bool,
                 torch.save(inputs, stored)
         record = {} if keep_record else None
         threads = torch.get_num_threads()
-        outputs = mn.reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy,
+        outputs = stage1_reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy,
                                                   record=record)
         if torch.get_num_threads() != threads:
             raise RuntimeError(f"{label} {pname}: the reference changed torch's thread count "
@@ -233,7 +235,7 @@ def compare(args, cases, policies) -> int:
 
 def vs_generic(args, cases, policies) -> int:
     """Run every case twice, on the CPU fast path and on the generic whole-tensor path, and compare the bits."""
-    from mimo_numerics import reference
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference
 
     mismatches, checked = [], 0
     for label, spec, stress, keep in cases:
@@ -299,7 +301,7 @@ def main(argv=None) -> int:
         INPUTS_DIR.mkdir(parents=True, exist_ok=True)
 
     if args.block_elements is not None or args.block_chunks is not None:
-        from mimo_numerics import reference_cpu
+        from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference_cpu
 
         if args.block_elements is not None:
             reference_cpu.BLOCK_ELEMENTS = args.block_elements

@@ -17,8 +17,10 @@ from pathlib import Path
 import torch
 
 import mimo_numerics as mn
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 from mimo_numerics.metrics import bit_equal_fraction, rel_rms
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG_CASES = [
@@ -34,7 +36,7 @@ def _to(inputs: dict, device) -> dict:
 
 
 def _run(inputs: dict, policy: str):
-    return mn.reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy)
+    return stage1_reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy)
 
 
 def main(argv=None) -> int:

@@ -39,16 +39,18 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 import mimo_numerics as mn
-from mimo_numerics import golden, nonfinite
-from mimo_numerics.cases import as_args, as_kwargs
-from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES
+from mimo_numerics import nonfinite
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import golden
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES, OUTPUT_NAMES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 VALUES = {"nan": float("nan"), "+inf": float("inf"), "-inf": float("-inf")}
 
 
 def _implementation(name: str, device: str, source_dir):
     if name == "upstream":
-        from mimo_numerics import upstream
+        from mimo_numerics.ops.mamba_mimo_bwd_fwd import upstream
 
         def run(x):
             return upstream.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), source_dir=source_dir)
@@ -62,7 +64,7 @@ def _implementation(name: str, device: str, source_dir):
         return run
     if name == "reference":
         def run(x):
-            return mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90")
+            return stage1_reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90")
         return run
     raise ValueError(f"unknown implementation {name!r}")
 
@@ -148,7 +150,7 @@ def run(args) -> dict:
             for index in positions(name, inputs, args.positions, gen):
                 for label, value in values.items():
                     y = nonfinite.with_value(inputs, name, index, value)
-                    ref = _classes(mn.reference.mamba_mimo_bwd_fwd(*as_args(y), **as_kwargs(y),
+                    ref = _classes(stage1_reference.mamba_mimo_bwd_fwd(*as_args(y), **as_kwargs(y),
                                                                    policy="upstream_sm90"))
                     predicted = nonfinite.predict_nonfinite_outputs(y, name, index, value)
                     item = {"input": name, "index": list(index), "value": label}
@@ -247,7 +249,7 @@ def main(argv=None) -> int:
     parser.add_argument("--debug", action="store_true")
     args = parser.parse_args(argv)
     if args.impl == "upstream" and args.device.startswith("cuda"):
-        from mimo_numerics import upstream
+        from mimo_numerics.ops.mamba_mimo_bwd_fwd import upstream
 
         ok, why = upstream.availability(args.source_dir)
         if not ok:

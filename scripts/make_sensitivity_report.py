@@ -42,10 +42,11 @@ import torch
 
 import mimo_numerics
 from mimo_numerics import provenance
-from mimo_numerics import golden, inference, presets, sensitivity
+from mimo_numerics import inference, presets, sensitivity
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import golden
 from mimo_numerics import operator as _operator
 from mimo_numerics.ops import registry
-from mimo_numerics.outputs import OUTPUT_NAMES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import OUTPUT_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "reports" / "sensitivity_upstream_sm90_golden.md"

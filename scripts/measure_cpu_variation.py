@@ -31,8 +31,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 import mimo_numerics as mn
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 from mimo_numerics.metrics import bit_equal_fraction, rel_rms
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import oracle as stage1_oracle
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 ENV_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS",
             "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -56,7 +59,7 @@ def _put(out: Dict[str, torch.Tensor], group: str, name: str, value) -> None:
 
 
 def _stage1(inputs: dict, policy):
-    return mn.reference.mamba_mimo_bwd_fwd(*[inputs[n] for n in mn.INPUT_NAMES], chunk_size=inputs["chunk_size"],
+    return stage1_reference.mamba_mimo_bwd_fwd(*[inputs[n] for n in mn.INPUT_NAMES], chunk_size=inputs["chunk_size"],
                                            rotary_dim_divisor=inputs["rotary_dim_divisor"], policy=policy)
 
 
@@ -77,7 +80,7 @@ def compute() -> Dict[str, torch.Tensor]:
         inputs = seed_cases[name]["inputs"]
         for preset in ("upstream_sm90", "fp32"):
             _put(out, f"stage1_golden_{preset}", name, _stage1(inputs, preset))
-        oracle = mn.oracle.mamba_mimo_bwd_fwd_oracle(*[inputs[n] for n in mn.INPUT_NAMES],
+        oracle = stage1_oracle.mamba_mimo_bwd_fwd_oracle(*[inputs[n] for n in mn.INPUT_NAMES],
                                                      chunk_size=inputs["chunk_size"],
                                                      rotary_dim_divisor=inputs["rotary_dim_divisor"])
         _put(out, "stage1_golden_fp64_oracle", name, oracle)

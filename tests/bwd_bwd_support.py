@@ -7,15 +7,16 @@ from typing import Dict, Optional
 import torch
 
 from mimo_numerics import golden_data, presets
-from mimo_numerics import reference as stage1_reference
-from mimo_numerics.cases import CaseSpec, make_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import make_inputs
 from mimo_numerics.ops.mamba_mimo_bwd_bwd.cancellation import (  # noqa: F401  (re-exported)
     CANCELLING_OUTPUTS, abs_term_sums, rel_to_abs_terms)
 from mimo_numerics.ops.mamba_mimo_bwd_bwd.golden import golden_inputs
 from mimo_numerics.ops.mamba_mimo_bwd_bwd.reference import mamba_mimo_bwd_bwd
 from mimo_numerics.ops.mamba_mimo_bwd_bwd.sites import OP_NAME, SITES
 from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES
-from mimo_numerics.outputs import INPUT_NAMES as STAGE1_INPUT_NAMES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES as STAGE1_INPUT_NAMES
 
 #: The whole-op golden file of the real upstream op on an H200 (tests/data/README.md; ``mimo_numerics.golden_data``).
 GOLDEN_FULL_OP = golden_data.path("full_op")

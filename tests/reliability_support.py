@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from mimo_numerics.cases import as_args, as_kwargs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as SWITCHES
 from mimo_numerics.policy import KNOBS, RoundingPolicy
 

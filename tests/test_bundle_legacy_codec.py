@@ -18,8 +18,9 @@ from safetensors import safe_open
 
 from mimo_numerics import bundles
 from mimo_numerics.bundles import BundleError, bit_identical, decode_safetensors, load_bundle, save_bundle
-from mimo_numerics.cases import CaseSpec, make_inputs
-from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import make_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES, OUTPUT_NAMES
 
 LEGACY = Path(__file__).parent / "data" / "bundle_legacy_codec"
 BUNDLE = LEGACY / "bundle"

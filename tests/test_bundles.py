@@ -12,10 +12,12 @@ import safetensors.torch as st
 import torch
 from safetensors import safe_open
 
-from mimo_numerics import bundle_manifest, bundles, cases, cli, reference
+from mimo_numerics import bundle_manifest, bundles, cases, cli
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference
 from mimo_numerics.bundles import (BundleCase, BundleError, bit_identical, cases_from_golden, decode_safetensors,
                                    encode_safetensors, load_bundle, save_bundle)
-from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES, OUTPUT_NAMES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
 
 GOLDEN = Path(__file__).parent / "data" / "upstream_h200_seed_cases.pt"
 # two golden cases of different shapes (B=2,S=20,H=4,G=2 and B=1,S=20,H=1,G=1)
@@ -118,16 +120,16 @@ def test_golden_converts_losslessly(golden_cases, golden_bundle):
 
 def test_round_trip_keeps_policy_free_spec_skips_and_special_values(tmp_path):
     spec = cases.CaseSpec(seqlen=12, state_dim=16, value_dim=16, rank=2, chunk_size=4, has_z=True, has_d=True)
-    inputs = cases.make_inputs(spec)
+    inputs = stage1_cases.make_inputs(spec)
     policy = reference._presets.get("seed_bf16")
-    out = reference.mamba_mimo_bwd_fwd(*cases.as_args(inputs), **cases.as_kwargs(inputs), policy=policy)
+    out = reference.mamba_mimo_bwd_fwd(*stage1_cases.as_args(inputs), **stage1_cases.as_kwargs(inputs), policy=policy)
     # special bit patterns must survive: NaN payload, -0, inf, subnormal
     special = torch.tensor([float("nan"), -0.0, float("inf"), 1e-40], dtype=torch.float32)
     dmimo_o = out.dmimo_o.clone()
     dmimo_o.view(-1)[:4] = special
     out = out._replace(dmimo_o=dmimo_o)
     fp64 = reference._presets.get("fp64")
-    out64 = reference.mamba_mimo_bwd_fwd(*cases.as_args(inputs), **cases.as_kwargs(inputs), policy=fp64)
+    out64 = reference.mamba_mimo_bwd_fwd(*stage1_cases.as_args(inputs), **stage1_cases.as_kwargs(inputs), policy=fp64)
     items = [
         BundleCase(name="with_policy", inputs=inputs, outputs=out, spec=spec, policy=policy, backend="reference",
                    meta={"note": "x", "nested": {"a": [1, 2]}}),
@@ -611,7 +613,7 @@ def test_a_bundle_holds_the_cases_of_one_operator(tmp_path):
 
 
 def test_inputs_of_another_operator_are_refused(tmp_path):
-    x = cases.make_inputs(SMALL_SPECS[0])  # stage 1's inputs: the forward's plus dout
+    x = stage1_cases.make_inputs(SMALL_SPECS[0])  # stage 1's inputs: the forward's plus dout
     with pytest.raises(BundleError, match=r"have \['dout'\], which are not inputs of mamba_mimo_fwd"):
         save_bundle(tmp_path / "x", [BundleCase(name="c", inputs=x, operator=FWD)])
     fwd_inputs = {k: v for k, v in x.items() if k != "dout"}
@@ -627,7 +629,7 @@ def test_output_layouts_follow_the_operator_and_its_branches(tmp_path):
     assert o.dim() == 5
     with pytest.raises(BundleError, match=r"output o of case .* has shape \[1, 10, 1, 1, 8\], but the case implies "
                                           r"\[1, 10, 1, 8\]"):
-        reduced = cases.make_inputs(SMALL_SPECS[1].replace(reduce_o=True, dtype="bfloat16"))
+        reduced = stage1_cases.make_inputs(SMALL_SPECS[1].replace(reduce_o=True, dtype="bfloat16"))
         reduced.pop("dout")
         save_bundle(tmp_path / "x", [fwd_full.replace(inputs=reduced, spec=None, policy=None)])
     stage2, = _reference_cases(STAGE2, SMALL_SPECS[1:])  # no d: no dD
@@ -670,7 +672,7 @@ def test_golden_cases_of_the_forward_and_stage2_convert_losslessly(tmp_path, op_
 
 
 def test_stage1_golden_default_is_the_seed_file():
-    from mimo_numerics import golden
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd import golden
 
     by_default = cases_from_golden()
     by_path = cases_from_golden(GOLDEN)

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from mimo_numerics.cases import CaseSpec, make_inputs, tensor_digests
+from mimo_numerics.cases import CaseSpec, tensor_digests
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import make_inputs
 
 SPECS = (
     CaseSpec(formula="seed", seqlen=20, heads=2, groups=1, state_dim=16, value_dim=16, rank=2, chunk_size=8,

@@ -9,8 +9,9 @@ import torch
 
 from mimo_numerics import cases
 from mimo_numerics.cases import CaseSpec
-from mimo_numerics.outputs import INPUT_NAMES
-from mimo_numerics.validation import validate_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.validation import validate_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
 
 GOLDEN_PATH = Path(__file__).parent / "data" / "upstream_h200_seed_cases.pt"
 GOLDEN_CASES = (
@@ -19,8 +20,8 @@ GOLDEN_CASES = (
     "seed_shape_N32_P64_R4_C16", "seed_shape_N128_P32_R4_C16", "seed_shape_N64_P128_R4_C16",
     "seed_shape_N128_P64_R8_C8", "seed_shape_N64_P64_R1_C64",
 )
-ALL_CASES = tuple(spec for name in cases.grid_names() for spec in cases.grid(name))
-SMALL_CASES = cases.grid("smoke") + cases.grid("gate")
+ALL_CASES = tuple(spec for name in stage1_cases.grid_names() for spec in stage1_cases.grid(name))
+SMALL_CASES = stage1_cases.grid("smoke") + stage1_cases.grid("gate")
 
 
 @pytest.fixture(scope="module")
@@ -95,19 +96,19 @@ def test_from_dict_unknown_keys_named():
 # ---- grids ----
 
 def test_grid_names_and_unknown_grid():
-    assert cases.grid_names() == ("smoke", "gate", "sweep")
+    assert stage1_cases.grid_names() == ("smoke", "gate", "sweep")
     with pytest.raises(ValueError, match="'nope'.*smoke.*gate.*sweep"):
-        cases.grid("nope")
+        stage1_cases.grid("nope")
 
 
 def test_smoke_grid_is_tiny():
-    smoke = cases.grid("smoke")
+    smoke = stage1_cases.grid("smoke")
     assert 2 <= len(smoke) <= 3
     assert all(s.seqlen <= 20 and s.state_dim <= 32 and s.value_dim <= 32 for s in smoke)
 
 
 def test_gate_grid_coverage():
-    gate = cases.grid("gate")
+    gate = stage1_cases.grid("gate")
     assert {(s.reduce_o, s.has_z, s.has_d) for s in gate} == {(a, b, c) for a in (True, False)
                                                               for b in (True, False) for c in (True, False)}
     assert all(s.seqlen <= 40 and s.state_dim <= 64 and s.value_dim <= 64 for s in gate)
@@ -121,7 +122,7 @@ def test_gate_grid_coverage():
 
 
 def test_sweep_grid_is_realistic_and_large():
-    sweep = cases.grid("sweep")
+    sweep = stage1_cases.grid("sweep")
     assert all(s.formula == "realistic" for s in sweep)
     assert max(s.seqlen for s in sweep) == 2048 and max(s.state_dim for s in sweep) == 128
 
@@ -130,9 +131,9 @@ def test_sweep_grid_is_realistic_and_large():
 
 @pytest.mark.parametrize("spec", SMALL_CASES, ids=cases.case_id)
 def test_make_inputs_valid_for_api(spec):
-    inputs = cases.make_inputs(spec)
+    inputs = stage1_cases.make_inputs(spec)
     assert set(inputs) == set(INPUT_NAMES) | {"chunk_size", "rotary_dim_divisor"}
-    dims = validate_inputs(*cases.as_args(inputs), **cases.as_kwargs(inputs), lp_dtype=spec.lp_dtype)
+    dims = validate_inputs(*stage1_cases.as_args(inputs), **stage1_cases.as_kwargs(inputs), lp_dtype=spec.lp_dtype)
     assert (dims.batch, dims.seqlen, dims.heads, dims.groups, dims.state_dim, dims.value_dim, dims.rank) == \
         (spec.batch, spec.seqlen, spec.heads, spec.groups, spec.state_dim, spec.value_dim, spec.rank)
     assert (dims.reduce_o, dims.has_z, dims.has_d) == (spec.reduce_o, spec.has_z, spec.has_d)
@@ -140,25 +141,25 @@ def test_make_inputs_valid_for_api(spec):
 
 
 def test_as_args_order_and_kwargs():
-    inputs = cases.make_inputs(CaseSpec(seqlen=16, has_z=True))
-    args = cases.as_args(inputs)
+    inputs = stage1_cases.make_inputs(CaseSpec(seqlen=16, has_z=True))
+    args = stage1_cases.as_args(inputs)
     assert len(args) == 17
     assert all(a is inputs[n] for a, n in zip(args, INPUT_NAMES))
-    assert cases.as_kwargs(inputs) == {"chunk_size": 16, "rotary_dim_divisor": 4}
+    assert stage1_cases.as_kwargs(inputs) == {"chunk_size": 16, "rotary_dim_divisor": 4}
 
 
 @pytest.mark.parametrize("formula", cases.FORMULAS)
 def test_make_inputs_deterministic_and_seed_dependent(formula):
     spec = CaseSpec(formula=formula, seqlen=20, state_dim=16, value_dim=16, has_z=True, has_d=True)
-    first, again = cases.make_inputs(spec), cases.make_inputs(spec)
-    other = cases.make_inputs(spec.replace(seed=spec.seed + 1))
+    first, again = stage1_cases.make_inputs(spec), stage1_cases.make_inputs(spec)
+    other = stage1_cases.make_inputs(spec.replace(seed=spec.seed + 1))
     for name in INPUT_NAMES:
         assert torch.equal(_bits(first[name]), _bits(again[name])), name
     assert not torch.equal(first["q"], other["q"])
 
 
 def test_seed_formula_fp16_is_finite_and_fp16():
-    inputs = cases.make_inputs(CaseSpec(dtype="float16", seqlen=20, has_z=True))
+    inputs = stage1_cases.make_inputs(CaseSpec(dtype="float16", seqlen=20, has_z=True))
     for name in ("dout", "q", "k", "v", "z", "trap"):
         assert inputs[name].dtype == torch.float16 and torch.isfinite(inputs[name]).all(), name
 
@@ -179,7 +180,7 @@ def test_seed_formula_has_the_layout_of_the_golden_inputs(golden, name):
     # the golden inputs were drawn with torch 2.11's randn (CPU-dependent bits), so they are stored, not regenerated;
     # the seed formula of the same kwargs gives tensors of the same names, shapes and dtypes
     case = golden[name]
-    inputs = cases.make_inputs(cases.spec_from_seed_kwargs(case["kw"]))
+    inputs = stage1_cases.make_inputs(cases.spec_from_seed_kwargs(case["kw"]))
     assert set(inputs) == set(case["inputs"])
     for key, stored in case["inputs"].items():
         ours = inputs[key]
@@ -192,7 +193,7 @@ def test_seed_formula_has_the_layout_of_the_golden_inputs(golden, name):
 
 def test_seed_formula_k_bias_is_not_scaled():
     # the seed test divides q_bias by 8 but not k_bias; the formula keeps that
-    inputs = cases.make_inputs(CaseSpec(heads=4, state_dim=64, rank=4))
+    inputs = stage1_cases.make_inputs(CaseSpec(heads=4, state_dim=64, rank=4))
     assert inputs["k_bias"].std() > 4 * inputs["q_bias"].std()
 
 
@@ -204,7 +205,7 @@ REALISTIC = CaseSpec(formula="realistic", batch=2, seqlen=45, heads=2, state_dim
 
 @pytest.fixture(scope="module")
 def realistic():
-    return cases.make_inputs(REALISTIC)
+    return stage1_cases.make_inputs(REALISTIC)
 
 
 def test_realistic_ranges(realistic):
@@ -245,7 +246,7 @@ def test_realistic_cumsums_consistent(realistic):
 
 def test_chunk_cumsums_hand_example():
     da = torch.tensor([[[-1.0, -2.0, -3.0, -4.0, -5.0]]])
-    da_cs, da_cs_rev, segsum = cases.chunk_cumsums(da, 3)
+    da_cs, da_cs_rev, segsum = stage1_cases.chunk_cumsums(da, 3)
     assert da_cs.tolist() == [[[-1.0, -3.0, -6.0, -4.0, -9.0]]]
     assert da_cs_rev.tolist() == [[[-5.0, -3.0, 0.0, -5.0, 0.0]]]
     assert segsum[0, 0, 0].tolist() == [[0.0, 0.0, 0.0], [-2.0, 0.0, 0.0], [-5.0, -3.0, 0.0]]
@@ -253,7 +254,7 @@ def test_chunk_cumsums_hand_example():
 
 
 def test_realistic_optional_branches_do_not_change_core_tensors(realistic):
-    bare = cases.make_inputs(REALISTIC.replace(has_z=False, has_d=False, reduce_o=False))
+    bare = stage1_cases.make_inputs(REALISTIC.replace(has_z=False, has_d=False, reduce_o=False))
     for name in ("q", "k", "v", "q_bias", "k_bias", "mimo_v", "angles", "da_cs", "da_cs_rev", "dt", "trap",
                  "segsum"):
         assert torch.equal(bare[name], realistic[name]), name

@@ -12,6 +12,7 @@ import torch
 from mimo_numerics import cli
 from mimo_numerics.bundles import cases_from_golden, load_bundle, save_bundle
 from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
 
 GOLDEN = Path(__file__).parent / "data" / "upstream_h200_seed_cases.pt"
 SMALL = "B=1,S=12,N=16,P=16,R=2,C=4,has_z=true,has_d=true"
@@ -168,7 +169,7 @@ def test_run_triton_on_cpu_estimates_the_whole_run_and_refuses_it_above_the_limi
         pytest.skip(f"Triton backend unusable here: {reason}")
     from mimo_numerics import cases, kernels
 
-    found = [(spec.case_id, spec, None) for spec in cases.grid("sweep")]
+    found = [(spec.case_id, spec, None) for spec in stage1_cases.grid("sweep")]
     total, per_case = cli.interpreter_estimate(found)
     assert all(seconds <= kernels.INTERPRETER_LIMIT_S for _, seconds in per_case)
     assert total > kernels.INTERPRETER_LIMIT_S

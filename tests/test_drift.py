@@ -7,15 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from mimo_numerics import bundles, cases, drift, golden, presets, tolerances
-from mimo_numerics.outputs import MimoBwdFwdOutputs
+from mimo_numerics import bundles, cases, drift, presets, tolerances
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import golden
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import MimoBwdFwdOutputs
 
 TINY = cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8, has_z=True, has_d=True)
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return cases.make_inputs(TINY)
+    return stage1_cases.make_inputs(TINY)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +129,7 @@ def test_emulation_run_is_labelled(tiny):
 
 @pytest.mark.skipif(not drift.kernels_available(), reason="Triton kernels (mimo_numerics.kernels) not available")
 def test_kernel_emulation_run_is_close_to_the_reference():
-    inputs = cases.make_inputs(cases.CaseSpec(seqlen=8, state_dim=16, value_dim=16, rank=2, chunk_size=4,
+    inputs = stage1_cases.make_inputs(cases.CaseSpec(seqlen=8, state_dim=16, value_dim=16, rank=2, chunk_size=4,
                                               has_z=True))
     run = drift.kernel_run(inputs, "seed_bf16")
     ref = drift.reference_run(inputs, "seed_bf16")
@@ -160,6 +161,7 @@ from mimo_numerics import tolerances  # noqa: E402
 from mimo_numerics.inference import torch_threads  # noqa: E402
 from mimo_numerics.ops import registry  # noqa: E402
 from mimo_numerics.policy import write_fields  # noqa: E402
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases  # noqa: E402
 
 OPS = registry.OPERATORS
 OTHER_OPS = tuple(o for o in OPS if o != registry.DEFAULT_OPERATOR)
@@ -285,7 +287,7 @@ def test_outputs_dict_accepts_every_output_form():
 
 
 def test_lp_dtype_and_policies_follow_the_inputs():
-    x = _operator.get("mamba_mimo_fwd").draw(cases.grid("smoke")[2])
+    x = _operator.get("mamba_mimo_fwd").draw(stage1_cases.grid("smoke")[2])
     assert drift.lp_dtype_of(x, "mamba_mimo_fwd") == "float16"
     assert drift.policy_at("upstream_sm90", "float16") == ("upstream_sm90_fp16", presets.get("upstream_sm90_fp16"))
     assert drift.policy_at("fp32", "float16")[0] == "fp32[float16]"
@@ -299,7 +301,7 @@ def test_lp_dtype_and_policies_follow_the_inputs():
 
 @pytest.mark.parametrize("op", OTHER_OPS)
 def test_emulation_needs_a_policy_that_defines_the_operator(op):
-    x = _operator.get(op).draw(cases.grid("smoke")[0])
+    x = _operator.get(op).draw(stage1_cases.grid("smoke")[0])
     assert not drift.kernels_available(op)  # the forward and stage 2 have no Triton kernels yet
     with pytest.warns(UserWarning, match="defines no rounding"):
         runs = drift.standard_runs(x, op=op)

@@ -7,7 +7,8 @@ import pytest
 
 from mimo_numerics import bundles, envinfo
 from mimo_numerics.bundles import BundleCase, load_bundle, save_bundle
-from mimo_numerics.cases import CaseSpec, make_inputs
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import make_inputs
 
 SPEC = CaseSpec(seqlen=4, state_dim=8, value_dim=4, rank=1, chunk_size=2)
 

@@ -13,7 +13,8 @@ import torch
 from mamba_mimo_fwd_support import (case_args, case_policy, golden_args, golden_table, load_golden, run_forward,
                                     site_is_live, fwd_policy)
 from mimo_numerics import tolerances
-from mimo_numerics.cases import CaseSpec, chunk_cumsums, make_inputs
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import chunk_cumsums, make_inputs
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba_mimo_fwd.reference import mamba_mimo_fwd
 from mimo_numerics.ops.mamba_mimo_fwd.sites import SITES

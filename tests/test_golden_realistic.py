@@ -11,8 +11,10 @@ import torch
 import mimo_numerics as mn
 from mimo_numerics import tolerances
 from mimo_numerics.bundles import inputs_digest
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs, tensor_digests
+from mimo_numerics.cases import CaseSpec, tensor_digests
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 from mimo_numerics.metrics import rel_rms
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 DATA = torch.load(Path(__file__).parent / "data" / "upstream_h200_realistic_outputs.pt", weights_only=True)
 CASES = DATA["cases"]
@@ -32,7 +34,7 @@ def runs():
                                  + (f" in {differing}" if differing else " (tests/test_case_digests.py names them)"))
         policies = [UPSTREAM_POLICY[spec.dtype]] + (["seed_bf16"] if spec.dtype == "bfloat16" else [])
         for policy in policies:
-            out[name, policy] = mn.reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy)
+            out[name, policy] = stage1_reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy)
     return out
 
 

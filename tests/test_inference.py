@@ -6,8 +6,10 @@ import math
 import pytest
 import torch
 
-from mimo_numerics import cases, golden, inference, presets
+from mimo_numerics import cases, inference, presets
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import golden
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as SWITCHES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
 
 # Every branch on (reduced DOUT, Z, D), R = 2 rank steps, C·R = 32 rows (two 16-row accumulate steps), 3 chunks.
 SYNTHETIC = cases.CaseSpec(formula="realistic", seqlen=40, state_dim=16, value_dim=16, rank=2, chunk_size=16,
@@ -16,7 +18,7 @@ SYNTHETIC = cases.CaseSpec(formula="realistic", seqlen=40, state_dim=16, value_d
 
 @pytest.fixture(scope="module")
 def tiny():
-    return cases.make_inputs(SYNTHETIC)
+    return stage1_cases.make_inputs(SYNTHETIC)
 
 
 def _reference(inputs, policy):
@@ -58,7 +60,7 @@ def test_inference_recovers_random_policy_exactly(tiny, index, policy):
 
 def test_identifiable_fields_are_honest_about_missing_branches():
     # reduced DOUT without Z: phi_weight, dphio and dz_accum never act; with diag_accum off, neither does diag_mode
-    inputs = cases.make_inputs(cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8,
+    inputs = stage1_cases.make_inputs(cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8,
                                               has_d=True))
     policy = presets.get("upstream_sm90").replace(diag_accum=False)
     identifiable = inference.identifiable_fields(inputs, policy)
@@ -66,7 +68,7 @@ def test_identifiable_fields_are_honest_about_missing_branches():
     assert not identifiable["diag_mode"] and not identifiable["silu_form"]
     assert identifiable["psiv"] and identifiable["qk_biased"] and identifiable["diag_accum"]
     # full DOUT without Z: o is never an output, so nothing after the state is identifiable
-    inputs = cases.make_inputs(cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8,
+    inputs = stage1_cases.make_inputs(cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8,
                                               reduce_o=False, has_d=True))
     identifiable = inference.identifiable_fields(inputs, presets.get("upstream_sm90"))
     assert not any(identifiable[f] for f in ("out", "diag_accum", "causal_scores", "state_operand"))
@@ -74,7 +76,7 @@ def test_identifiable_fields_are_honest_about_missing_branches():
 
 
 def test_unidentifiable_fields_keep_their_start_value():
-    inputs = cases.make_inputs(cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8,
+    inputs = stage1_cases.make_inputs(cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8,
                                               reduce_o=False, has_d=True))
     policy = presets.get("upstream_sm90").replace(psiv=False)
     result = inference.infer_policy(inputs, _reference(inputs, policy), start="seed_bf16")
@@ -114,7 +116,7 @@ def test_output_distance_definition(tiny):
 
 
 def test_output_distance_sums_per_batch_projections_when_the_target_is_summed():
-    inputs = cases.make_inputs(cases.CaseSpec(batch=2, seqlen=16, state_dim=16, value_dim=16, rank=2,
+    inputs = stage1_cases.make_inputs(cases.CaseSpec(batch=2, seqlen=16, state_dim=16, value_dim=16, rank=2,
                                               chunk_size=8, has_z=True))
     out = _reference(inputs, "upstream_sm90")
     summed = {"dmimo_o": out["dmimo_o"].sum(0), "dmimo_z": out["dmimo_z"].sum(0)}

@@ -23,11 +23,14 @@ import torch
 
 import mimo_numerics as mn
 from mimo_numerics import kernels, tolerances
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 from mimo_numerics.metrics import rel_rms, ulp_distance
-from mimo_numerics.outputs import OUTPUT_NAMES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import OUTPUT_NAMES
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as SWITCHES
 from mimo_numerics.rounding import round_sum_to_lp, round_to_lp
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import validation as stage1_validation
 
 pytestmark = pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")
 
@@ -101,7 +104,7 @@ def _reference(spec, name, policy):
     key = (spec, name)
     if key not in _ref_cache:
         x = _inputs(spec)
-        _ref_cache[key] = mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=policy)
+        _ref_cache[key] = stage1_reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=policy)
     return _ref_cache[key]
 
 
@@ -174,8 +177,8 @@ def test_every_switch_and_knob_is_honoured(spec, change):
     variant = base.replace(**change)
     x = _inputs(spec)
     out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=variant, poison=True)
-    ref_v = mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=variant)
-    ref_b = mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=base)
+    ref_v = stage1_reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=variant)
+    ref_b = stage1_reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=base)
     d_own = _distances(out, ref_v)
     assert max(d_own.values()) <= GATE_RTOL, d_own
     if sum(_distances(ref_v, ref_b).values()) > 1e-5:
@@ -196,7 +199,7 @@ def _check_tiled(spec, preset, overrides, check_plan):
     x = _inputs(spec)
     check_plan(mimo_bwd_fwd.build_launches(*as_args(x), **as_kwargs(x), policy=preset, tuning=overrides).plan)
     out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset, poison=True, tuning=overrides)
-    d = _distances(out, mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset))
+    d = _distances(out, stage1_reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=preset))
     assert max(d.values()) <= GATE_RTOL, d
     for n in OUTPUT_NAMES:
         if getattr(out, n) is not None:
@@ -248,7 +251,7 @@ def test_bad_tuning_is_refused_naming_the_key(tuning, error, match):
     x = _inputs(CASES[5])
     with pytest.raises(error, match=match):
         kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90", tuning=tuning)
-    dims = mn.validation.validate_inputs(*as_args(x), **as_kwargs(x))
+    dims = stage1_validation.validate_inputs(*as_args(x), **as_kwargs(x))
     with pytest.raises(error, match=match):
         kernels.launch_config("upstream_sm90", dims, "cuda", tuning=tuning, sm_count=132)
 
@@ -263,7 +266,7 @@ def test_launch_config_is_frozen_and_per_call():
     assert not hasattr(mimo_bwd_fwd, "TUNING") and not hasattr(mimo_bwd_fwd, "tuning")
     spec = CaseSpec(seqlen=40, heads=4, state_dim=64, value_dim=64, rank=4, chunk_size=16, has_z=True, has_d=True)
     x = _inputs(spec)
-    dims = mn.validation.validate_inputs(*as_args(x), **as_kwargs(x))
+    dims = stage1_validation.validate_inputs(*as_args(x), **as_kwargs(x))
     base = kernels.launch_config("upstream_sm90", dims, "cuda", sm_count=132)
     overrides = {"RBK": 2, "warps_k3": 8, "native_lp": 0, "maxnreg_k3": 0}
     tuned = kernels.launch_config("upstream_sm90", dims, "cuda", tuning=overrides, sm_count=132)
@@ -351,7 +354,7 @@ def test_record_stages_match_reference():
     x = _inputs(spec)
     rk, rr = {}, {}
     kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90", record=rk, poison=True)
-    mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90", record=rr)
+    stage1_reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90", record=rr)
     assert set(rr) <= set(rk), sorted(set(rr) - set(rk))
     for name, ref in rr.items():
         got = rk[name]
@@ -476,7 +479,7 @@ def _bad_inputs():
 @pytest.mark.parametrize("label, bad", _bad_inputs(), ids=[b[0] for b in _bad_inputs()])
 def test_bad_inputs_raise_the_reference_errors(label, bad):
     with pytest.raises((TypeError, ValueError)) as ref_err:
-        mn.reference.mamba_mimo_bwd_fwd(*as_args(bad), **as_kwargs(bad), policy="upstream_sm90")
+        stage1_reference.mamba_mimo_bwd_fwd(*as_args(bad), **as_kwargs(bad), policy="upstream_sm90")
     with pytest.raises(type(ref_err.value)) as ker_err:
         kernels.mamba_mimo_bwd_fwd(*as_args(bad), **as_kwargs(bad), policy="upstream_sm90")
     assert str(ker_err.value) == str(ref_err.value)
@@ -490,7 +493,7 @@ def test_bad_inputs_raise_the_reference_errors(label, bad):
 ], ids=["N8", "P24", "N256", "CR144"])
 def test_unsupported_sizes_raise_value_error(spec, word):
     x = make_inputs(spec)
-    mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90")  # valid for the reference
+    stage1_reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90")  # valid for the reference
     with pytest.raises(ValueError, match=word):
         kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90")
 
@@ -501,7 +504,7 @@ def test_slow_interpreter_run_is_refused_with_an_estimate():
     with pytest.raises(kernels.SlowInterpreterError, match=r"about \d+ s.*allow_slow_interpreter=True"):
         kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90")
     small = kernels.estimate_interpreter_seconds(
-        mn.validation.validate_inputs(*as_args(_inputs(CASES[0])), **as_kwargs(_inputs(CASES[0]))))
+        stage1_validation.validate_inputs(*as_args(_inputs(CASES[0])), **as_kwargs(_inputs(CASES[0]))))
     assert small < kernels.INTERPRETER_LIMIT_S
 
 

@@ -29,9 +29,11 @@ import torch
 
 import mimo_numerics as mn
 from mimo_numerics import kernels, tolerances
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, grid, make_inputs
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, grid, make_inputs
 from mimo_numerics.metrics import rel_rms
-from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES, OUTPUT_NAMES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 #: Two correct implementations of one policy (the kernels and the reference) differ by FP32 summation order.
 GATE_RTOL = tolerances.get("same_policy_rel_rms")
@@ -71,7 +73,7 @@ def _fmt(d):
 def test_gpu_kernels_match_reference_and_own_policy(spec):
     x = make_inputs(spec, device="cuda")
     pols = _policies_for(spec)
-    refs = {n: mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=p) for n, p in pols}
+    refs = {n: stage1_reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=p) for n, p in pols}
     for name, policy in pols:
         out = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=policy, poison=True)
         torch.cuda.synchronize()
@@ -195,7 +197,7 @@ def test_gpu_record_matches_reference():
     x = make_inputs(spec, device="cuda")
     rk, rr = {}, {}
     kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90", record=rk, poison=True)
-    mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90", record=rr)
+    stage1_reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy="upstream_sm90", record=rr)
     for name, ref in rr.items():
         assert rk[name].shape == ref.shape, name
         assert not torch.isnan(rk[name]).any(), name

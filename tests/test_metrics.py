@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mimo_numerics import metrics
-from mimo_numerics.outputs import MimoBwdFwdOutputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import MimoBwdFwdOutputs
 
 
 def _t(values, dtype=torch.float64):

@@ -7,20 +7,21 @@ import torch
 
 from mimo_numerics import cases
 from mimo_numerics.cases import CaseSpec
-from mimo_numerics.oracle import mamba_mimo_bwd_fwd_oracle
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.oracle import mamba_mimo_bwd_fwd_oracle
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
 
-SMALL_CASES = cases.grid("smoke") + cases.grid("gate")
+SMALL_CASES = stage1_cases.grid("smoke") + stage1_cases.grid("gate")
 TINY = CaseSpec(seqlen=7, heads=2, groups=1, state_dim=8, value_dim=3, rank=2, chunk_size=3, has_z=True,
                 has_d=True, seed=5)
 
 
 def _run(inputs):
-    return mamba_mimo_bwd_fwd_oracle(*cases.as_args(inputs), **cases.as_kwargs(inputs))
+    return mamba_mimo_bwd_fwd_oracle(*stage1_cases.as_args(inputs), **stage1_cases.as_kwargs(inputs))
 
 
 @pytest.mark.parametrize("spec", SMALL_CASES, ids=cases.case_id)
 def test_oracle_output_layout(spec):
-    out = _run(cases.make_inputs(spec))
+    out = _run(stage1_cases.make_inputs(spec))
     B, S, H, N, P, R, nc = (spec.batch, spec.seqlen, spec.heads, spec.state_dim, spec.value_dim, spec.rank,
                             spec.nchunks)
     assert out.states.shape == (B, H, nc, N, P)
@@ -39,7 +40,7 @@ def test_oracle_output_layout(spec):
 
 
 def test_oracle_validates_inputs():
-    inputs = cases.make_inputs(TINY)
+    inputs = stage1_cases.make_inputs(TINY)
     inputs["mimo_z"] = None
     with pytest.raises(ValueError, match="mimo_z"):
         _run(inputs)
@@ -138,7 +139,7 @@ def _loop_reference(spec, inputs):
                                   TINY.replace(formula="realistic", rotary_dim_divisor=2, groups=2)],
                          ids=cases.case_id)
 def test_oracle_matches_scalar_loop_recurrence(spec):
-    inputs = cases.make_inputs(spec)
+    inputs = stage1_cases.make_inputs(spec)
     expected = _loop_reference(spec, inputs)
     out = _run(inputs)
     # one states entry (last chunk: sums over two earlier chunks) and one dz entry, then the whole tensors
@@ -151,7 +152,7 @@ def test_oracle_matches_scalar_loop_recurrence(spec):
 
 
 def test_oracle_qk_dot_is_biased_unrotated_dot():
-    inputs = cases.make_inputs(TINY)
+    inputs = stage1_cases.make_inputs(TINY)
     out = _run(inputs)
     q = inputs["q"].double()[0, 4, :, 0] + inputs["q_bias"].double()[1]  # [R, N], token 4, head 1
     k = inputs["k"].double()[0, 4, :, 0] + inputs["k_bias"].double()[1]
@@ -159,7 +160,7 @@ def test_oracle_qk_dot_is_biased_unrotated_dot():
 
 
 def test_oracle_linear_in_v():
-    inputs = cases.make_inputs(TINY)
+    inputs = stage1_cases.make_inputs(TINY)
     base = _run(inputs)
     doubled = _run(dict(inputs, v=inputs["v"] * 2))
     for name in ("dmimo_o", "states", "dz", "dmimo_z"):
@@ -168,7 +169,7 @@ def test_oracle_linear_in_v():
 
 
 def test_oracle_linear_in_dout():
-    inputs = cases.make_inputs(TINY)
+    inputs = stage1_cases.make_inputs(TINY)
     base = _run(inputs)
     doubled = _run(dict(inputs, dout=inputs["dout"] * 2))
     for name in ("dmimo_o", "dz", "dmimo_z"):
@@ -178,7 +179,7 @@ def test_oracle_linear_in_dout():
 
 def test_oracle_causal_in_last_token():
     # v at the last token only reaches the outputs of that token (and no stored state)
-    inputs = cases.make_inputs(TINY)
+    inputs = stage1_cases.make_inputs(TINY)
     base = _run(inputs)
     v = inputs["v"].clone()
     v[:, -1] = -3 * v[:, -1]

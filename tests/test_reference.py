@@ -5,9 +5,12 @@ import torch
 
 import mimo_numerics as mn
 from mimo_numerics import tolerances
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, grid, make_inputs
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, grid, make_inputs
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as SWITCHES
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import oracle as stage1_oracle
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 # the gate grid plus cases the oracle check must cover beyond it
 ORACLE_CASES = list(grid("gate")) + [
@@ -23,7 +26,7 @@ ALL_BRANCHES = CaseSpec(batch=2, seqlen=21, heads=2, groups=1, state_dim=32, val
 
 
 def _ref(inputs, policy, **kw):
-    return mn.reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy, **kw)
+    return stage1_reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy, **kw)
 
 
 @pytest.mark.parametrize("spec", ORACLE_CASES, ids=lambda s: s.case_id)
@@ -31,7 +34,7 @@ def test_reference_fp64_matches_oracle(spec):
     inputs = make_inputs(spec)
     policy = mn.presets.get("fp64").replace(lp_dtype=spec.dtype)
     got = _ref(inputs, policy)
-    want = mn.oracle.mamba_mimo_bwd_fwd_oracle(*as_args(inputs), **as_kwargs(inputs))
+    want = stage1_oracle.mamba_mimo_bwd_fwd_oracle(*as_args(inputs), **as_kwargs(inputs))
     for name, a, e in zip(mn.OUTPUT_NAMES, got, want):
         if e is None:
             assert a is None, name
@@ -103,7 +106,7 @@ def test_reference_record_holds_documented_stages(all_branch_inputs, sm90_output
     out = _ref(all_branch_inputs, "upstream_sm90", record=record)
     for a, b in zip(out, sm90_outputs):
         assert torch.equal(a, b)  # recording does not change results
-    documented = mn.reference.__doc__
+    documented = stage1_reference.__doc__
     for stage in ("q_biased", "k_biased", "qk_dot", "q_rot", "k_rot", "gamma", "shifted_gamma", "trap_scale",
                   "k_scaled", "psiv", "k_state", "state", "state_operand", "inter", "causal_scores", "intra",
                   "diag_accum", "diag", "out", "gate", "dphio", "dzz", "dz_accum"):

@@ -11,8 +11,9 @@ names and where the non-finite values are.
 import pytest
 import torch
 
-from mimo_numerics import presets, reference, tolerances
-from mimo_numerics.cases import as_args, as_kwargs, grid, make_inputs
+from mimo_numerics import presets, tolerances
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, grid, make_inputs
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference_cpu
 

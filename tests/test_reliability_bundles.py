@@ -30,11 +30,13 @@ from hypothesis import strategies as st  # noqa: E402
 import mimo_numerics as mn  # noqa: E402
 from mimo_numerics import bundle_manifest, bundles  # noqa: E402
 from mimo_numerics.bundles import BundleCase, BundleError, bit_identical, load_bundle, save_bundle  # noqa: E402
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs  # noqa: E402
-from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES  # noqa: E402
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES, OUTPUT_NAMES
 
 # ---------------------------------------------------------------------------------------------------- profiles
 from reliability_support import counts_writer, profile  # noqa: E402
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference  # noqa: E402
 
 COUNTS = collections.Counter()
 _write_counts = counts_writer(COUNTS, __file__)
@@ -52,7 +54,7 @@ def _cases():
     for i, spec in enumerate(SPECS):
         x = make_inputs(spec)
         policy = mn.presets.get("upstream_sm90" if spec.dtype == "bfloat16" else "upstream_sm90_fp16")
-        out = mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=policy)
+        out = stage1_reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=policy)
         items.append(BundleCase(name=f"case{i}", inputs=x, outputs=out, spec=spec, policy=policy,
                                 backend="reference", device_name="CPU", versions={"torch": torch.__version__},
                                 meta={"note": "reliability fuzz"}))

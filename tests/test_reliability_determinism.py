@@ -30,12 +30,15 @@ from hypothesis import strategies as st  # noqa: E402
 import mimo_numerics as mn  # noqa: E402
 from mimo_numerics import tolerances  # noqa: E402
 from mimo_numerics.bundles import BundleCase, manifest_digest, save_bundle  # noqa: E402
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs  # noqa: E402
-from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES  # noqa: E402
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES, OUTPUT_NAMES
 
 # ---------------------------------------------------------------------------------------------------- profiles
 from reliability_support import counts_writer, kernels_or_none, policies, profile  # noqa: E402
 from reliability_support import run_case as _run  # noqa: E402
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import oracle as stage1_oracle  # noqa: E402
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference  # noqa: E402
 
 COUNTS = collections.Counter()
 _write_counts = counts_writer(COUNTS, __file__)
@@ -102,11 +105,11 @@ def _repeatable(profile_name: str, examples: int):
         COUNTS[counter] += 1
         x = make_inputs(spec)
         r1, r2 = {}, {}
-        a = _run(mn.reference.mamba_mimo_bwd_fwd, x, policy=policy, record=r1)
-        b = _run(mn.reference.mamba_mimo_bwd_fwd, x, policy=policy, record=r2)
+        a = _run(stage1_reference.mamba_mimo_bwd_fwd, x, policy=policy, record=r1)
+        b = _run(stage1_reference.mamba_mimo_bwd_fwd, x, policy=policy, record=r2)
         assert_same_bits(a, b, "reference")
         assert_same_bits(r1, r2, "reference record")
-        assert_same_bits(_run(mn.oracle.mamba_mimo_bwd_fwd_oracle, x), _run(mn.oracle.mamba_mimo_bwd_fwd_oracle, x),
+        assert_same_bits(_run(stage1_oracle.mamba_mimo_bwd_fwd_oracle, x), _run(stage1_oracle.mamba_mimo_bwd_fwd_oracle, x),
                          "oracle")
 
     return check
@@ -127,11 +130,11 @@ def test_reference_bits_do_not_depend_on_the_thread_count(policy):
     many = max(2, os.cpu_count() or 2)
     try:
         torch.set_num_threads(1)
-        one = _run(mn.reference.mamba_mimo_bwd_fwd, x, policy=policy)
-        oracle_one = _run(mn.oracle.mamba_mimo_bwd_fwd_oracle, x)
+        one = _run(stage1_reference.mamba_mimo_bwd_fwd, x, policy=policy)
+        oracle_one = _run(stage1_oracle.mamba_mimo_bwd_fwd_oracle, x)
         torch.set_num_threads(many)
-        all_cores = _run(mn.reference.mamba_mimo_bwd_fwd, x, policy=policy)
-        oracle_all = _run(mn.oracle.mamba_mimo_bwd_fwd_oracle, x)
+        all_cores = _run(stage1_reference.mamba_mimo_bwd_fwd, x, policy=policy)
+        oracle_all = _run(stage1_oracle.mamba_mimo_bwd_fwd_oracle, x)
     finally:
         torch.set_num_threads(old)
     COUNTS["determinism_thread_count[fast]"] += 1
@@ -143,7 +146,7 @@ def test_reference_bits_are_the_same_in_a_fresh_process():
     spec = CaseSpec(formula="realistic", seqlen=50, heads=2, groups=1, state_dim=32, value_dim=16, rank=3,
                     chunk_size=8, has_z=True, has_d=True)
     x = make_inputs(spec)
-    here = digest(_run(mn.reference.mamba_mimo_bwd_fwd, x, policy="upstream_sm90"))
+    here = digest(_run(stage1_reference.mamba_mimo_bwd_fwd, x, policy="upstream_sm90"))
     code = textwrap.dedent(f"""
         import hashlib, torch
         import mimo_numerics as mn
@@ -178,7 +181,7 @@ def test_reference_on_other_cpu_kernels_within_tolerance(tmp_path):
     (docs/reproducibility.md), so this is what the golden tests can rely on when CI runs on another machine."""
     policies = ("upstream_sm90", "fp32")
     x = make_inputs(THREAD_CASE)
-    here = {p: _run(mn.reference.mamba_mimo_bwd_fwd, x, policy=p) for p in policies}
+    here = {p: _run(stage1_reference.mamba_mimo_bwd_fwd, x, policy=p) for p in policies}
     path = tmp_path / "other_cpu.pt"
     code = textwrap.dedent(f"""
         import torch
@@ -262,7 +265,7 @@ test_kernels_interpreter_is_bitwise_repeatable_slow = pytest.mark.slow(_kernels_
 def test_bundles_written_twice_have_identical_tensor_files(tmp_path):
     spec = CaseSpec(seqlen=9, state_dim=8, value_dim=8, rank=2, chunk_size=4, has_z=True, has_d=True)
     x = make_inputs(spec)
-    out = _run(mn.reference.mamba_mimo_bwd_fwd, x, policy="seed_bf16")
+    out = _run(stage1_reference.mamba_mimo_bwd_fwd, x, policy="seed_bf16")
     case = BundleCase(name="c", inputs=x, outputs=out, spec=spec, policy=mn.presets.get("seed_bf16"),
                       created="2026-01-01T00:00:00Z")
     a = save_bundle(tmp_path / "a", [case], meta={"k": 1})
@@ -281,7 +284,7 @@ def test_bundles_written_twice_have_identical_tensor_files(tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- GPU
 def _golden_cases():
-    from mimo_numerics import golden
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd import golden
 
     try:
         return golden.load_golden()
@@ -310,7 +313,7 @@ def test_gpu_golden_shapes_are_bitwise_repeatable(backend, preset):
     # (the kernels under one preset only: every golden shape class is a separate compile)
     if backend == "kernels" and KERNELS is None:
         pytest.skip("triton is not installed")
-    fn = mn.reference.mamba_mimo_bwd_fwd if backend == "reference" else KERNELS.mamba_mimo_bwd_fwd
+    fn = stage1_reference.mamba_mimo_bwd_fwd if backend == "reference" else KERNELS.mamba_mimo_bwd_fwd
     cases = _golden_cases()
     if not cases:
         pytest.skip("golden data not present")
@@ -327,7 +330,7 @@ def test_gpu_golden_shapes_are_bitwise_repeatable(backend, preset):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="needs a CUDA GPU")
 def test_gpu_upstream_golden_cases_are_bitwise_repeatable():
-    from mimo_numerics import upstream
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd import upstream
 
     ok, why = upstream.availability()
     if not ok:

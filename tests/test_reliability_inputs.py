@@ -32,11 +32,14 @@ from hypothesis import given, note  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import mimo_numerics as mn  # noqa: E402
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs  # noqa: E402
-from mimo_numerics.outputs import INPUT_NAMES, OPTIONAL_INPUTS, OUTPUT_NAMES  # noqa: E402
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES, OPTIONAL_INPUTS, OUTPUT_NAMES
 
 # ---------------------------------------------------------------------------------------------------- profiles
 from reliability_support import counts_writer, kernels_or_none, profile  # noqa: E402
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import oracle as stage1_oracle  # noqa: E402
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference  # noqa: E402
 
 COUNTS = collections.Counter()
 _write_counts = counts_writer(COUNTS, __file__)
@@ -71,9 +74,9 @@ IMPLEMENTATIONS = ("reference", "oracle") + (("kernels",) if KERNELS is not None
 
 def call(impl: str, inputs: dict, policy):
     if impl == "reference":
-        return mn.reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy)
+        return stage1_reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy)
     if impl == "oracle":
-        return mn.oracle.mamba_mimo_bwd_fwd_oracle(*as_args(inputs), **as_kwargs(inputs))
+        return stage1_oracle.mamba_mimo_bwd_fwd_oracle(*as_args(inputs), **as_kwargs(inputs))
     return KERNELS.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy)
 
 

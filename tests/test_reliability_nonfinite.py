@@ -29,13 +29,16 @@ import mimo_numerics as mn  # noqa: E402
 from mimo_numerics import nonfinite as nf  # noqa: E402
 from mimo_numerics import operator as _operator  # noqa: E402
 from mimo_numerics.ops import registry  # noqa: E402
-from mimo_numerics.cases import CaseSpec, make_inputs  # noqa: E402
-from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES  # noqa: E402
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import make_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES, OUTPUT_NAMES
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as SWITCHES  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------- profiles
 from reliability_support import counts_writer, kernels_or_none, policies, profile  # noqa: E402
 from reliability_support import run_case as _run  # noqa: E402
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import oracle as stage1_oracle  # noqa: E402
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference  # noqa: E402
 
 COUNTS = collections.Counter()
 _write_counts = counts_writer(COUNTS, __file__)
@@ -119,7 +122,7 @@ def _reference_pattern(profile_name: str, examples: int):
         COUNTS[counter] += 1
         COUNTS[f"{counter} {name}"] += 1
         y = nf.with_value(x, name, index, value)
-        out = _run(mn.reference.mamba_mimo_bwd_fwd, y, policy=policy)
+        out = _run(stage1_reference.mamba_mimo_bwd_fwd, y, policy=policy)
         _assert_pattern(out, nf.predict_nonfinite_outputs(y, name, index, value), f"{name}{list(index)}={value}")
 
     return check
@@ -142,7 +145,7 @@ def test_nonfinite_in_every_input_follows_the_rules(name):
         for value in NONFINITE:
             y = nf.with_value(x, name, index, value)
             COUNTS["nonfinite_reference_vs_rules[enumerated]"] += 1
-            out = _run(mn.reference.mamba_mimo_bwd_fwd, y, policy="upstream_sm90")
+            out = _run(stage1_reference.mamba_mimo_bwd_fwd, y, policy="upstream_sm90")
             _assert_pattern(out, nf.predict_nonfinite_outputs(y, name, index, value), f"{name}{list(index)}={value}")
 
 
@@ -164,7 +167,7 @@ def _kernel_pattern(profile_name: str, examples: int):
         note(f"{spec.case_id}: {name}{list(index)} = {value}")
         COUNTS[counter] += 1
         y = nf.with_value(x, name, index, value)
-        ref = _run(mn.reference.mamba_mimo_bwd_fwd, y, policy=policy)
+        ref = _run(stage1_reference.mamba_mimo_bwd_fwd, y, policy=policy)
         got = _run(KERNELS.mamba_mimo_bwd_fwd, y, policy=policy)
         mismatches = nf.pattern_mismatches(got, ref, exact=True)
         assert all(not m for m in mismatches.values()), f"kernel vs reference class mismatches: {mismatches}"
@@ -203,7 +206,7 @@ def test_first_nonfinite_stage_of_a_nan_in_each_input(name):
     x = make_inputs(FIRST_SPEC)
     y = nf.with_value(x, name, _interior_index(name, x), float("nan"))
     record = {}
-    out = _run(mn.reference.mamba_mimo_bwd_fwd, y, policy="upstream_sm90", record=record)
+    out = _run(stage1_reference.mamba_mimo_bwd_fwd, y, policy="upstream_sm90", record=record)
     first = nf.first_nonfinite(record, out)
     COUNTS["first_nonfinite_stage[enumerated]"] += 1
     assert first is not None and first.stage == FIRST_STAGE[name], (name, first)
@@ -259,7 +262,7 @@ OVERFLOWS = [
 def test_fp16_overflow_site_is_located_in_the_reference(label, factors, policy, stage):
     x = _scaled(**factors)
     record = {}
-    out = _run(mn.reference.mamba_mimo_bwd_fwd, x, policy=policy, record=record)
+    out = _run(stage1_reference.mamba_mimo_bwd_fwd, x, policy=policy, record=record)
     first = nf.first_nonfinite(record, out)
     COUNTS["fp16_overflow[reference]"] += 1
     assert first is not None and first.stage == stage, (label, first)
@@ -276,7 +279,7 @@ def test_fp16_overflow_kernels_agree_with_the_reference(label, factors, policy, 
     x = _scaled(**factors)
     rk = {}
     got = _run(KERNELS.mamba_mimo_bwd_fwd, x, policy=policy, record=rk)
-    ref = _run(mn.reference.mamba_mimo_bwd_fwd, x, policy=policy)
+    ref = _run(stage1_reference.mamba_mimo_bwd_fwd, x, policy=policy)
     COUNTS["fp16_overflow[kernels]"] += 1
     mismatches = nf.pattern_mismatches(got, ref, exact=True)
     assert all(not m for m in mismatches.values()), (label, mismatches)
@@ -331,7 +334,7 @@ def test_pipeline_and_sites_match_the_reference_record():
     assert set(nf.STAGE_SWITCH) == set(nf.PIPELINE)
     assert {v for v in nf.STAGE_SWITCH.values() if v} <= set(SWITCHES) | {"round_outputs"}
     record = {}
-    _run(mn.reference.mamba_mimo_bwd_fwd, make_inputs(FIRST_SPEC), policy="upstream_sm90", record=record)
+    _run(stage1_reference.mamba_mimo_bwd_fwd, make_inputs(FIRST_SPEC), policy="upstream_sm90", record=record)
     assert list(record) == [s for s in nf.PIPELINE if s in record]  # recorded in pipeline order, every name known
     assert set(record) == {s for s in nf.PIPELINE if not s.startswith(nf.OUTPUT_PREFIX)}
 
@@ -426,8 +429,8 @@ def test_oracle_is_not_a_nonfinite_reference():
     # in v at chunk 1 reaches states[0] and states[1] in the oracle, but only states[c > 1] in the reference
     x = make_inputs(FIRST_SPEC)
     y = nf.with_value(x, "v", (0, 5, 0, 3), float("nan"))
-    ref = _run(mn.reference.mamba_mimo_bwd_fwd, y, policy="fp64")
-    orc = _run(mn.oracle.mamba_mimo_bwd_fwd_oracle, y)
+    ref = _run(stage1_reference.mamba_mimo_bwd_fwd, y, policy="fp64")
+    orc = _run(stage1_oracle.mamba_mimo_bwd_fwd_oracle, y)
     assert torch.isfinite(ref.states[:, :, :2]).all() and not torch.isfinite(ref.states[:, :, 2:]).all()
     assert not torch.isfinite(orc.states[:, :, :2]).all()
 
@@ -447,12 +450,12 @@ def test_gpu_nonfinite_patterns_match_cpu_reference(backend, name):
     x = make_inputs(GPU_SPEC)
     if x[name] is None:
         pytest.skip(f"{name} is absent in this case")
-    fn = mn.reference.mamba_mimo_bwd_fwd if backend == "reference" else KERNELS.mamba_mimo_bwd_fwd
+    fn = stage1_reference.mamba_mimo_bwd_fwd if backend == "reference" else KERNELS.mamba_mimo_bwd_fwd
     for value in NONFINITE:
         index = tuple(s // 2 for s in x[name].shape)
         y = nf.with_value(x, name, index, value)
         y_gpu = {n: (t.to("cuda") if isinstance(t, torch.Tensor) else t) for n, t in y.items()}
-        want = _run(mn.reference.mamba_mimo_bwd_fwd, y, policy="upstream_sm90")
+        want = _run(stage1_reference.mamba_mimo_bwd_fwd, y, policy="upstream_sm90")
         got = _run(fn, y_gpu, policy="upstream_sm90")
         mismatches = nf.pattern_mismatches({n: (None if t is None else t.cpu()) for n, t in got._asdict().items()},
                                            want, exact=True)

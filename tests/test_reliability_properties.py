@@ -40,16 +40,19 @@ from hypothesis import strategies as st  # noqa: E402
 import mimo_numerics as mn  # noqa: E402
 from mimo_numerics import inference, testing, tolerances  # noqa: E402
 from mimo_numerics.bundles import _output_layout  # noqa: E402
-from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs  # noqa: E402
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 from mimo_numerics.metrics import rel_rms  # noqa: E402
-from mimo_numerics.outputs import OUTPUT_NAMES  # noqa: E402
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import OUTPUT_NAMES
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES  # noqa: E402
 from mimo_numerics.policy import ALL_KNOBS, RoundingPolicy  # noqa: E402
-from mimo_numerics.validation import validate_inputs  # noqa: E402
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.validation import validate_inputs
 
 # ---------------------------------------------------------------------------------------------------- profiles
 from reliability_support import counts_writer, kernels_or_none, policies, profile  # noqa: E402
 from reliability_support import run_case as _run  # noqa: E402
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import oracle as stage1_oracle  # noqa: E402
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference  # noqa: E402
 
 STAGE1 = "mamba_mimo_bwd_fwd"
 #: The fields of a schema_version 1 policy file: the stage-1 switches and the knobs.
@@ -136,7 +139,7 @@ def _kernel_vs_reference(profile_name: str, examples: int):
         COUNTS[counter] += 1
         x = make_inputs(spec)
         got = _run(kernels.mamba_mimo_bwd_fwd, x, policy=policy, poison=True)
-        ref = _run(mn.reference.mamba_mimo_bwd_fwd, x, policy=policy)
+        ref = _run(stage1_reference.mamba_mimo_bwd_fwd, x, policy=policy)
         _same_policy_checks(spec, policy, got, ref, counter)
 
     return check
@@ -156,8 +159,8 @@ def _fp64_vs_oracle(profile_name: str, examples: int):
         note(spec.case_id)
         COUNTS[counter] += 1
         x = make_inputs(spec)
-        ref = _run(mn.reference.mamba_mimo_bwd_fwd, x, policy=mn.presets.get("fp64").replace(lp_dtype=spec.dtype))
-        orc = _run(mn.oracle.mamba_mimo_bwd_fwd_oracle, x)
+        ref = _run(stage1_reference.mamba_mimo_bwd_fwd, x, policy=mn.presets.get("fp64").replace(lp_dtype=spec.dtype))
+        orc = _run(stage1_oracle.mamba_mimo_bwd_fwd_oracle, x)
         tol = tolerances.get("fp64_reference_vs_oracle_rel_rms")
         for name in OUTPUT_NAMES:
             a, e = getattr(ref, name), getattr(orc, name)
@@ -187,7 +190,7 @@ def _reference_contract(profile_name: str, examples: int):
         COUNTS[counter] += 1
         x = make_inputs(spec)
         before = {n: t.clone() for n, t in x.items() if isinstance(t, torch.Tensor)}
-        out = _run(mn.reference.mamba_mimo_bwd_fwd, x, policy=policy)
+        out = _run(stage1_reference.mamba_mimo_bwd_fwd, x, policy=policy)
         dims = validate_inputs(*as_args(x), **as_kwargs(x))
         layout = _output_layout(dims, policy)
         for name in OUTPUT_NAMES:

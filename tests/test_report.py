@@ -9,10 +9,12 @@ import sys
 
 import pytest
 
-from mimo_numerics import cases, drift, golden, plots, report, sweep
+from mimo_numerics import cases, drift, plots, report, sweep
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import golden
 from mimo_numerics import operator as _operator
 from mimo_numerics import tolerances
 from mimo_numerics.ops import registry
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
 
 MAIN_FIGURES = ("fig_drift_by_stage.png", "fig_drift_along_sequence.png", "fig_sensitivity.png")
 
@@ -96,7 +98,7 @@ def test_sensitivity_scores_use_a_linear_axis_and_errors_a_log_axis():
     from mimo_numerics import presets
     from mimo_numerics.sensitivity import rank_sites
 
-    inputs = cases.make_inputs(cases.CaseSpec(seqlen=8, state_dim=16, value_dim=16, rank=2, chunk_size=4,
+    inputs = stage1_cases.make_inputs(cases.CaseSpec(seqlen=8, state_dim=16, value_dim=16, rank=2, chunk_size=4,
                                               has_z=True))
     table = rank_sites(inputs, presets.get("upstream_sm90"), "fp64")
     fig = plots.plot_sensitivity(table)
@@ -118,7 +120,7 @@ def test_report_cli_end_to_end_on_a_grid_case(tmp_path):
         _check_png(out / name)
     assert not (out / "fig_inference.png").exists()  # no device outputs: nothing to infer from
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["case"] == cases.grid("smoke")[0].case_id
+    assert metrics["case"] == stage1_cases.grid("smoke")[0].case_id
     assert any(label.startswith("emulation:") for label in metrics["output_errors"])
 
 
@@ -134,7 +136,7 @@ def test_report_arguments_and_errors(tmp_path, capsys):
     assert isinstance(excinfo.value, ValueError) and "--case takes" in excinfo.value.hint
     assert report.default_out_dir("seed_gqa").name.endswith("_seed_gqa")
     assert report.resolve_case("gate:0").device_outputs is None
-    assert report.resolve_case(cases.grid("smoke")[1].case_id).name == cases.grid("smoke")[1].case_id
+    assert report.resolve_case(stage1_cases.grid("smoke")[1].case_id).name == stage1_cases.grid("smoke")[1].case_id
 
 
 @pytest.mark.parametrize("argv, message, hint", [
@@ -257,7 +259,7 @@ def test_parallel_map_keeps_order_across_spawned_workers():
 
 
 def test_run_sweep_cases_by_policies_in_parallel():
-    fp16 = cases.grid("smoke")[2]
+    fp16 = stage1_cases.grid("smoke")[2]
     assert fp16.dtype == "float16"
     specs = [cases.CaseSpec(seqlen=12, state_dim=16, value_dim=16, rank=2, chunk_size=4, has_z=True),
              "seed_branch_ro1_z0_d0", fp16]

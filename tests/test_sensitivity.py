@@ -6,9 +6,11 @@ import pytest
 
 from mimo_numerics import operator
 
-from mimo_numerics import cases, golden, presets, sensitivity
+from mimo_numerics import cases, presets, sensitivity
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import golden
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as SWITCHES
 from mimo_numerics.policy import KNOBS
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
 
 TINY = cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8, has_z=True, has_d=True)
 NO_Z = cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8, has_d=True)
@@ -16,7 +18,7 @@ NO_Z = cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=
 
 @pytest.fixture(scope="module")
 def tiny():
-    return cases.make_inputs(TINY)
+    return stage1_cases.make_inputs(TINY)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +67,7 @@ def test_rank_sites_is_deterministic_and_serialises(tiny):
 
 
 def test_sites_without_effect_score_zero():
-    inputs = cases.make_inputs(NO_Z)
+    inputs = stage1_cases.make_inputs(NO_Z)
     table = sensitivity.rank_sites(inputs, "upstream_sm90")
     assert set(table.outputs) == {"dmimo_o", "states", "qk_dot"}
     for site in ("phi_weight", "dphio", "dz_accum"):

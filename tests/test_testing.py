@@ -16,10 +16,13 @@ import pytest
 import torch
 
 import mimo_numerics as mn
-from mimo_numerics import golden, reference, testing, tolerances
-from mimo_numerics.cases import CaseSpec, grid, spec_from_seed_kwargs
-from mimo_numerics.outputs import MimoBwdFwdOutputs
+from mimo_numerics import testing, tolerances
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import golden, reference
+from mimo_numerics.cases import CaseSpec, spec_from_seed_kwargs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import grid
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import MimoBwdFwdOutputs
 from mimo_numerics.testing import assert_mamba_mimo_bwd_fwd, check_mamba_mimo_bwd_fwd
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import oracle as stage1_oracle
 
 pytest_plugins = ["pytester"]
 
@@ -90,8 +93,8 @@ def test_permute_state_dim_changes_the_order_not_the_math():
     inputs = testing.case_inputs(Z_CASE)
     args = [inputs[n] for n in mn.INPUT_NAMES]
     kw = {"chunk_size": inputs["chunk_size"], "rotary_dim_divisor": inputs["rotary_dim_divisor"]}
-    oracle = mn.oracle.mamba_mimo_bwd_fwd_oracle(*args, **kw)
-    permuted = testing.permute_state_dim(mn.oracle.mamba_mimo_bwd_fwd_oracle, seed=5)(*args, **kw)
+    oracle = stage1_oracle.mamba_mimo_bwd_fwd_oracle(*args, **kw)
+    permuted = testing.permute_state_dim(stage1_oracle.mamba_mimo_bwd_fwd_oracle, seed=5)(*args, **kw)
     for name in mn.OUTPUT_NAMES:
         assert mn.metrics.rel_rms(getattr(permuted, name), getattr(oracle, name)) < 1e-13, name
 

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from mimo_numerics import cases, upstream
+from mimo_numerics import cases
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import upstream
 from mimo_numerics.bundles import bit_identical
-from mimo_numerics.outputs import INPUT_NAMES, OUTPUT_NAMES, MimoBwdFwdOutputs
-from mimo_numerics.validation import validate_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES, OUTPUT_NAMES, MimoBwdFwdOutputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.validation import validate_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
 
 GOLDEN = Path(__file__).parent / "data" / "upstream_h200_seed_cases.pt"
 
@@ -54,16 +56,16 @@ def clean_modules(monkeypatch):
 
 
 def _dims(**kw):
-    inputs = cases.make_inputs(cases.CaseSpec(**kw))
-    return validate_inputs(*cases.as_args(inputs), **cases.as_kwargs(inputs))
+    inputs = stage1_cases.make_inputs(cases.CaseSpec(**kw))
+    return validate_inputs(*stage1_cases.as_args(inputs), **stage1_cases.as_kwargs(inputs))
 
 
 # ---------------------------------------------------------------------------------------------------------- errors
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests the error raised without CUDA")
 def test_missing_cuda_is_a_clear_error():
-    inputs = cases.make_inputs(cases.CaseSpec())
+    inputs = stage1_cases.make_inputs(cases.CaseSpec())
     with pytest.raises(upstream.UpstreamUnavailable, match="runs on CUDA only; the inputs are on cpu"):
-        upstream.mamba_mimo_bwd_fwd(*cases.as_args(inputs), **cases.as_kwargs(inputs))
+        upstream.mamba_mimo_bwd_fwd(*stage1_cases.as_args(inputs), **stage1_cases.as_kwargs(inputs))
     with pytest.raises(upstream.UpstreamUnavailable, match="CUDA is not available"):
         upstream.check_cuda()
     ok, reason = upstream.availability()
@@ -71,10 +73,10 @@ def test_missing_cuda_is_a_clear_error():
 
 
 def test_invalid_inputs_raise_the_validation_errors():
-    inputs = cases.make_inputs(cases.CaseSpec())
+    inputs = stage1_cases.make_inputs(cases.CaseSpec())
     inputs["k"] = inputs["k"].float()
     with pytest.raises(TypeError, match="k must have dtype"):
-        upstream.mamba_mimo_bwd_fwd(*cases.as_args(inputs), **cases.as_kwargs(inputs))
+        upstream.mamba_mimo_bwd_fwd(*stage1_cases.as_args(inputs), **stage1_cases.as_kwargs(inputs))
 
 
 # ---------------------------------------------------------------------------------------------------------- refusal
@@ -93,16 +95,16 @@ def test_fused_chunk_refusal_rule(chunk_size, rank, refused):
 
 def test_cr18_is_refused_before_looking_for_cuda():
     """The seed PR's C·R = 18 case is an upstream limitation on any machine, never a crash."""
-    inputs = cases.make_inputs(cases.CaseSpec(seqlen=13, rank=3, chunk_size=6, has_z=True, has_d=True))
+    inputs = stage1_cases.make_inputs(cases.CaseSpec(seqlen=13, rank=3, chunk_size=6, has_z=True, has_d=True))
     with pytest.raises(upstream.UpstreamUnsupported, match=r"6\*3 = 18 .*stride=18"):
-        upstream.mamba_mimo_bwd_fwd(*cases.as_args(inputs), **cases.as_kwargs(inputs))
+        upstream.mamba_mimo_bwd_fwd(*stage1_cases.as_args(inputs), **stage1_cases.as_kwargs(inputs))
     assert issubclass(upstream.UpstreamUnsupported, upstream.UpstreamError)
 
 
 def test_every_golden_shape_is_accepted():
     golden = torch.load(GOLDEN, weights_only=True)
     for name, item in golden.items():
-        dims = validate_inputs(*cases.as_args(item["inputs"]), **cases.as_kwargs(item["inputs"]))
+        dims = validate_inputs(*stage1_cases.as_args(item["inputs"]), **stage1_cases.as_kwargs(item["inputs"]))
         assert upstream.refusal_reason(dims) is None, name
 
 
@@ -190,7 +192,7 @@ def test_upstream_reproduces_the_golden_outputs_bit_for_bit():
     golden = torch.load(GOLDEN, weights_only=True)
     for name, item in golden.items():
         inputs = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in item["inputs"].items()}
-        out = upstream.mamba_mimo_bwd_fwd(*cases.as_args(inputs), **cases.as_kwargs(inputs))
+        out = upstream.mamba_mimo_bwd_fwd(*stage1_cases.as_args(inputs), **stage1_cases.as_kwargs(inputs))
         for output in OUTPUT_NAMES:
             got = getattr(out, output)
             assert bit_identical(None if got is None else got.cpu(), item["upstream"][output]), (name, output)
@@ -202,7 +204,8 @@ def test_make_golden_flow_with_a_stand_in_kernel(tmp_path, monkeypatch, capsys):
     outputs for golden inputs (found by digest) and the reference's otherwise."""
     import importlib.util
 
-    from mimo_numerics import bundles, reference
+    from mimo_numerics import bundles
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference
 
     spec = importlib.util.spec_from_file_location("make_golden", Path(__file__).parent.parent / "scripts" /
                                                   "make_golden.py")

@@ -182,7 +182,7 @@ def test_run_stage2_compile_failure_and_validation(monkeypatch, no_cuda_check):
 
 
 def test_runner_source_info_hashes_the_whole_ops_files(tmp_path):
-    from mimo_numerics import upstream as stage1
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd import upstream as stage1
 
     root = tmp_path / "src"
     for _, path, _ in runners.FILES[:2]:

@@ -4,7 +4,10 @@ import pytest
 import torch
 
 import mimo_numerics as mn
-from mimo_numerics.cases import CaseSpec, make_inputs
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import make_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import oracle as stage1_oracle
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 SPEC = CaseSpec(seqlen=8, state_dim=16, value_dim=16, rank=2, chunk_size=4, reduce_o=True, has_z=True, has_d=True,
                 heads=2, groups=1)
@@ -65,7 +68,7 @@ def test_reference_rejects_bad_input_naming_the_argument(mutate, error, text):
     inputs = _inputs()
     mutate(inputs)
     with pytest.raises(error, match=text.replace("%", "%")):
-        _call(mn.reference.mamba_mimo_bwd_fwd, inputs, policy="seed_bf16")
+        _call(stage1_reference.mamba_mimo_bwd_fwd, inputs, policy="seed_bf16")
 
 
 @pytest.mark.parametrize("mutate, error, text", [b[1:] for b in BAD_INPUTS[::4]], ids=[b[0] for b in BAD_INPUTS[::4]])
@@ -73,25 +76,25 @@ def test_oracle_rejects_bad_input_naming_the_argument(mutate, error, text):
     inputs = _inputs()
     mutate(inputs)
     with pytest.raises(error, match=text):
-        _call(mn.oracle.mamba_mimo_bwd_fwd_oracle, inputs)
+        _call(stage1_oracle.mamba_mimo_bwd_fwd_oracle, inputs)
 
 
 def test_reference_rejects_inputs_of_another_lp_dtype_than_the_policy():
     with pytest.raises(TypeError, match="lp_dtype"):
-        _call(mn.reference.mamba_mimo_bwd_fwd, _inputs(), policy="upstream_sm90_fp16")
+        _call(stage1_reference.mamba_mimo_bwd_fwd, _inputs(), policy="upstream_sm90_fp16")
 
 
 def test_reference_rejects_unknown_policy_names():
     with pytest.raises(ValueError, match="unknown preset"):
-        _call(mn.reference.mamba_mimo_bwd_fwd, _inputs(), policy="nope")
+        _call(stage1_reference.mamba_mimo_bwd_fwd, _inputs(), policy="nope")
 
 
 def test_reference_accepts_non_contiguous_views():
     inputs = _inputs()
-    expected = _call(mn.reference.mamba_mimo_bwd_fwd, inputs, policy="seed_bf16")
+    expected = _call(stage1_reference.mamba_mimo_bwd_fwd, inputs, policy="seed_bf16")
     inputs["v"] = torch.stack([inputs["v"], -inputs["v"]], dim=-1)[..., 0]  # every other element of a buffer
     assert not inputs["v"].is_contiguous()
-    got = _call(mn.reference.mamba_mimo_bwd_fwd, inputs, policy="seed_bf16")
+    got = _call(stage1_reference.mamba_mimo_bwd_fwd, inputs, policy="seed_bf16")
     for a, b in zip(got, expected):
         assert torch.equal(a, b)
 
@@ -100,9 +103,9 @@ def test_segsum_of_another_chunk_size_names_chunk_size_and_its_default():
     """C=8 data called without chunk_size: the message says chunk_size defaulted to 16 and what to pass."""
     inputs = make_inputs(CaseSpec(seqlen=32, state_dim=16, value_dim=16, rank=2, chunk_size=8))
     args = [inputs[n] for n in mn.INPUT_NAMES]
-    for fn in (mn.reference.mamba_mimo_bwd_fwd, mn.oracle.mamba_mimo_bwd_fwd_oracle):
+    for fn in (stage1_reference.mamba_mimo_bwd_fwd, stage1_oracle.mamba_mimo_bwd_fwd_oracle):
         with pytest.raises(ValueError, match=r"segsum has chunk size 8 .* but chunk_size=16 \(the default when "
                                              r"chunk_size is not passed\): pass chunk_size=8"):
             fn(*args)
     with pytest.raises(ValueError, match=r"segsum has chunk size 8 .* but chunk_size=4: pass chunk_size=8"):
-        mn.reference.mamba_mimo_bwd_fwd(*args, chunk_size=4)
+        stage1_reference.mamba_mimo_bwd_fwd(*args, chunk_size=4)

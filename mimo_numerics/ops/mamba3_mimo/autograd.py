@@ -54,7 +54,7 @@ import torch
 from ... import presets as _presets
 from . import chain
 from .cases import OP_GRAD_NAMES, OP_INPUT_NAMES
-from .fp64_model import _validate as _validate_shapes
+from .fp64_model import validate_op_inputs as _validate_shapes
 
 #: Backends of :func:`mamba3_mimo`.
 BACKENDS = ("reference", "triton")
@@ -277,7 +277,7 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
 
 # ---------------------------------------------------------------------------------------------------- records
 #: Golden-file section -> (record prefix, {golden name: record name}) for :func:`golden_sections`.
-_GOLDEN_SECTIONS = {
+GOLDEN_SECTIONS = {
     "pre": ("mamba3_mimo_preprocess", {n: n for n in chain.PRE_NAMES}),
     "fwd": ("mamba_mimo_fwd.outputs", {"o": "o"}),
     "bwd_fwd": ("mamba_mimo_bwd_fwd.outputs", {n: n for n in ("dmimo_o", "states", "dz", "dmimo_z", "qk_dot")}),
@@ -295,4 +295,4 @@ def golden_sections(record: MutableMapping) -> Dict[str, Dict[str, Optional[torc
     ``grads`` (the 14 gradients before autograd's cast to the inputs' dtypes); None for a tensor that was not
     recorded (an absent branch, or a backward that has not run)."""
     return {section: {golden: record.get(f"{prefix}.{name}") for golden, name in names.items()}
-            for section, (prefix, names) in _GOLDEN_SECTIONS.items()}
+            for section, (prefix, names) in GOLDEN_SECTIONS.items()}

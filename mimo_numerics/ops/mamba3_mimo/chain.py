@@ -31,12 +31,12 @@ from typing import Dict, Optional
 
 import torch
 
-from ... import oracle as _stage1_oracle_module
+from ..mamba_mimo_bwd_fwd import oracle as _stage1_oracle_module
 from ... import presets as _presets
-from ... import reference as _stage1_reference
-from ...outputs import INPUT_NAMES as _STAGE1_INPUT_NAMES
+from ..mamba_mimo_bwd_fwd import reference as _stage1_reference
+from ..mamba_mimo_bwd_fwd.outputs import INPUT_NAMES as _STAGE1_INPUT_NAMES
 from ...policy import RoundingPolicy
-from ...validation import LP_INPUTS as _STAGE1_LP_INPUTS
+from ..mamba_mimo_bwd_fwd.validation import LP_INPUTS as _STAGE1_LP_INPUTS
 from ..mamba3_mimo_epilogue.oracle import mamba3_mimo_epilogue_oracle
 from ..mamba3_mimo_epilogue.reference import mamba3_mimo_epilogue_reference
 from ..mamba_mimo_bwd_bwd.oracle import mamba_mimo_bwd_bwd_oracle

@@ -38,7 +38,7 @@ from typing import Optional
 
 import torch
 
-from ...validation import _check_int
+from ...validation import check_int
 
 _F64 = torch.float64
 #: ``mamba3_mimo``'s 14 tensor arguments, in call order.
@@ -51,7 +51,9 @@ SUPPORTED_ROTARY_DIVISORS = (2, 4)
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
-def _validate(tensors: dict, chunk_size, rotary_dim_divisor, clamp_backward) -> tuple:
+def validate_op_inputs(tensors: dict, chunk_size, rotary_dim_divisor, clamp_backward) -> tuple:
+    """Check the 14 inputs of ``mamba3_mimo`` (name -> tensor or None) and the sizes; return B, S, R, G, N, H, P, C and
+    the clamp backward (errors name the argument). Used by the FP64 model and by ``autograd.mamba3_mimo``."""
     for name, value in tensors.items():
         if value is None:
             if name not in OPTIONAL_INPUTS:
@@ -62,8 +64,8 @@ def _validate(tensors: dict, chunk_size, rotary_dim_divisor, clamp_backward) -> 
         elif value.dtype not in _FLOATS:
             raise TypeError(f"{name} must have a floating dtype (bfloat16, float16, float32, float64), got "
                             f"{value.dtype}")
-    chunk_size = _check_int("chunk_size", chunk_size, 1)
-    rotary_dim_divisor = _check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
+    chunk_size = check_int("chunk_size", chunk_size, 1)
+    rotary_dim_divisor = check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
     if rotary_dim_divisor not in SUPPORTED_ROTARY_DIVISORS:
         raise ValueError(f"rotary_dim_divisor must be one of {SUPPORTED_ROTARY_DIVISORS}, got {rotary_dim_divisor}")
     if clamp_backward not in CLAMP_BACKWARDS:
@@ -142,7 +144,7 @@ def mamba3_mimo_fp64(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIM
     """
     tensors = dict(zip(INPUT_NAMES, (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D,
                                      Z)))
-    B, S, R, G, N, H, P, C, divisor = _validate(tensors, chunk_size, rotary_dim_divisor, clamp_backward)
+    B, S, R, G, N, H, P, C, divisor = validate_op_inputs(tensors, chunk_size, rotary_dim_divisor, clamp_backward)
     x64 = {name: (None if value is None else value.to(_F64)) for name, value in tensors.items()}
     device = Q.device
 

@@ -57,7 +57,7 @@ from typing import Dict, Tuple, Union
 
 import torch
 
-from ...validation import _check_int
+from ...validation import check_int
 
 #: ``tanh`` forms of :func:`angle_cumsum`.
 TANH_FORMS = ("accurate",)
@@ -95,7 +95,7 @@ def _check_float_tensor(name: str, x, ndim: int, layout: str) -> None:
 
 
 def _check_chunk_size(chunk_size, math_dtype: torch.dtype) -> int:
-    chunk_size = _check_int("chunk_size", chunk_size, 1)
+    chunk_size = check_int("chunk_size", chunk_size, 1)
     if math_dtype == torch.float32 and chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of 2 for the float32 form (Triton's tl.arange), got {chunk_size}")
     return chunk_size

@@ -30,7 +30,7 @@ from ...inference import single_threaded
 from ...metrics import rel_rms
 from ...policy import KNOBS, RoundingPolicy
 from ...sensitivity import SENSITIVITY_KNOBS
-from ...sensitivity import _added as _quadrature_part
+from ...sensitivity import quadrature_excess as _quadrature_part
 from . import chain, runs
 from .cases import OP_GRAD_NAMES
 from .golden_figures import OUTPUT_KEYS

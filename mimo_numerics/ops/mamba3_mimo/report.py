@@ -38,7 +38,7 @@ from ... import plots as _plots
 from ... import presets as _presets
 from ...inference import single_threaded
 from ...metrics import rel_rms
-from ...report import ReportError, _fmt, _jsonable, _table
+from ...report import ReportError, fmt3, jsonable, markdown_table
 from . import cases as _cases
 from . import golden as _golden
 from . import ranking as _ranking
@@ -240,7 +240,7 @@ def build_report(case: Optional[str] = None, out: Optional[Path] = None, policie
         "site_ranking": site_ranking.to_dict(), "figures": figures,
     }
     metrics["seconds"] = time.monotonic() - started
-    (out / "metrics.json").write_text(json.dumps(_jsonable(metrics), indent=1), encoding="utf-8")
+    (out / "metrics.json").write_text(json.dumps(jsonable(metrics), indent=1), encoding="utf-8")
     (out / "summary.md").write_text(_summary(rc, metrics, table, site_ranking), encoding="utf-8")
     say(f"wrote {out} in {metrics['seconds']:.1f} s")
     return out
@@ -260,13 +260,13 @@ def _summary(rc: OpReportCase, metrics: Dict[str, Any], table, site_ranking) -> 
              + ", ".join(f"`{p}`" for p in metrics["policies"]) + "; the baseline is its `fp64` run (FP64 oracles "
              "of every step, nothing rounded). Relative RMS = `||run − fp64|| / ||fp64||`.", ""]
     lines += ["## Out and the 14 gradients against FP64", "", "![output errors](fig_output_errors.png)", "",
-              _table([[f"`{label}`"] + [_fmt(e.get(o)) for o in outputs] for label, e in errors.items()],
+              markdown_table([[f"`{label}`"] + [fmt3(e.get(o)) for o in outputs] for label, e in errors.items()],
                      ["run", *[f"`{o}`" for o in outputs]]), ""]
     if metrics["upstream_agreement"]:
         agreement = metrics["upstream_agreement"]
         lines += [f"Each policy against `{UPSTREAM_LABEL}` (relative RMS; the gap the policy leaves to the real "
                   "kernels):", "",
-                  _table([[f"`{label}`"] + [_fmt(a.get(o)) for o in outputs] for label, a in agreement.items()],
+                  markdown_table([[f"`{label}`"] + [fmt3(a.get(o)) for o in outputs] for label, a in agreement.items()],
                          ["policy", *[f"`{o}`" for o in outputs]]), ""]
     lines += _drift_section(metrics, table)
     lines += _ranking_section(site_ranking)
@@ -278,7 +278,7 @@ def _summary(rc: OpReportCase, metrics: Dict[str, Any], table, site_ranking) -> 
 def _drift_section(metrics, table) -> List[str]:
     extremes = metrics["largest_stage_error"]
     groups = list(dict.fromkeys(_runs.group_of(s) for s in table.stages()))
-    rows = [[f"`{label}`"] + [f"{_fmt(per[g]['rel_rms'])} (`{per[g]['stage'].partition('.')[2]}`)" if g in per
+    rows = [[f"`{label}`"] + [f"{fmt3(per[g]['rel_rms'])} (`{per[g]['stage'].partition('.')[2]}`)" if g in per
                               else "–" for g in groups] for label, per in extremes.items()]
     return ["## Error through the chain, stage by stage", "", "![drift through the chain](fig_drift_chain.png)", "",
             "Every recorded stage of the chain in chain order, grouped by operator (the shaded bands): the "
@@ -287,7 +287,7 @@ def _drift_section(metrics, table) -> List[str]:
             "own float64 tensors (the FP64 oracles record outputs only; `runs.fp64_run`). The upstream run has "
             "the golden tensors only: each step's outputs.", "",
             "Largest stage error per step (and its stage):", "",
-            _table(rows, ["run", *[f"`{g}`" for g in groups]]), "",
+            markdown_table(rows, ["run", *[f"`{g}`" for g in groups]]), "",
             "<details><summary>Every stage (rel RMS vs fp64)</summary>", "", table.to_markdown(), "", "</details>",
             ""]
 

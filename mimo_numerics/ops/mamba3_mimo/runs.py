@@ -28,16 +28,16 @@ import torch
 from ... import operator as _operator
 from ... import presets as _presets
 from ..mamba_mimo_bwd_fwd import reference as _stage1_reference
-from ... import validation as _stage1_validation
 from ..mamba3_mimo_epilogue import spec as _epilogue_spec
 from ..mamba_mimo_bwd_bwd import reference as _stage2_reference
 from ..mamba_mimo_bwd_bwd import spec as _stage2_spec
 from ..mamba_mimo_fwd import reference as _fwd_reference
 from ..mamba_mimo_fwd import spec as _fwd_spec
 from . import chain
-from .autograd import _GOLDEN_SECTIONS, RECORD_PREFIXES
+from .autograd import GOLDEN_SECTIONS, RECORD_PREFIXES
 from .cases import OP_GRAD_NAMES
 from .golden_figures import OUTPUT_KEYS, run_op
+from ..mamba_mimo_bwd_fwd import validation as stage1_validation
 
 Run = Dict[str, torch.Tensor]
 #: Record key of ``Out`` (the forward operator's output).
@@ -47,7 +47,7 @@ _PRE, _EPILOGUE = RECORD_PREFIXES[0], RECORD_PREFIXES[-1]
 #: arguments in call order and those of them in the lp dtype.
 _REFERENCES = {
     "mamba_mimo_fwd": (_fwd_reference, _fwd_spec.INPUT_NAMES, _fwd_spec.LP_INPUTS),
-    "mamba_mimo_bwd_fwd": (_stage1_reference, _stage1_validation.INPUT_NAMES, _stage1_validation.LP_INPUTS),
+    "mamba_mimo_bwd_fwd": (_stage1_reference, stage1_validation.INPUT_NAMES, stage1_validation.LP_INPUTS),
     "mamba_mimo_bwd_bwd": (_stage2_reference, _stage2_spec.INPUT_NAMES, _stage2_spec.LP_INPUTS),
 }
 
@@ -164,7 +164,7 @@ def upstream_run(case: dict) -> Run:
     """A golden case's upstream tensors by record key: ``pre``, ``fwd``, ``bwd_fwd``, ``bwd_bwd``, ``post`` and the
     14 gradients of ``autograd`` (sections upstream refused are absent)."""
     run: Run = {}
-    for section, (prefix, names) in _GOLDEN_SECTIONS.items():
+    for section, (prefix, names) in GOLDEN_SECTIONS.items():
         values = case.get("autograd" if section == "grads" else section) or {}
         for golden_name, name in names.items():
             if values.get(golden_name) is not None:

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from ... import upstream as _stage1_upstream
+from ..mamba_mimo_bwd_fwd import upstream as _stage1_upstream
 from .cases import OP_INPUT_NAMES
 
 # The errors and the CUDA check are the stage-1 runner's (one loader for every upstream file); the CLI finds them here
@@ -263,7 +263,7 @@ def source_info(source_dir=None) -> Dict[str, str]:
     :data:`FILES` there (``mimo_numerics.upstream.source_info`` plus the whole op's files)."""
     info = dict(_stage1_upstream.source_info(source_dir))
     root = _stage1_upstream.find_source(source_dir)
-    info["files_sha256"] = {path: (_stage1_upstream._sha256(root / path) if (root / path).is_file() else None)
+    info["files_sha256"] = {path: (_stage1_upstream.sha256(root / path) if (root / path).is_file() else None)
                             for _, path, _ in FILES}
     return info
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ...validation import _check_int, check_tensor_arguments
+from ...validation import check_int, check_tensor_arguments
 from .spec import INPUT_NAMES, OPTIONAL_INPUTS
 
 LOW_PRECISION_DTYPES = (torch.bfloat16, torch.float16)
@@ -66,8 +66,8 @@ def validate_inputs(dq, dk, dv, dmimo_v, dD, dangles, dfactor, dgamma_diag, ddA,
                                     ddA_cs_rev, ddA_cs, dmimo_o, dz, dmimo_z, trap, dt, angles, da_cs, da_cs_rev,
                                     segsum)))
     check_tensor_arguments(values, OPTIONAL_INPUTS)
-    chunk_size = _check_int("chunk_size", chunk_size, 1)
-    groups = _check_int("groups", groups, 1)
+    chunk_size = check_int("chunk_size", chunk_size, 1)
+    groups = check_int("groups", groups, 1)
     if dq.dim() != 5:
         raise ValueError(f"dq must have 5 dimensions [B, S, R, H, N], got shape {list(dq.shape)}")
     if dv.dim() != 4:

@@ -4,18 +4,18 @@ hands from stage 1 to stage 2 — or, for a stored golden case, the recorded one
 
 from __future__ import annotations
 
-from ... import cases as _stage1_cases
-from ...outputs import INPUT_NAMES as STAGE1_INPUT_NAMES
+from ..mamba_mimo_bwd_fwd.outputs import INPUT_NAMES as STAGE1_INPUT_NAMES
 from .spec import INPUT_NAMES
+from ..mamba_mimo_bwd_fwd import cases as stage1_cases
 
 _SCALARS = ("chunk_size", "rotary_dim_divisor")
 
 
 def make_inputs(spec, device="cpu") -> dict:
     """Stage 2's 19 tensors by name plus ``chunk_size`` and ``rotary_dim_divisor`` for ``spec``."""
-    from ... import reference as stage1_reference
+    from ..mamba_mimo_bwd_fwd import reference as stage1_reference
 
-    inputs = _stage1_cases.make_inputs(spec)
+    inputs = stage1_cases.make_inputs(spec)
     if "states" not in inputs:
         stage1 = stage1_reference.mamba_mimo_bwd_fwd(
             *[inputs[n] for n in STAGE1_INPUT_NAMES], chunk_size=inputs["chunk_size"],
@@ -30,4 +30,4 @@ def make_inputs(spec, device="cpu") -> dict:
 def grids() -> dict:
     """The stage-1 grids: the reference handles every one of their cases, tails and 1 < G < H included (which no
     upstream run can confirm: the full backward refuses them, docs/stage2.md)."""
-    return _stage1_cases.grids()
+    return stage1_cases.grids()

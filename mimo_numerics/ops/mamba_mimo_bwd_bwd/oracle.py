@@ -64,7 +64,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ...validation import Dims, _check_int
+from ...validation import Dims, check_int
 
 _F64 = torch.float64
 
@@ -112,8 +112,8 @@ def validate_inputs(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mi
                             f"got {type(value).__name__}")
         elif value.layout != torch.strided or value.is_nested:
             raise TypeError(f"{name} must be a dense (strided) torch.Tensor")
-    chunk_size = _check_int("chunk_size", chunk_size, 1)
-    rotary_dim_divisor = _check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
+    chunk_size = check_int("chunk_size", chunk_size, 1)
+    rotary_dim_divisor = check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
     if rotary_dim_divisor not in _ROTARY_DIVISORS:
         raise ValueError(f"rotary_dim_divisor must be one of {_ROTARY_DIVISORS}, got {rotary_dim_divisor}")
     if q.dim() != 5:

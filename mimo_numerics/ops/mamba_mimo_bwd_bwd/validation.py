@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from ...validation import (LOW_PRECISION_DTYPES, Dims, _check_tensor, check_lp_dtype, check_sizes,
+from ...validation import (LOW_PRECISION_DTYPES, Dims, check_tensor, check_lp_dtype, check_sizes,
                            check_tensor_arguments)
 from .sites import OP_NAME, SITES
 from .spec import INPUT_NAMES, OPTIONAL_INPUTS
@@ -69,26 +69,26 @@ def validate_inputs(
                          f"{'present' if has_z else 'None'} and mimo_z {'None' if has_z else 'present'}")
 
     bshp = (batch, seqlen, heads, value_dim)
-    _check_tensor("dout", dout, bshp if reduce_o else (batch, seqlen, rank, heads, value_dim), lp, device)
-    _check_tensor("k", k, tuple(q.shape), lp, device)
-    _check_tensor("v", v, bshp, lp, device)
-    _check_tensor("states", states, (batch, heads, nchunks, state_dim, value_dim), lp, device)
-    _check_tensor("trap", trap, (batch, heads, seqlen), lp, device)
-    _check_tensor("qk_dot", qk_dot, (batch, heads, seqlen, rank, rank), lp, device)
+    check_tensor("dout", dout, bshp if reduce_o else (batch, seqlen, rank, heads, value_dim), lp, device)
+    check_tensor("k", k, tuple(q.shape), lp, device)
+    check_tensor("v", v, bshp, lp, device)
+    check_tensor("states", states, (batch, heads, nchunks, state_dim, value_dim), lp, device)
+    check_tensor("trap", trap, (batch, heads, seqlen), lp, device)
+    check_tensor("qk_dot", qk_dot, (batch, heads, seqlen, rank, rank), lp, device)
     for name in ("q_bias", "k_bias"):
-        _check_tensor(name, values[name], (heads, rank, state_dim), torch.float32, device)
-    _check_tensor("mimo_v", mimo_v, (heads, rank, value_dim), torch.float32, device)
-    _check_tensor("angles", angles, (batch, seqlen, heads, state_dim // rotary_dim_divisor), torch.float32, device)
+        check_tensor(name, values[name], (heads, rank, state_dim), torch.float32, device)
+    check_tensor("mimo_v", mimo_v, (heads, rank, value_dim), torch.float32, device)
+    check_tensor("angles", angles, (batch, seqlen, heads, state_dim // rotary_dim_divisor), torch.float32, device)
     for name in ("da_cs", "da_cs_rev", "dt"):
-        _check_tensor(name, values[name], (batch, heads, seqlen), torch.float32, device)
-    _check_tensor("segsum", segsum, (batch, heads, nchunks, chunk_size, chunk_size), torch.float32, device)
+        check_tensor(name, values[name], (batch, heads, seqlen), torch.float32, device)
+    check_tensor("segsum", segsum, (batch, heads, nchunks, chunk_size, chunk_size), torch.float32, device)
     if reduce_o:
-        _check_tensor("mimo_o", mimo_o, (heads, rank, value_dim), torch.float32, device)
+        check_tensor("mimo_o", mimo_o, (heads, rank, value_dim), torch.float32, device)
     if has_z:
-        _check_tensor("z", z, bshp, lp, device)
-        _check_tensor("mimo_z", mimo_z, (heads, rank, value_dim), torch.float32, device)
+        check_tensor("z", z, bshp, lp, device)
+        check_tensor("mimo_z", mimo_z, (heads, rank, value_dim), torch.float32, device)
     if d is not None:
-        _check_tensor("d", d, (heads,), torch.float32, device)
+        check_tensor("d", d, (heads,), torch.float32, device)
 
     return Dims(batch=batch, seqlen=seqlen, heads=heads, groups=groups, state_dim=state_dim, value_dim=value_dim,
                 rank=rank, chunk_size=chunk_size, nchunks=nchunks, rotary_dim_divisor=rotary_dim_divisor,

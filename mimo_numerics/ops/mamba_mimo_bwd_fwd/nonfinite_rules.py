@@ -15,11 +15,12 @@ from typing import Dict, Optional, Sequence
 import torch
 
 from ...nonfinite import rotary_partners
-from ...outputs import INPUT_NAMES
+from .outputs import INPUT_NAMES
 
 
 def _dims_of(inputs_or_dims):
-    from ...validation import Dims, validate_inputs
+    from ...validation import Dims
+    from .validation import validate_inputs
 
     if isinstance(inputs_or_dims, Dims):
         return inputs_or_dims

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from .outputs import MimoBwdFwdOutputs
-from ...validation import validate_inputs
+from .validation import validate_inputs
 
 _F64 = torch.float64
 

@@ -51,7 +51,8 @@ from .outputs import MimoBwdFwdOutputs
 from ...policy import RoundingPolicy
 from ...rounding import round_sum_to_lp, round_to_lp
 from .reference_cpu import reference_cpu
-from ...validation import Dims, validate_inputs
+from ...validation import Dims
+from .validation import validate_inputs
 
 #: The operator whose policy section this reference reads.
 OPERATOR_NAME = "mamba_mimo_bwd_fwd"

@@ -61,7 +61,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 
 from .outputs import MimoBwdFwdOutputs
-from ...validation import Dims, validate_inputs
+from ...validation import Dims
+from .validation import validate_inputs
 
 #: The upstream release this oracle runs.
 UPSTREAM_VERSION = "2.3.2.post1"
@@ -103,12 +104,13 @@ class UpstreamUnsupported(UpstreamError):
 
 
 # ---------------------------------------------------------------------------------------------------------- source
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
+    """The hex sha256 of a file's bytes."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _extract_sdist(tarball: Path) -> Path:
-    digest = _sha256(tarball)[:16]
+    digest = sha256(tarball)[:16]
     target = Path(tempfile.gettempdir()) / "mimo_numerics_upstream" / digest
     done = target / ".complete"
     if not done.exists():
@@ -175,7 +177,7 @@ def find_source(source_dir: Optional[PathLike] = None) -> Path:
 def source_info(source_dir: Optional[PathLike] = None) -> Dict[str, str]:
     """``{"source_dir", "mamba_ssm" (version from PKG-INFO or __init__), "kernel_sha256"}`` of the found source."""
     root = find_source(source_dir)
-    info = {"source_dir": str(root), "kernel_sha256": _sha256(root / KERNEL_RELPATH)}
+    info = {"source_dir": str(root), "kernel_sha256": sha256(root / KERNEL_RELPATH)}
     for meta in (root / "PKG-INFO", root / "mamba_ssm" / "__init__.py"):
         if meta.is_file():
             for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -248,8 +250,8 @@ def load_upstream_files(files, source_dir: Optional[PathLike] = None) -> Dict[st
     """
     root = find_source(source_dir)
     for _, relpath, digest in files:
-        if digest is not None and _sha256(root / relpath) != digest:
-            raise UpstreamUnavailable(f"{root / relpath}: sha256 {_sha256(root / relpath)[:16]}... is not the kernel "
+        if digest is not None and sha256(root / relpath) != digest:
+            raise UpstreamUnavailable(f"{root / relpath}: sha256 {sha256(root / relpath)[:16]}... is not the kernel "
                                       f"of mamba-ssm=={UPSTREAM_VERSION} ({digest[:16]}...); pass check_hash=False "
                                       "to run it anyway")
     if _loaded.get("root") not in (None, root):

@@ -4,10 +4,10 @@ preprocessing in FP32 (``ops.mamba3_mimo.golden.preprocess``); stored golden cas
 
 from __future__ import annotations
 
-from ... import cases as _stage1_cases
 from ..mamba3_mimo.cases import OpCaseSpec, make_op_inputs
 from ..mamba3_mimo.golden import kernel_inputs, preprocess
 from .spec import INPUT_NAMES
+from ..mamba_mimo_bwd_fwd import cases as stage1_cases
 
 _SCALARS = ("chunk_size", "rotary_dim_divisor")
 
@@ -19,7 +19,7 @@ def make_inputs(spec, device="cpu") -> dict:
         raw = make_op_inputs(spec)
         full = kernel_inputs(raw, preprocess(raw))
     else:
-        full = _stage1_cases.make_inputs(spec)
+        full = stage1_cases.make_inputs(spec)
     out = {name: (None if full[name] is None else full[name].to(device)) for name in INPUT_NAMES}
     out.update({name: full[name] for name in _SCALARS})
     return out
@@ -28,7 +28,7 @@ def make_inputs(spec, device="cpu") -> dict:
 def grids() -> dict:
     """The stage-1 grids (their inputs serve the forward too), and ``whole_op``: raw whole-op cases through
     upstream's FP32 preprocessing."""
-    out = _stage1_cases.grids()
+    out = stage1_cases.grids()
     out["whole_op"] = (OpCaseSpec(seqlen=32, state_dim=32, value_dim=16, rank=2, chunk_size=8),
                        OpCaseSpec(seqlen=40, groups=2, rank=4, chunk_size=16, reduce_o=False, has_d=False, seed=1),
                        OpCaseSpec(seqlen=24, state_dim=32, value_dim=32, rank=4, chunk_size=8, dtype="float16",

@@ -28,7 +28,7 @@ from typing import Dict, Optional
 import torch
 
 from ... import presets as _presets
-from ...reference import _diagonal_rank_sum, _ieee_fp32_matmul, _pad_time, _rotate, _state_recurrence
+from ..mamba_mimo_bwd_fwd.reference import _diagonal_rank_sum, _ieee_fp32_matmul, _pad_time, _rotate, _state_recurrence
 from ...rounding import round_to_lp
 from ...validation import Dims
 from .sites import SITES

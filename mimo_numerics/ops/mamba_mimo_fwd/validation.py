@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from ...validation import (LOW_PRECISION_DTYPES, Dims, _check_tensor, check_lp_dtype, check_sizes,
+from ...validation import (LOW_PRECISION_DTYPES, Dims, check_tensor, check_lp_dtype, check_sizes,
                            check_tensor_arguments)
 from .spec import INPUT_NAMES, OPTIONAL_INPUTS
 
@@ -34,13 +34,13 @@ def _check_ordered(name: str, tensor, shape: tuple, dtype, device: torch.device)
 
 
 def _check_any(name: str, tensor, shape: tuple, dtypes, device: torch.device) -> None:
-    """``_check_tensor`` accepting one dtype or a tuple of them."""
+    """``check_tensor`` accepting one dtype or a tuple of them."""
     if isinstance(dtypes, torch.dtype):
-        _check_tensor(name, tensor, shape, dtypes, device)
+        check_tensor(name, tensor, shape, dtypes, device)
         return
     if tensor.dtype not in dtypes:
-        _check_tensor(name, tensor, shape, dtypes[0], device)  # raises, naming the expected dtype
-    _check_tensor(name, tensor, shape, tensor.dtype, device)
+        check_tensor(name, tensor, shape, dtypes[0], device)  # raises, naming the expected dtype
+    check_tensor(name, tensor, shape, tensor.dtype, device)
 
 
 def _check_dtype_argument(dtype, lp: torch.dtype) -> None:
