@@ -50,12 +50,12 @@ def _with_upstream_states(case: dict) -> torch.Tensor:
     """The upstream_sm90 output with h replaced by upstream's stage-1 STATES (bf16 values, so state_operand keeps
     them as they are)."""
     states = case["bwd_fwd"]["states"]
-    original = fwd_reference._state_recurrence
-    fwd_reference._state_recurrence = lambda k_state, psiv, decay, policy: states.to(k_state.dtype)
+    original = fwd_reference.state_recurrence
+    fwd_reference.state_recurrence = lambda k_state, psiv, decay, policy: states.to(k_state.dtype)
     try:
         return run_forward(golden_args(case), fwd_policy("upstream_sm90")).o
     finally:
-        fwd_reference._state_recurrence = original
+        fwd_reference.state_recurrence = original
 
 
 def case_table(golden: dict) -> str:

@@ -64,7 +64,8 @@ TABLE_NAMES = {"tolerances": "TOLERANCES"}
 
 
 def _operator_words():
-    words = {p.name for p in OPS.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    words = {p.name for p in OPS.iterdir()
+             if p.is_dir() and (p / "__init__.py").exists() and not p.name.startswith("_")}  # _common: no operator
     words |= set(registry.OPERATORS)
     # the short names the op folders use for the two backward kernels
     words |= {"bwd_fwd", "bwd_bwd"}
@@ -374,7 +375,6 @@ def _private_hits(path: Path):
         yield f"{path.relative_to(ROOT)}:{line}: {module}.{name}"
 
 
-@pytest.mark.xfail(strict=True, reason="stage 1's reference pieces become public in ops/_common (next commit)")
 def test_layout_no_module_takes_another_modules_private_name():
     """``from m import _x`` and ``m._x`` across modules of the package and the scripts: a name another module needs
     is public in its home. Tests are white-box and may read privates."""
@@ -384,7 +384,7 @@ def test_layout_no_module_takes_another_modules_private_name():
 
 
 def test_layout_the_import_checks_catch_aliases_and_privates(tmp_path):
-    """Both checks see what they must: an alias import, a stage-1 name of ``cases``, ``m._x`` and ``from m import _x``."""
+    """Both checks see what they must: an alias import, a stage-1 name of ``cases``, ``m._x``, ``from m import _x``."""
     source = tmp_path / "candidate.py"
     source.write_text(
         "import mimo_numerics as mn\n"
@@ -415,3 +415,26 @@ def _alias_hits_of(source: Path):
 
 def _private_hits_of(source: Path):
     return _relative_to_root(_private_hits, source)
+
+
+def test_layout_references_share_common_and_oracles_stay_independent():
+    """The references (the forward's, stage 1's two paths, stage 2's) are built from ``ops/_common``; the FP64
+    oracles (and the whole op's FP64 model) import nothing from it nor from any reference."""
+    references = [OPS / "mamba_mimo_fwd" / "reference.py", OPS / "mamba_mimo_bwd_fwd" / "reference_generic.py",
+                  OPS / "mamba_mimo_bwd_fwd" / "reference_cpu.py", OPS / "mamba_mimo_bwd_bwd" / "reference.py"]
+    for path in references:
+        assert any(module.startswith("mimo_numerics.ops._common") for _, module, _ in _imports(path)), path
+    oracles = sorted(OPS.glob("*/oracle.py")) + [OPS / "mamba3_mimo" / "fp64_model.py"]
+    for path in oracles:
+        bad = [f"{module}.{name}" if name else module for _, module, name in _imports(path)
+               if module.startswith("mimo_numerics.ops._common") or "reference" in module.rsplit(".", 1)[-1]
+               or (name or "").startswith("reference")]
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}: the oracles share no code with the references"
+
+
+def test_layout_stage1_reference_and_cpu_path_import_no_cycle():
+    """reference.py dispatches to reference_generic and reference_cpu; neither imports reference.py back."""
+    for part in ("reference_generic", "reference_cpu"):
+        path = OPS / "mamba_mimo_bwd_fwd" / f"{part}.py"
+        back = [module for _, module, _ in _imports(path) if module == "mimo_numerics.ops.mamba_mimo_bwd_fwd.reference"]
+        assert not back, f"{part}.py imports reference.py (an import cycle)"

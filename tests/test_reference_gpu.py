@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import mimo_numerics as mn
-from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference
 from mimo_numerics.cases import CaseSpec
+from mimo_numerics.ops._common import recurrence
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
@@ -18,10 +18,10 @@ SPEC = CaseSpec(batch=2, seqlen=1100, heads=2, groups=1, state_dim=32, value_dim
 @pytest.mark.parametrize("policy", ["upstream_sm90", "seed_bf16"])
 def test_reference_cuda_graph_recurrence_is_bit_identical_to_the_eager_loop(policy, monkeypatch):
     inputs = make_inputs(SPEC, device="cuda")
-    assert SPEC.seqlen // SPEC.chunk_size >= reference.CUDA_GRAPH_MIN_CHUNKS
+    assert SPEC.seqlen // SPEC.chunk_size >= recurrence.CUDA_GRAPH_MIN_CHUNKS
     graph = stage1_reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy)
     again = stage1_reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy)  # replay
-    monkeypatch.setattr(reference, "USE_CUDA_GRAPHS", False)
+    monkeypatch.setattr(recurrence, "USE_CUDA_GRAPHS", False)
     eager = stage1_reference.mamba_mimo_bwd_fwd(*as_args(inputs), **as_kwargs(inputs), policy=policy)
     for a, b, c in zip(graph, again, eager):
         if a is not None:

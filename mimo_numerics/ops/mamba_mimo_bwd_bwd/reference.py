@@ -23,69 +23,20 @@ FMA contraction, tensor-core accumulation (wgmma/mma.sync order and truncation),
 
 from __future__ import annotations
 
-import contextlib
 from typing import Dict, Optional
 
 import torch
-import torch.nn.functional as F
 
 from ... import presets as _presets
 from ...rounding import round_sum_to_lp, round_to_lp
 from ...validation import Dims
+from .._common.chunked import (biased_heads, chunk_decay, discretisation, ieee_fp32_matmul, pad_time, rotate,
+                               rotation_angles)
+from .._common.recurrence import STATE_ACCUMULATE_ROWS
+from .._common.rounder import SiteRounder
 from .sites import OP_NAME
 from .spec import MimoBwdBwdOutputs
 from .validation import validate_inputs
-
-#: Rows per accumulate step of the dstates GEMM under ``state_update="accumulate_into"`` (the mma k16 step).
-STATE_ACCUMULATE_ROWS = 16
-
-
-class _Rounder:
-    """Applies the policy's switches: ``r(site, x)`` rounds x when ``policy.mamba_mimo_bwd_bwd.<site>`` is on."""
-
-    def __init__(self, policy):
-        self.policy = policy
-        self.switches = policy.section(OP_NAME)
-        self.lp = policy.lp_dtype
-
-    def __call__(self, site: str, x: torch.Tensor) -> torch.Tensor:
-        return round_to_lp(x, self.lp) if getattr(self.switches, site) else x
-
-    def on(self, site: str) -> bool:
-        return getattr(self.switches, site)
-
-    def output(self, x: torch.Tensor) -> torch.Tensor:
-        """An lp output store: rounded and cast to lp, or unrounded in the math dtype (``round_outputs=False``)."""
-        if self.policy.round_outputs:
-            return round_to_lp(x, self.lp).to(self.policy.lp_torch_dtype)
-        return x
-
-
-def _pad_time(x: Optional[torch.Tensor], length: int, dim: int) -> Optional[torch.Tensor]:
-    """Zero-pad x along ``dim`` to ``length`` (upstream's predicated loads read rows t >= S as 0)."""
-    if x is None or x.shape[dim] == length:
-        return x
-    pad = [0, 0] * (x.dim() - 1 - dim) + [0, length - x.shape[dim]]
-    return F.pad(x, pad)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: Dims, rnd: _Rounder, site: str,
-            inverse: bool = False) -> torch.Tensor:
-    """Rotate columns [0, N/d) against [N/2, N/2 + N/d) of x [B, H, T, R, N] by θ (``inverse``: by −θ).
-
-    Forward (L778-780): [c·x1 − s·x2, s·x1 + c·x2]; inverse (L1073-1075): [c·x1 + s·x2, −s·x1 + c·x2]. cos, sin
-    are [B, H, T, 1, N/d]; the rotated columns are rounded by ``site``, the others keep x.
-    """
-    width, half = dims.state_dim // dims.rotary_dim_divisor, dims.state_dim // 2
-    first, second = x[..., :width], x[..., half:half + width]
-    out = x.clone()
-    if inverse:
-        out[..., :width] = rnd(site, cos * first + sin * second)
-        out[..., half:half + width] = rnd(site, -sin * first + cos * second)
-    else:
-        out[..., :width] = rnd(site, cos * first - sin * second)
-        out[..., half:half + width] = rnd(site, sin * first + cos * second)
-    return out
 
 
 def _angle_terms(grad: torch.Tensor, pre: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -101,7 +52,7 @@ def _angle_terms(grad: torch.Tensor, pre: torch.Tensor, cos: torch.Tensor, sin: 
     return torch.stack((g1 * (-p1 * sin - p2 * cos), g2 * (p1 * cos - p2 * sin)), dim=-2)
 
 
-def _dv_rank_sum(dpsiv: torch.Tensor, psi: torch.Tensor, rnd: _Rounder, policy) -> torch.Tensor:
+def _dv_rank_sum(dpsiv: torch.Tensor, psi: torch.Tensor, rnd: SiteRounder, policy) -> torch.Tensor:
     """dv[..., p] = Σ_{r ascending} dpsiv[..., r, p]·psi[r, p] (L875-880) under ``dv_accum`` and ``diag_mode``.
 
     dpsiv [B, H, T, R, P]; psi [1, H, 1, R, P]. The product of two lp values is exact in fp32, so ``fma`` is one
@@ -153,17 +104,6 @@ def _reverse_dstates(q_rot_c: torch.Tensor, dphio_scaled_c: torch.Tensor, decay:
     return out
 
 
-@contextlib.contextmanager
-def _ieee_fp32_matmul():
-    """Run with TF32 off for CUDA matmuls: a global torch flag must not change the reference's numerics."""
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
-
-
 @torch.no_grad()
 def mamba_mimo_bwd_bwd(
     dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, qk_dot,
@@ -197,7 +137,7 @@ def mamba_mimo_bwd_bwd(
     """
     policy = _presets.resolve(policy)
     policy.section(OP_NAME)  # PolicyUndefined when the policy defines no stage-2 semantics (seed_bf16)
-    with _ieee_fp32_matmul():
+    with ieee_fp32_matmul():
         return _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
                           da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor, dtype, policy,
                           record)
@@ -215,7 +155,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
                                                                  z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d,
                                                                  qk_dot, segsum))
     md = policy.math_torch_dtype
-    rnd = _Rounder(policy)
+    rnd = SiteRounder(policy, OP_NAME)
     B, S, H, N, P, R, C, nc = (dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank,
                                dims.chunk_size, dims.nchunks)
     Sp, L = dims.padded_seqlen, C * R
@@ -241,26 +181,21 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
         return x.reshape(B, H, nc, C, R * x.shape[-1]).sum(-1).reshape(B, H, Sp)
 
     # ---------------------------------------------------------------- discretisation (L689-722, L863-864)
-    dt_lp = rnd("dt_input", _pad_time(dt, Sp, 2).to(md))  # [B, H, Sp]
-    trap_md = _pad_time(trap, Sp, 2).to(md)
-    gamma = dt_lp * torch.sigmoid(trap_md)
-    shifted = torch.zeros_like(gamma)
-    shifted[..., :S - 1] = rnd("shifted_gamma", dt_lp[..., 1:S] * torch.sigmoid(-trap_md[..., 1:S]))
-    trap_scale = rnd("trap_scale", gamma + shifted)
+    _, gamma, shifted, trap_scale = discretisation(dt, trap, dims, md, rnd)  # [B, H, Sp]
     gamma_lp = rnd("gamma_diag", gamma)
     put("gamma", tokens(gamma)), put("shifted_gamma", tokens(shifted)), put("trap_scale", tokens(trap_scale))
 
     # ---------------------------------------------------------------- dΦO, the Z gate and dD (L724-755)
-    v_h = _pad_time(v, Sp, 1).to(md).permute(0, 2, 1, 3)[:, :, :, None, :]  # [B, H, Sp, 1, P]
+    v_h = pad_time(v, Sp, 1).to(md).permute(0, 2, 1, 3)[:, :, :, None, :]  # [B, H, Sp, 1, P]
     if dims.reduce_o:
         phi = rnd("phi_weight", mimo_o.to(md))  # [H, R, P]
-        dout_h = _pad_time(dout, Sp, 1).to(md).permute(0, 2, 1, 3)[:, :, :, None, :]
+        dout_h = pad_time(dout, Sp, 1).to(md).permute(0, 2, 1, 3)[:, :, :, None, :]
         dphio = rnd("dphio", dout_h * phi[None, :, None])  # [B, H, Sp, R, P]
     else:
-        dphio = _pad_time(dout, Sp, 1).to(md).permute(0, 3, 1, 2, 4)  # DOUT_r [B, H, Sp, R, P], read exactly
+        dphio = pad_time(dout, Sp, 1).to(md).permute(0, 3, 1, 2, 4)  # DOUT_r [B, H, Sp, R, P], read exactly
     if dims.has_z:
         zeta = rnd("zeta_weight", mimo_z.to(md))
-        z_h = _pad_time(z, Sp, 1).to(md).permute(0, 2, 1, 3)[:, :, :, None, :]
+        z_h = pad_time(z, Sp, 1).to(md).permute(0, 2, 1, 3)[:, :, :, None, :]
         x = rnd("z_zeta", z_h * zeta[None, :, None])
         if policy.silu_form == "tanh":
             half = x * 0.5
@@ -277,17 +212,11 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
         dD = dd_terms.sum(dim=(2, 3, 4)).to(out_fp)  # [B, H]
 
     # ---------------------------------------------------------------- q, k, rotation, trap scaling (L757-807)
-    group_of_head = torch.arange(H, device=dims.device) // dims.heads_per_group
-
-    def heads_of(x):  # [B, S, R, G, N] -> [B, H, Sp, R, N] in md
-        return _pad_time(x, Sp, 1).to(md).index_select(3, group_of_head).permute(0, 3, 1, 2, 4)
-
-    q_biased = rnd("qk_biased", heads_of(q) + rnd("qk_bias", q_bias.to(md))[None, :, None])
-    k_biased = rnd("qk_biased", heads_of(k) + rnd("qk_bias", k_bias.to(md))[None, :, None])
-    theta = _pad_time(angles, Sp, 1).to(md).permute(0, 2, 1, 3).unsqueeze(3)  # [B, H, Sp, 1, N/d]
-    cos, sin = theta.cos(), theta.sin()
-    q_rot = _rotate(q_biased, cos, sin, dims, rnd, "rotary")
-    k_rot = _rotate(k_biased, cos, sin, dims, rnd, "rotary")
+    q_biased = biased_heads(q, q_bias, dims, md, rnd)
+    k_biased = biased_heads(k, k_bias, dims, md, rnd)
+    cos, sin = rotation_angles(angles, dims, md)  # [B, H, Sp, 1, N/d]
+    q_rot = rotate(q_biased, cos, sin, dims, rnd, "rotary")
+    k_rot = rotate(k_biased, cos, sin, dims, rnd, "rotary")
     k_scaled = rnd("k_scaled", k_rot * trap_scale[..., None, None])
     put("q_biased", tokens(q_biased)), put("k_biased", tokens(k_biased)), put("q_rot", tokens(q_rot))
     put("k_rot", tokens(k_rot)), put("k_scaled", tokens(k_scaled))
@@ -297,11 +226,10 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     q_c, k_c, dphio_c, psiv_c = chunked(q_rot), chunked(k_scaled), chunked(dphio), chunked(psiv)
 
     # ---------------------------------------------------------------- reverse dstates recurrence (L1133-1149)
-    exp_da_cs = torch.exp(_pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
-    exp_da_cs_rev = torch.exp(_pad_time(da_cs_rev, Sp, 2).to(md))
+    exp_da_cs = torch.exp(pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
+    exp_da_cs_rev = torch.exp(pad_time(da_cs_rev, Sp, 2).to(md))
     row_cs, row_rev = per_token(exp_da_cs)[..., None], per_token(exp_da_cs_rev)[..., None]  # [B, H, nc, L, 1]
-    last_valid = torch.clamp(torch.arange(1, nc + 1, device=dims.device) * C, max=S) - 1
-    decay = exp_da_cs.index_select(2, last_valid)  # [B, H, nc]
+    decay = chunk_decay(exp_da_cs, dims)  # [B, H, nc]
     dphio_scaled = rnd("dphio_scaled", dphio_c * row_cs)
     dstates = _reverse_dstates(q_c, dphio_scaled, decay, policy)  # [B, H, nc, N, P]
     dstates_op = rnd("dstates_operand", dstates)
@@ -328,7 +256,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     if dims.has_d:
         dpsiv = dpsiv + dphio_c * d.to(md)[None, :, None, None, None]
     dpsiv = unchunk(dpsiv)  # [B, H, Sp, R(in), P]
-    qk = _pad_time(qk_dot, Sp, 2).to(md)  # [B, H, Sp, R(out), R(in)]
+    qk = pad_time(qk_dot, Sp, 2).to(md)  # [B, H, Sp, R(out), R(in)]
     for r_out in range(R):
         term = rnd("dpsiv_diag_qk", dphio[:, :, :, r_out, None, :] * qk[:, :, :, r_out, :, None])
         dpsiv = dpsiv + rnd("dpsiv_diag_gamma", term * gamma_lp[..., None, None])
@@ -382,8 +310,8 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     for r in range(1, R):
         dangles = dangles + per_rank[..., r, :]
     put("dangles_terms", tokens(angle_terms))
-    dk_unrot = _rotate(dk_rot, cos, sin, dims, rnd, "dk_unrotate", inverse=True)
-    dq_unrot = _rotate(dq_rot, cos, sin, dims, rnd, "dq_unrotate", inverse=True)
+    dk_unrot = rotate(dk_rot, cos, sin, dims, rnd, "dk_unrotate", inverse=True)
+    dq_unrot = rotate(dq_rot, cos, sin, dims, rnd, "dq_unrotate", inverse=True)
     put("dk_unrotated", tokens(dk_unrot)), put("dq_unrotated", tokens(dq_unrot))
     dk_full, dq_full = dk_unrot, dq_unrot
     for r in range(R):  # dk[r_in] += dqk[r, r_in]·q̃[r] (ascending r_out); dq[r_out] += dqk[r_out, r]·k̃[r]

@@ -1,8 +1,8 @@
 """Cache-blocked CPU path of ``reference.mamba_mimo_bwd_fwd``: the same operations on the same values, the same bits.
 
-The generic path (``reference._reference_generic``) builds every stage as a whole ``[B, H, S, R, N|P]`` tensor; at
-the headline shape each is 134 MB, so on a CPU every elementwise pass runs at memory speed (plus page faults on each
-fresh allocation), and the state recurrence is 2 600 tiny torch calls. Here the sequence is processed in blocks of
+The generic path (``reference_generic.reference_generic``) builds every stage as a whole ``[B, H, S, R, N|P]``
+tensor; at the headline shape each is 134 MB, so on a CPU every elementwise pass runs at memory speed (plus page
+faults on each fresh allocation), and the state recurrence is 2 600 tiny torch calls. Here the sequence is processed in blocks of
 whole chunks (about ``BLOCK_ELEMENTS`` elements per block tensor), stages are updated in place in reused
 allocations, the diagonal's fused rounding resolves ties only where they occur (``rounding.round_sum_to_lp_``), and
 the recurrence runs in numpy (no OpenMP regions). ``scripts/check_reference_bits.py`` proves the outputs and the
@@ -37,10 +37,14 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .outputs import MimoBwdFwdOutputs
 from ...policy import RoundingPolicy
 from ...rounding import round_sum_to_lp_, round_to_lp, round_to_lp_
 from ...validation import Dims
+from .._common.chunked import chunk_decay, discretisation, pad_time, rotation_angles
+from .._common.recurrence import STATE_ACCUMULATE_ROWS
+from .._common.rounder import SiteRounder
+from .outputs import MimoBwdFwdOutputs
+from .reference_generic import OPERATOR_NAME, reference_generic
 
 #: Target size (elements) of one ``[B, H, T_block, R, max(N, P)]`` block tensor: 16 MiB of float32 (8 blocks at the
 #: headline shape). Smaller blocks stay in L2 and are about 25% faster on an idle machine, but each block costs some
@@ -53,9 +57,6 @@ BLOCK_ELEMENTS = 1 << 22
 #: ``scripts/check_reference_bits.py --block-chunks 1``). Any value gives the same bits, NaN payloads aside (see
 #: ``chunks_per_block``).
 BLOCK_CHUNKS: Optional[int] = None
-
-#: Rows per accumulate step of the state GEMM (same constant as ``reference.STATE_ACCUMULATE_ROWS``).
-STATE_ACCUMULATE_ROWS = 16
 
 
 def chunks_per_block(dims: Dims) -> int:
@@ -76,20 +77,14 @@ def chunks_per_block(dims: Dims) -> int:
     return min(chunks, dims.nchunks)
 
 
-class _Policy:
-    """The policy's switches applied in place: ``site_(name, x)`` rounds x in place when switch ``name`` is on."""
+class _Policy(SiteRounder):
+    """Stage 1's switches (``pol(site, x)``, as the generic path), and in place: ``site_(name, x)`` rounds x in place
+    when switch ``name`` is on."""
 
     def __init__(self, policy: RoundingPolicy):
-        from .reference import OPERATOR_NAME  # loaded: this module runs from reference.py
-
-        self.policy = policy
-        self.sites = policy.section(OPERATOR_NAME)
-        self.lp = policy.lp_dtype
+        super().__init__(policy, OPERATOR_NAME)
         self.lp_torch = policy.lp_torch_dtype
         self.md = policy.math_torch_dtype
-
-    def on(self, site: str) -> bool:
-        return getattr(self.sites, site)
 
     def site_(self, site: str, x: torch.Tensor) -> torch.Tensor:
         """Round x in place (x must be a tensor this module allocated)."""
@@ -97,7 +92,7 @@ class _Policy:
 
     def site(self, site: str, x: torch.Tensor) -> torch.Tensor:
         """Round out of place (x may alias an input, e.g. ``q_bias.to(md)`` when q_bias is in the math dtype)."""
-        return round_to_lp(x, self.lp) if getattr(self.sites, site) else x
+        return self(site, x)
 
     def store(self, dst: torch.Tensor, x: torch.Tensor) -> None:
         """``dst ← rnd.output(x)`` of the generic path (dst in lp, or in the math dtype when outputs are unrounded)."""
@@ -132,12 +127,10 @@ class _LayoutLog(TorchDispatchMode):
 def generic_layouts(dims: Dims, policy: RoundingPolicy):
     """The generic path's per-matrix bmm operand strides (in call order) and the strides of its sums' operands.
 
-    Found by running ``reference._reference_generic`` on meta tensors of the call's shapes (no data, no compute):
+    Found by running ``reference_generic.reference_generic`` on meta tensors of the call's shapes (no data, no compute):
     its ``matmul`` hands bmm either a contiguous copy or a strided view of an operand, depending on whether the
     batch dims can be merged (e.g. H = 1), and BLAS may round the two differently.
     """
-    from .reference import _reference_generic
-
     B, S, H, G, N, P, R, C = (dims.batch, dims.seqlen, dims.heads, dims.groups, dims.state_dim, dims.value_dim,
                               dims.rank, dims.chunk_size)
     lp, f32 = dims.lp_dtype, torch.float32
@@ -153,7 +146,7 @@ def generic_layouts(dims: Dims, policy: RoundingPolicy):
             meta(B, H, S, dtype=lp), meta(H) if dims.has_d else None, meta(B, H, dims.nchunks, C, C))
     log = _LayoutLog()
     with log:
-        _reference_generic(*args, dataclasses.replace(dims, device=torch.device("meta")), policy, None)
+        reference_generic(*args, dataclasses.replace(dims, device=torch.device("meta")), policy, None)
     if log.other_gemms:
         raise RuntimeError("the generic reference called a GEMM other than bmm; reference_cpu does not mirror it")
     return tuple(log.bmm), tuple(log.sums)
@@ -234,7 +227,7 @@ class _Record:
 
 def _rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: Dims, pol: _Policy,
              out: torch.Tensor) -> torch.Tensor:
-    """``reference._rotate`` into ``out`` (which may be x itself): columns [0, N/d) against [N/2, N/2 + N/d).
+    """``_common.chunked.rotate`` into ``out`` (which may be x itself): columns [0, N/d) against [N/2, N/2 + N/d).
 
     The rotated halves are rounded as whole tensors before they are written, as in the generic path.
     """
@@ -251,7 +244,7 @@ def _rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: Dims, 
 
 
 def _diagonal_rank_sum(qk: torch.Tensor, psiv: torch.Tensor, pol: _Policy, layout) -> torch.Tensor:
-    """``reference._diagonal_rank_sum`` on one block: qk [..., R, R], psiv [..., R, P] -> [..., R, P]."""
+    """``_common.chunked.diagonal_rank_sum`` on one block: qk [..., R, R], psiv [..., R, P] -> [..., R, P]."""
     policy = pol.policy
     if not pol.sites.diag_accum:
         return _bmm(qk, psiv, layout)
@@ -270,7 +263,7 @@ def _diagonal_rank_sum(qk: torch.Tensor, psiv: torch.Tensor, pol: _Policy, layou
 
 def _recurrence_numpy(states: np.ndarray, steps, decay: np.ndarray, first: int, last: int,
                       scratch: np.ndarray) -> None:
-    """``reference._recurrence_loop`` for chunks [first, last): fills ``states[:, :, c + 1]`` for c < nc − 1.
+    """``_common.recurrence.recurrence_loop`` for chunks [first, last): fills ``states[:, :, c + 1]`` for c < nc − 1.
 
     Args:
         states (ndarray): [B, H, nc, N, P]; ``states[:, :, first]`` is known.
@@ -293,8 +286,6 @@ def reference_cpu(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angl
 
     Shapes as in ``reference.mamba_mimo_bwd_fwd``.
     """
-    from .reference import _pad_time  # the generic path's padding, shared
-
     md = policy.math_torch_dtype
     pol = _Policy(policy)
     rec = _Record(record, dims.seqlen)
@@ -303,23 +294,16 @@ def reference_cpu(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angl
     Sp, L, hpg = dims.padded_seqlen, C * R, dims.heads_per_group
 
     # ------------------------------------------------------------ whole-sequence quantities, as the generic path
-    q_md, k_md = _pad_time(q, Sp, 1).to(md), _pad_time(k, Sp, 1).to(md)  # [B, Sp, R, G, N]
+    q_md, k_md = pad_time(q, Sp, 1).to(md), pad_time(k, Sp, 1).to(md)  # [B, Sp, R, G, N]
     bias_q = pol.site("qk_bias", q_bias.to(md)).view(G, hpg, R, N)
     bias_k = pol.site("qk_bias", k_bias.to(md)).view(G, hpg, R, N)
-    theta = _pad_time(angles, Sp, 1).to(md).permute(0, 2, 1, 3).unsqueeze(3)  # [B, H, Sp, 1, N/d]
-    cos, sin = theta.cos(), theta.sin()
-    dt_lp = pol.site("dt_input", _pad_time(dt, Sp, 2).to(md))
-    trap_md = _pad_time(trap, Sp, 2).to(md)
-    gamma = dt_lp * torch.sigmoid(trap_md)
-    shifted = torch.zeros_like(gamma)
-    shifted[..., :S - 1] = pol.site_("shifted_gamma", dt_lp[..., 1:S] * torch.sigmoid(-trap_md[..., 1:S]))
-    trap_scale = pol.site_("trap_scale", gamma + shifted)
+    cos, sin = rotation_angles(angles, dims, md)  # [B, H, Sp, 1, N/d]
+    _, gamma, shifted, trap_scale = discretisation(dt, trap, dims, md, pol)  # [B, H, Sp], as the generic path
     psi = pol.site("psi_weight", mimo_v.to(md))  # [H, R, P]
-    v_h = _pad_time(v, Sp, 1).to(md).permute(0, 2, 1, 3)  # [B, H, Sp, P]
-    exp_da_cs = torch.exp(_pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
-    exp_da_cs_rev = torch.exp(_pad_time(da_cs_rev, Sp, 2).to(md))
-    last_valid = torch.clamp(torch.arange(1, nc + 1) * C, max=S) - 1
-    decay = exp_da_cs.index_select(2, last_valid)  # [B, H, nc]
+    v_h = pad_time(v, Sp, 1).to(md).permute(0, 2, 1, 3)  # [B, H, Sp, P]
+    exp_da_cs = torch.exp(pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
+    exp_da_cs_rev = torch.exp(pad_time(da_cs_rev, Sp, 2).to(md))
+    decay = chunk_decay(exp_da_cs, dims)  # [B, H, nc]
     row_decay = exp_da_cs.reshape(B, H, nc, C).repeat_interleave(R, dim=3)  # [B, H, nc, L]
     row_decay_rev = exp_da_cs_rev.reshape(B, H, nc, C).repeat_interleave(R, dim=3)
     row_trap_scale = trap_scale.reshape(B, H, nc, C).repeat_interleave(R, dim=3)

@@ -5,11 +5,11 @@ any torch device. Every rounding goes through ``mimo_numerics.rounding``; each o
 switched by ``policy.mamba_mimo_fwd.<site>``, except the output store (``policy.round_outputs``). The math is
 written out in ``docs/forward.md``; ``spec.STAGES`` lists what ``record`` receives.
 
-Reused from stage 1's reference (``mimo_numerics/ops/mamba_mimo_bwd_fwd/reference.py``), imported, not copied, because the forward does
-the same thing there: the zero padding of a tail chunk (``_pad_time``), the rotation (``_rotate``, L255-257 and
-L271-273 here), the diagonal rank sum under ``diag_mode`` (``_diagonal_rank_sum``, L319-323), the state recurrence
-under ``state_update`` (``_state_recurrence``, L405-407) and the TF32 guard (``_ieee_fp32_matmul``). They read the
-policy through :class:`_ForwardView`, which answers site names from the forward's section.
+Shared with the other references (``mimo_numerics/ops/_common``), because the forward does the same thing there:
+the zero padding of a tail chunk, the discretisation, the biased q/k per head, the rotation (L255-257 and
+L271-273 here), the diagonal rank sum under ``diag_mode`` (L319-323), the state recurrence under ``state_update``
+(L405-407), the chunk outputs (L243-316) and the TF32 guard; the policy is read through a
+:class:`~mimo_numerics.ops._common.rounder.SiteRounder` of the forward's section.
 
 Where the forward differs from stage 1's recomputation of ``o``: the intra GEMM accumulates onto the scaled inter
 term (L316) instead of starting from zero; the diagonal term, with D·ΨV added, is rounded to lp before it is added
@@ -28,37 +28,17 @@ from typing import Dict, Optional
 import torch
 
 from ... import presets as _presets
-from ..mamba_mimo_bwd_fwd.reference import _diagonal_rank_sum, _ieee_fp32_matmul, _pad_time, _rotate, _state_recurrence
-from ...rounding import round_to_lp
 from ...validation import Dims
-from .sites import SITES
+from .._common.chunked import (biased_heads, chunk_decay, chunk_outputs, diagonal_rank_sum, discretisation,
+                               ieee_fp32_matmul, pad_time, rotate, rotation_angles)
+from .._common.recurrence import state_recurrence
+from .._common.rounder import SiteRounder
+from .sites import SITES  # noqa: F401  (the forward's sites, for readers of this module)
 from .spec import MambaMimoFwdOutputs
 from .validation import validate_inputs
 
 #: The policy section this reference reads.
 OPERATOR_NAME = "mamba_mimo_fwd"
-
-
-class _SiteRounder:
-    """``r(site, x)`` rounds x to lp when the forward's switch ``site`` is on; ``output`` is an lp output store."""
-
-    def __init__(self, policy, switches):
-        self.policy, self.switches, self.lp = policy, switches, policy.lp_dtype
-
-    def __call__(self, site: str, x: torch.Tensor) -> torch.Tensor:
-        return round_to_lp(x, self.lp) if getattr(self.switches, site) else x
-
-    def carried(self, site: str, terms: torch.Tensor) -> torch.Tensor:
-        """Σ over dim -2 in ascending order from 0; with ``site`` on the sum is carried in lp (one rounding a step)."""
-        acc = self(site, terms[..., 0, :])  # rnd(0 + x) = rnd(x)
-        for r in range(1, terms.shape[-2]):
-            acc = self(site, acc + terms[..., r, :])
-        return acc
-
-    def output(self, x: torch.Tensor) -> torch.Tensor:
-        if self.policy.round_outputs:
-            return round_to_lp(x, self.lp).to(self.policy.lp_torch_dtype)
-        return x
 
 
 @torch.no_grad()
@@ -101,14 +81,14 @@ def mamba_mimo_fwd(
     # contiguous inputs: torch's reduction order follows the operands' strides
     tensors = [None if t is None else t.contiguous() for t in (q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d,
                                                                 mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum)]
-    with _ieee_fp32_matmul():
+    with ieee_fp32_matmul():
         return _forward(*tensors, dims=dims, policy=policy, switches=switches, record=record)
 
 
 def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum, *,
              dims: Dims, policy, switches, record) -> MambaMimoFwdOutputs:
     md = policy.math_torch_dtype
-    rnd = _SiteRounder(policy, switches)
+    rnd = SiteRounder(policy, OPERATOR_NAME)
     B, S, H, R, C, nc = dims.batch, dims.seqlen, dims.heads, dims.rank, dims.chunk_size, dims.nchunks
     Sp, L = dims.padded_seqlen, C * R
 
@@ -120,42 +100,30 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
         return x[:, :, :S]
 
     # ---------------------------------------------------------------- per token, [B, H, Sp, R, *] (L174-219)
-    group_of_head = torch.arange(H, device=dims.device) // dims.heads_per_group
-
-    def heads_of(x):  # [B, S, R, G, N] -> [B, H, Sp, R, N] in md
-        return _pad_time(x, Sp, 1).to(md).index_select(3, group_of_head).permute(0, 3, 1, 2, 4)
-
-    dt_lp = rnd("dt_input", _pad_time(dt, Sp, 2).to(md))  # [B, H, Sp]
-    trap_md = _pad_time(trap, Sp, 2).to(md)
-    shifted = torch.zeros_like(dt_lp)
-    shifted[..., :S - 1] = rnd("shifted_gamma", dt_lp[..., 1:S] * torch.sigmoid(-trap_md[..., 1:S]))
-    gamma = dt_lp * torch.sigmoid(trap_md)
-    trap_scale = rnd("trap_scale", gamma + shifted)
+    _, gamma, shifted, trap_scale = discretisation(dt, trap, dims, md, rnd)  # [B, H, Sp]
     put("gamma", tokens(gamma)), put("shifted_gamma", tokens(shifted)), put("trap_scale", tokens(trap_scale))
 
     psi = rnd("psi_weight", mimo_v.to(md))  # [H, R, P]
-    v_h = _pad_time(v, Sp, 1).to(md).permute(0, 2, 1, 3)  # [B, H, Sp, P]
+    v_h = pad_time(v, Sp, 1).to(md).permute(0, 2, 1, 3)  # [B, H, Sp, P]
     psiv = rnd("psiv", v_h[:, :, :, None, :] * psi[None, :, None])  # [B, H, Sp, R, P]
     put("psiv", tokens(psiv))
 
-    q_biased = rnd("qk_biased", heads_of(q) + rnd("qk_bias", q_bias.to(md))[None, :, None])
-    k_biased = rnd("qk_biased", heads_of(k) + rnd("qk_bias", k_bias.to(md))[None, :, None])
+    q_biased = biased_heads(q, q_bias, dims, md, rnd)
+    k_biased = biased_heads(k, k_bias, dims, md, rnd)
     qk = rnd("qk_dot", q_biased @ k_biased.transpose(-1, -2))  # [B, H, Sp, R, R]
     put("q_biased", tokens(q_biased)), put("k_biased", tokens(k_biased)), put("qk_dot", tokens(qk))
 
-    theta = _pad_time(angles, Sp, 1).to(md).permute(0, 2, 1, 3).unsqueeze(3)  # [B, H, Sp, 1, N/d]
-    cos, sin = theta.cos(), theta.sin()
-    q_rot = _rotate(q_biased, cos, sin, dims, rnd)
-    k_rot = _rotate(k_biased, cos, sin, dims, rnd)
+    cos, sin = rotation_angles(angles, dims, md)  # [B, H, Sp, 1, N/d]
+    q_rot = rotate(q_biased, cos, sin, dims, rnd)
+    k_rot = rotate(k_biased, cos, sin, dims, rnd)
     k_scaled = rnd("k_scaled", k_rot * trap_scale[..., None, None])
     put("q_rot", tokens(q_rot)), put("k_rot", tokens(k_rot)), put("k_scaled", tokens(k_scaled))
 
     # ---------------------------------------------------------------- state recurrence (L386-407)
-    exp_da_cs = torch.exp(_pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
-    k_state = rnd("k_state", k_scaled * torch.exp(_pad_time(da_cs_rev, Sp, 2).to(md))[..., None, None])
+    exp_da_cs = torch.exp(pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
+    k_state = rnd("k_state", k_scaled * torch.exp(pad_time(da_cs_rev, Sp, 2).to(md))[..., None, None])
     put("k_state", tokens(k_state))
-    last_valid = torch.clamp(torch.arange(1, nc + 1, device=dims.device) * C, max=S) - 1  # L398-404
-    decay = exp_da_cs.index_select(2, last_valid)  # [B, H, nc]
+    decay = chunk_decay(exp_da_cs, dims)  # [B, H, nc] (L398-404)
 
     def chunked(x):  # [B, H, Sp, R, X] -> [B, H, nc, L, X]
         return x.reshape(B, H, nc, L, x.shape[-1])
@@ -164,28 +132,17 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
         return x.reshape(B, H, Sp, R, x.shape[-1])
 
     psiv_c = chunked(psiv)
-    state = _state_recurrence(chunked(k_state), psiv_c, decay, policy)  # [B, H, nc, N, P]
+    state = state_recurrence(chunked(k_state), psiv_c, decay, policy)  # [B, H, nc, N, P]
     state_operand = rnd("state_operand", state)
     put("state", state), put("state_operand", state_operand)
 
     # ---------------------------------------------------------------- chunk outputs, all chunks at once (L243-316)
-    q_rot_c = chunked(q_rot)
-    row_decay = exp_da_cs.reshape(B, H, nc, C).repeat_interleave(R, dim=3)  # [B, H, nc, L]
-    inter = (q_rot_c @ state_operand) * row_decay[..., None]  # [B, H, nc, L, P]
-    scores = q_rot_c @ chunked(k_scaled).transpose(-1, -2)  # [B, H, nc, L, L]
-    # strictly causal mask and decay at token granularity [C, C], broadcast over the rank axes of the L x L scores
-    step = torch.arange(C, device=dims.device)
-    causal = (step[:, None] > step[None, :])[:, None, :, None]  # [C, 1, C, 1]
-    seg = segsum.to(md)[:, :, :, :, None, :, None]  # [B, H, nc, C, 1, C, 1]
-    decay_ij = torch.exp(torch.where(causal, seg, torch.zeros_like(seg)))
-    masked = torch.where(causal, scores.view(B, H, nc, C, R, C, R) * decay_ij,
-                         torch.zeros((), dtype=md, device=dims.device))
-    masked = rnd("causal_scores", masked.reshape(B, H, nc, L, L))
-    intra = masked @ psiv_c
+    inter, masked, intra = chunk_outputs(chunked(q_rot), chunked(k_scaled), psiv_c, state_operand, exp_da_cs,
+                                         segsum, dims, md, rnd)
     put("inter", tokens(unchunked(inter))), put("causal_scores", masked), put("intra", tokens(unchunked(intra)))
 
     # ---------------------------------------------------------------- diagonal and D terms (L318-336)
-    diag_acc = _diagonal_rank_sum(qk, psiv, policy, accumulate=switches.diag_accum)  # [B, H, Sp, R, P]
+    diag_acc = diagonal_rank_sum(qk, psiv, policy, rnd.on("diag_accum"))  # [B, H, Sp, R, P]
     diag = rnd("diag_gamma", diag_acc * gamma[..., None, None])
     put("diag_accum", tokens(diag_acc)), put("diag", tokens(diag))
     if dims.has_d:

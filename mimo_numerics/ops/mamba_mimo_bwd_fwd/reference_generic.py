@@ -1,0 +1,132 @@
+"""Stage 1's reference on any device, every stage a whole tensor (the path of every device but the CPU).
+
+Built from the pieces the references share (``ops/_common``); the CPU path (``reference_cpu``) computes the same
+bits block by block and mirrors this path's GEMM layouts (found by running this function on meta tensors). The
+public entry point, its validation and the dispatch are ``reference.mamba_mimo_bwd_fwd``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...policy import RoundingPolicy
+from ...validation import Dims
+from .._common.chunked import (biased_heads, chunk_decay, chunk_outputs, diagonal_rank_sum, discretisation,
+                               pad_time, rotate, rotation_angles)
+from .._common.recurrence import state_recurrence
+from .._common.rounder import SiteRounder
+from .outputs import MimoBwdFwdOutputs
+
+#: The operator whose policy section this reference reads.
+OPERATOR_NAME = "mamba_mimo_bwd_fwd"
+
+
+def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap,
+                       d, segsum, dims: Dims, policy: RoundingPolicy, record) -> MimoBwdFwdOutputs:
+    """The reference on any device, every stage a whole tensor (validated, contiguous inputs)."""
+    md = policy.math_torch_dtype
+    rnd = SiteRounder(policy, OPERATOR_NAME)
+    B, S, H, N, P, R, C, nc = (dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank,
+                               dims.chunk_size, dims.nchunks)
+    Sp, L = dims.padded_seqlen, C * R
+    keep = record is not None
+
+    def put(name, value):
+        if keep:
+            record[name] = value
+
+    def tokens(x):  # [B, H, Sp, ...] -> [B, H, S, ...]
+        return x[:, :, :S]
+
+    # ---------------------------------------------------------------- per-token quantities, [B, H, Sp, R, *]
+    q_biased = biased_heads(q, q_bias, dims, md, rnd)
+    k_biased = biased_heads(k, k_bias, dims, md, rnd)
+    qk_full = q_biased @ k_biased.transpose(-1, -2)  # [B, H, Sp, R, R]
+    qk_internal = rnd("qk_dot_internal", qk_full)
+    put("q_biased", tokens(q_biased)), put("k_biased", tokens(k_biased)), put("qk_dot", tokens(qk_internal))
+
+    cos, sin = rotation_angles(angles, dims, md)  # [B, H, Sp, 1, N/d]
+    q_rot = rotate(q_biased, cos, sin, dims, rnd)
+    k_rot = rotate(k_biased, cos, sin, dims, rnd)
+    put("q_rot", tokens(q_rot)), put("k_rot", tokens(k_rot))
+
+    _, gamma, shifted, trap_scale = discretisation(dt, trap, dims, md, rnd)  # [B, H, Sp]
+    k_scaled = rnd("k_scaled", k_rot * trap_scale[..., None, None])
+    put("gamma", tokens(gamma)), put("shifted_gamma", tokens(shifted)), put("trap_scale", tokens(trap_scale))
+    put("k_scaled", tokens(k_scaled))
+
+    psi = rnd("psi_weight", mimo_v.to(md))  # [H, R, P]
+    v_h = pad_time(v, Sp, 1).to(md).permute(0, 2, 1, 3)  # [B, H, Sp, P]
+    psiv = rnd("psiv", v_h[:, :, :, None, :] * psi[None, :, None])  # [B, H, Sp, R, P]
+    put("psiv", tokens(psiv))
+
+    # ---------------------------------------------------------------- state recurrence (S41–S45)
+    exp_da_cs = torch.exp(pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
+    exp_da_cs_rev = torch.exp(pad_time(da_cs_rev, Sp, 2).to(md))
+    k_state = rnd("k_state", k_scaled * exp_da_cs_rev[..., None, None])
+    put("k_state", tokens(k_state))
+    decay = chunk_decay(exp_da_cs, dims)  # [B, H, nc]
+    chunked = lambda x: x.reshape(B, H, nc, L, x.shape[-1])  # [B, H, Sp, R, X] -> [B, H, nc, L, X]
+    psiv_c = chunked(psiv)
+    state = state_recurrence(chunked(k_state), psiv_c, decay, policy)  # [B, H, nc, N, P]
+    state_operand = rnd("state_operand", state)
+    put("state", state), put("state_operand", state_operand)
+
+    # ---------------------------------------------------------------- chunk outputs, all chunks at once
+    inter, masked, intra = chunk_outputs(chunked(q_rot), chunked(k_scaled), psiv_c, state_operand, exp_da_cs, segsum,
+                                         dims, md, rnd)
+    unchunk = lambda x: x.reshape(B, H, Sp, R, x.shape[-1])
+    put("inter", tokens(unchunk(inter))), put("causal_scores", masked), put("intra", tokens(unchunk(intra)))
+    o = unchunk(intra + inter)  # [B, H, Sp, R, P]
+
+    diag_acc = diagonal_rank_sum(qk_internal, psiv, policy, rnd.on("diag_accum"))
+    diag = rnd("diag_gamma", diag_acc * gamma[..., None, None])
+    put("diag_accum", tokens(diag_acc)), put("diag", tokens(diag))
+    o = o + diag
+    if dims.has_d:
+        o = o + d.to(md)[None, :, None, None, None] * psiv
+    out = rnd("out", o)
+    put("out", tokens(out))
+
+    # ---------------------------------------------------------------- gradient branches (S31–S39)
+    out_v = tokens(out)  # [B, H, S, R, P]
+    dmimo_o = dz = dmimo_z = None
+    out_fp = torch.float32 if policy.round_outputs else md
+    if dims.has_z:
+        z_h = z.to(md).permute(0, 2, 1, 3)  # [B, H, S, P]
+        x = z_h[:, :, :, None, :] * mimo_z.to(md)[None, :, None]  # [B, H, S, R, P]
+        if policy.silu_form == "tanh":
+            half = x * 0.5
+            gate = half * torch.tanh(half) + half
+        else:
+            gate = x * torch.sigmoid(x)
+        put("gate", gate)
+    if dims.reduce_o:
+        dout_h = dout.to(md).permute(0, 2, 1, 3)[:, :, :, None, :]  # [B, H, S, 1, P]
+        gated = gate * out_v if dims.has_z else out_v
+        dmimo_o = (gated * dout_h).sum(dim=2).to(out_fp)
+        if dims.has_z:
+            phi = rnd("phi_weight", mimo_o.to(md))
+            dphio = rnd("dphio", rnd("dphio", dout_h * phi[None, :, None]) * out_v)
+    elif dims.has_z:
+        dphio = rnd("dphio", dout.to(md).permute(0, 3, 1, 2, 4) * out_v)  # DOUT_r [B, H, S, R, P]
+    if dims.has_z:
+        put("dphio", dphio)
+        dzz = dphio * torch.sigmoid(x) * (1 + x * torch.sigmoid(-x))
+        put("dzz", dzz)
+        zeta = mimo_z.to(md)[None, :, None]  # [1, H, 1, R, P]
+        terms = dzz * zeta
+        acc = terms[..., 0, :]
+        if rnd.on("dz_accum"):
+            acc = rnd.always(acc)
+        for r in range(1, R):
+            acc = acc + terms[..., r, :]
+            if rnd.on("dz_accum"):
+                acc = rnd.always(acc)
+        put("dz_accum", acc)
+        dz = rnd.output(acc).permute(0, 2, 1, 3).contiguous()  # [B, S, H, P]
+        dmimo_z = (dzz * z_h[:, :, :, None, :]).sum(dim=2).to(out_fp)
+
+    states = rnd.output(state).contiguous()
+    qk_dot = rnd.output(tokens(qk_full)).contiguous()
+    return MimoBwdFwdOutputs(dmimo_o=dmimo_o, states=states, dz=dz, dmimo_z=dmimo_z, qk_dot=qk_dot)
