@@ -26,11 +26,41 @@ from dataclasses import dataclass
 import torch
 
 from . import exact_random
-from .validation import SUPPORTED_ROTARY_DIVISORS
+from .validation import check_rotary_state_dim
 
 FORMULAS = ("seed", "realistic")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPE_TAGS = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+#: The int fields of a case spec (kernel or whole op) and their minimum (``seed`` may be 0).
+CASE_INT_FIELDS = ("batch", "seqlen", "heads", "groups", "state_dim", "value_dim", "rank", "chunk_size", "seed",
+                   "rotary_dim_divisor")
+
+
+def check_case_fields(spec, bool_fields: tuple, formulas: tuple) -> None:
+    """The checks of a case spec, written once for :class:`CaseSpec` and the whole op's ``OpCaseSpec``: the int
+    fields (:data:`CASE_INT_FIELDS`), ``bool_fields``, the formula, the dtype, H a multiple of G, and the rotary
+    rule every implementation applies (``validation.check_rotary_state_dim``: N even and divisible by the divisor,
+    2 or 4). ``ValueError`` naming the field."""
+    for name in CASE_INT_FIELDS:
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+        minimum = 0 if name == "seed" else 1
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    for name in bool_fields:
+        value = getattr(spec, name)
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
+    if spec.formula not in formulas:
+        raise ValueError(f"formula must be one of {formulas}, got {spec.formula!r}")
+    if spec.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {spec.dtype!r}")
+    if spec.heads % spec.groups:
+        raise ValueError(f"heads ({spec.heads}) must be a multiple of groups ({spec.groups})")
+    check_rotary_state_dim(spec.state_dim, spec.rotary_dim_divisor, where="state_dim")
 
 
 @dataclass(frozen=True)
@@ -70,30 +100,7 @@ class CaseSpec:
     rotary_dim_divisor: int = 4
 
     def __post_init__(self):
-        for name in ("batch", "seqlen", "heads", "groups", "state_dim", "value_dim", "rank", "chunk_size",
-                     "seed", "rotary_dim_divisor"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-            minimum = 0 if name == "seed" else 1
-            if value < minimum:
-                raise ValueError(f"{name} must be >= {minimum}, got {value}")
-        for name in ("reduce_o", "has_z", "has_d"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
-        if self.formula not in FORMULAS:
-            raise ValueError(f"formula must be one of {FORMULAS}, got {self.formula!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
-        if self.rotary_dim_divisor not in SUPPORTED_ROTARY_DIVISORS:
-            raise ValueError(f"rotary_dim_divisor must be one of {SUPPORTED_ROTARY_DIVISORS}, got "
-                             f"{self.rotary_dim_divisor}")
-        if self.heads % self.groups:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of groups ({self.groups})")
-        if self.state_dim % 2 or self.state_dim % self.rotary_dim_divisor:
-            raise ValueError(f"state_dim ({self.state_dim}) must be even and divisible by rotary_dim_divisor "
-                             f"({self.rotary_dim_divisor})")
+        check_case_fields(self, ("reduce_o", "has_z", "has_d"), FORMULAS)
 
     @property
     def nchunks(self) -> int:
@@ -230,7 +237,7 @@ def case_id(spec: CaseSpec) -> str:
 #: loaded on first use from ``ops/mamba_mimo_bwd_fwd/cases.py``.
 _STAGE1_NAMES = ("make_inputs", "grids", "grid", "grid_names", "GRIDS", "chunk_cumsums", "as_args", "as_kwargs")
 
-__all__ = ["FORMULAS", "DTYPES", "CaseSpec", "StoredCase", "normal", "normal_lp", "uniform", "tensor_digests",
+__all__ = ["FORMULAS", "DTYPES", "CASE_INT_FIELDS", "check_case_fields", "CaseSpec", "StoredCase", "normal", "normal_lp", "uniform", "tensor_digests",
            "case_id", "SEED_KWARGS", "spec_from_seed_kwargs", *_STAGE1_NAMES]
 
 

@@ -52,6 +52,12 @@ class Stage:
         return "[" + ", ".join(self.shape) + "]"
 
 
+#: The keyword integers every kernel takes after its tensors.
+KERNEL_SCALARS: Tuple[str, ...] = ("chunk_size", "rotary_dim_divisor")
+#: The policy knobs that act on every kernel.
+KERNEL_KNOBS: Tuple[str, ...] = ("lp_dtype", "diag_mode", "math_dtype", "state_update", "silu_form", "round_outputs")
+
+
 def _load(path: Optional[str]):
     if path is None:
         return None
@@ -83,6 +89,15 @@ class Operator:
         outputs_type (str): ``"module:Class"`` of the outputs NamedTuple (fields ``output_names``).
         validate (str): ``"module:function"`` checking the inputs as the API does (``fn(*tensors, **scalars)``,
             returning the ``Dims``; errors name the argument).
+        input_shapes (mapping): input name -> dimension letters (``ops/_common/inputs.py`` has the letters);
+            ``mimo_numerics.validation.check_inputs`` checks every input against them.
+        lp_inputs (tuple): the inputs in the low-precision dtype; every other tensor input is float32.
+
+    Paths left empty take the operator folder's conventional parts: ``reference`` ->
+    ``mimo_numerics.ops.<name>.reference:<name>``, ``oracle`` -> ``...oracle:<name>_oracle``, ``validate`` ->
+    ``...validation:validate_inputs``, ``make_inputs``/``grids`` -> ``...cases:make_inputs``/``grids``,
+    ``golden``/``golden_outputs`` -> ``...golden:stored_cases``/``upstream_outputs``. ``scalar_inputs`` and
+    ``knobs`` default to the kernels' (:data:`KERNEL_SCALARS`, :data:`KERNEL_KNOBS`).
         docs (str): where the operator's math is written out.
         knob_sites (mapping): knob -> the sites it acts through (e.g. ``diag_mode`` acts only where an lp mul+add
             pair is carried in lp: stage 1's ``diag_accum``); a one-on sensitivity row of that knob turns them on.
@@ -92,24 +107,41 @@ class Operator:
     title: str
     input_names: Tuple[str, ...]
     optional_inputs: Tuple[str, ...]
-    scalar_inputs: Tuple[str, ...]
     outputs: Tuple[Stage, ...]
     lp_outputs: Tuple[str, ...]
     stages: Tuple[Stage, ...]
-    knobs: Tuple[str, ...]
-    reference: str
-    oracle: str
-    make_inputs: str
-    grids: str
-    outputs_type: str = ""
+    outputs_type: str
+    scalar_inputs: Tuple[str, ...] = KERNEL_SCALARS
+    knobs: Tuple[str, ...] = KERNEL_KNOBS
+    input_shapes: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
+    lp_inputs: Tuple[str, ...] = ()
+    reference: str = ""
+    oracle: str = ""
+    make_inputs: str = ""
+    grids: str = ""
     validate: str = ""
-    golden: Optional[str] = None
-    golden_outputs: Optional[str] = None
+    golden: Optional[str] = ""
+    golden_outputs: Optional[str] = ""
     upstream: Optional[str] = None
     kernels: Optional[str] = None
     docs: str = ""
     knob_sites: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        folder = f"mimo_numerics.ops.{self.name}"
+        conventional = {"reference": f"{folder}.reference:{self.name}", "oracle": f"{folder}.oracle:{self.name}_oracle",
+                        "validate": f"{folder}.validation:validate_inputs", "make_inputs": f"{folder}.cases:make_inputs",
+                        "grids": f"{folder}.cases:grids", "golden": f"{folder}.golden:stored_cases",
+                        "golden_outputs": f"{folder}.golden:upstream_outputs"}
+        for what, path in conventional.items():
+            if getattr(self, what) == "":
+                object.__setattr__(self, what, path)
+        missing = sorted(set(self.input_shapes) ^ set(self.input_names)) if self.input_shapes else []
+        if missing:
+            raise ValueError(f"operator {self.name}: input_shapes must name every input exactly, not {missing}")
+        if self.input_shapes and "input_shapes" not in self.extra:  # the tools' older view of the same table
+            object.__setattr__(self, "extra", {**self.extra, "input_shapes": dict(self.input_shapes)})
 
     # ------------------------------------------------------------------ lazy loaders
     def load(self, what: str) -> Callable:

@@ -122,8 +122,7 @@ def check_sizes(q: torch.Tensor, v: torch.Tensor, chunk_size, rotary_dim_divisor
     the rotary divisor. Shared by every operator's validation."""
     chunk_size = check_int("chunk_size", chunk_size, 1)
     rotary_dim_divisor = check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
-    if rotary_dim_divisor not in SUPPORTED_ROTARY_DIVISORS:
-        raise ValueError(f"rotary_dim_divisor must be one of {SUPPORTED_ROTARY_DIVISORS}, got {rotary_dim_divisor}")
+    check_rotary_divisor(rotary_dim_divisor)  # before any shape is read
     if q.dim() != 5:
         raise ValueError(f"q must have 5 dimensions [B, S, R, G, N], got shape {list(q.shape)}")
     if v.dim() != 4:
@@ -139,9 +138,7 @@ def check_sizes(q: torch.Tensor, v: torch.Tensor, chunk_size, rotary_dim_divisor
     if heads % groups:
         raise ValueError(f"v has H={heads} heads, which is not a multiple of the G={groups} groups of q "
                          "(H % G must be 0)")
-    if state_dim % 2 or state_dim % rotary_dim_divisor:
-        raise ValueError(f"q has N={state_dim}, which must be even and divisible by "
-                         f"rotary_dim_divisor={rotary_dim_divisor}")
+    check_rotary_state_dim(state_dim, rotary_dim_divisor)
     return Sizes(batch, seqlen, rank, groups, state_dim, heads, value_dim, chunk_size, rotary_dim_divisor)
 
 
@@ -159,11 +156,134 @@ def check_lp_dtype(q: torch.Tensor, lp_dtype: Optional[torch.dtype] = None,
 
 
 
+
+def check_rotary_divisor(rotary_dim_divisor: int) -> None:
+    """``rotary_dim_divisor`` is one of :data:`SUPPORTED_ROTARY_DIVISORS`."""
+    if rotary_dim_divisor not in SUPPORTED_ROTARY_DIVISORS:
+        raise ValueError(f"rotary_dim_divisor must be one of {SUPPORTED_ROTARY_DIVISORS}, got {rotary_dim_divisor}")
+
+
+def check_rotary_state_dim(state_dim: int, rotary_dim_divisor: int, where: str = "q has N") -> None:
+    """The one rule on N and the rotary divisor (kernels, kernel case specs, whole-op case specs, the whole op): the
+    divisor one of :data:`SUPPORTED_ROTARY_DIVISORS`, N even and divisible by it (the N/d rotated columns j pair with
+    N/2 + j). ``where`` starts the message (``"state_dim"`` for a case spec)."""
+    check_rotary_divisor(rotary_dim_divisor)
+    if state_dim % 2 or state_dim % rotary_dim_divisor:
+        raise ValueError(f"{where}={state_dim}, which must be even and divisible by "
+                         f"rotary_dim_divisor={rotary_dim_divisor}")
+
+
+def check_segsum_chunk(segsum: torch.Tensor, chunk_size: int) -> None:
+    """Name ``chunk_size`` (and its default) when segsum ``[B, H, nchunks, C, C]`` was made with another C."""
+    if segsum.dim() != 5 or segsum.shape[-1] != segsum.shape[-2] or segsum.shape[-1] == chunk_size:
+        return
+    found = segsum.shape[-1]
+    default = " (the default when chunk_size is not passed)" if chunk_size == DEFAULT_CHUNK_SIZE else ""
+    raise ValueError(f"segsum has chunk size {found} (shape {list(segsum.shape)} = [B, H, nchunks, C, C]) but "
+                     f"chunk_size={chunk_size}{default}: pass chunk_size={found}, or a segsum made with chunk size "
+                     f"{chunk_size}")
+
+
+def _letter_sizes(sizes: Sizes) -> dict:
+    return {"B": sizes.batch, "S": sizes.seqlen, "R": sizes.rank, "(R)": sizes.rank, "G": sizes.groups,
+            "N": sizes.state_dim, "H": sizes.heads, "P": sizes.value_dim, "C": sizes.chunk_size, "nc": sizes.nchunks,
+            "N/d": sizes.state_dim // sizes.rotary_dim_divisor}
+
+
+def _letter_sources(sizes: Sizes, q: torch.Tensor, v: torch.Tensor) -> dict:
+    """letter -> (size, where it was read), for the messages of :func:`check_inputs`."""
+    q_at, v_at = f"q {list(q.shape)}", f"v {list(v.shape)}"
+    where = {"B": q_at, "S": q_at, "R": q_at, "(R)": q_at, "G": q_at, "N": q_at, "H": v_at, "P": v_at,
+             "C": "chunk_size", "nc": f"ceil(S / C) with S from {q_at} and chunk_size={sizes.chunk_size}",
+             "N/d": f"N / rotary_dim_divisor with N from {q_at}"}
+    return {letter: (size, where[letter]) for letter, size in _letter_sizes(sizes).items()}
+
+
+def expected_shape(letters, sizes: Sizes, reduce_o: bool) -> tuple:
+    """The sizes of dimension ``letters`` (``"(R)"`` is left out when ``reduce_o``)."""
+    known = _letter_sizes(sizes)
+    return tuple(known[letter] for letter in letters if not (letter == "(R)" and reduce_o))
+
+
+def _shape_message(name: str, tensor: torch.Tensor, letters, shape: tuple, sources: dict, reduce_o: bool) -> str:
+    """``"<name> must have shape [...], got [...]"`` and, where the ranks agree, for each disagreeing dimension the
+    tensor the expected size was read from (so a wrong ``v`` is not reported as a wrong ``mimo_v`` alone)."""
+    text = f"{name} must have shape {list(shape)}, got {list(tensor.shape)}"
+    used = [letter for letter in letters if not (letter == "(R)" and reduce_o)]
+    if tensor.dim() != len(shape):
+        return text
+    notes = []
+    for letter, want, got in zip(used, shape, tensor.shape):
+        if want != got:
+            size, where = sources[letter]
+            notes.append(f"{letter.strip('()')} = {size} is read from {where}")
+    return text + (f" ({'; '.join(notes)}: is {name} or that tensor wrong?)" if notes else "")
+
+
+def check_inputs(op, values: Mapping[str, object], chunk_size, rotary_dim_divisor, *,
+                 lp_dtype: Optional[torch.dtype] = None, lp_allowed: tuple = LOW_PRECISION_DTYPES,
+                 fp32_allowed: tuple = (torch.float32,), required_note: str = "", first: tuple = (),
+                 first_hint: str = "", special=None) -> Dims:
+    """Check a kernel operator's tensors against its spec and return their ``Dims``.
+
+    The order of the checks (the first failure is the message): the tensor arguments
+    (:func:`check_tensor_arguments`), the sizes of ``q`` and ``v`` (:func:`check_sizes`), ``q``'s lp dtype
+    (:func:`check_lp_dtype`), ``special(lp)`` (an operator's own checks, e.g. a ``dtype`` argument), the pairing of
+    ``z`` and ``mimo_z``, then every other input's shape (from ``op.input_shapes``), dtype (``op.lp_inputs`` take
+    q's dtype, the others one of ``fp32_allowed``) and device (q's), ``first`` before the rest (a shape error of one
+    of them ends with ``first_hint``).
+
+    Args:
+        op: the ``Operator`` (its ``input_names``, ``optional_inputs``, ``input_shapes``, ``lp_inputs``).
+        values (mapping): input name -> argument. chunk_size, rotary_dim_divisor: the scalar arguments.
+        lp_dtype: the policy's lp dtype, when the lp inputs must have it. lp_allowed: q's allowed dtypes.
+        required_note (str): follows "is required" in the error of a missing input.
+
+    Returns:
+        Dims: the validated sizes and branch flags.
+    """
+    check_tensor_arguments(values, op.optional_inputs, required_note)
+    q, v = values["q"], values["v"]
+    sizes = check_sizes(q, v, chunk_size, rotary_dim_divisor)
+    lp = check_lp_dtype(q, lp_dtype, allowed=lp_allowed)
+    if special is not None:
+        special(lp)
+    has_z = values.get("z") is not None
+    if "z" in values and has_z != (values.get("mimo_z") is not None):
+        raise ValueError("z and mimo_z must be given together: got z "
+                         f"{'present' if has_z else 'None'} and mimo_z {'None' if has_z else 'present'}")
+    reduce_o = values.get("mimo_o") is not None
+    device = q.device
+    sources = _letter_sources(sizes, q, v)
+    order = tuple(first) + tuple(n for n in op.input_names if n not in first and n != "q")
+    for name in order:
+        tensor = values[name]
+        if tensor is None:
+            continue
+        letters = op.input_shapes[name]
+        shape = expected_shape(letters, sizes, reduce_o)
+        if name == "segsum":
+            check_segsum_chunk(tensor, sizes.chunk_size)
+        if tuple(tensor.shape) != shape:
+            raise ValueError(_shape_message(name, tensor, letters, shape, sources, reduce_o)
+                             + (first_hint if name in first else ""))
+        if name in op.lp_inputs:
+            check_tensor(name, tensor, shape, lp, device)
+        elif tensor.dtype not in fp32_allowed:
+            check_tensor(name, tensor, shape, fp32_allowed[0], device)  # raises, naming the expected dtype
+        else:
+            check_tensor(name, tensor, shape, tensor.dtype, device)
+    return Dims(batch=sizes.batch, seqlen=sizes.seqlen, heads=sizes.heads, groups=sizes.groups,
+                state_dim=sizes.state_dim, value_dim=sizes.value_dim, rank=sizes.rank, chunk_size=sizes.chunk_size,
+                nchunks=sizes.nchunks, rotary_dim_divisor=sizes.rotary_dim_divisor, reduce_o=reduce_o, has_z=has_z,
+                has_d=values.get("d") is not None, lp_dtype=lp, device=device)
+
 #: Stage 1's names at their old public path (``mimo_numerics.validation.validate_inputs``), loaded on first use.
 _STAGE1_NAMES = ("validate_inputs", "LP_INPUTS", "INPUT_NAMES", "OPTIONAL_INPUTS")
 
 __all__ = ["LOW_PRECISION_DTYPES", "SUPPORTED_ROTARY_DIVISORS", "DEFAULT_CHUNK_SIZE", "Dims", "Sizes", "check_int",
-           "check_tensor", "check_tensor_arguments", "check_sizes", "check_lp_dtype", *_STAGE1_NAMES]
+           "check_tensor", "check_tensor_arguments", "check_sizes", "check_lp_dtype", "check_rotary_state_dim",
+           "check_segsum_chunk", "check_inputs", "expected_shape", *_STAGE1_NAMES]
 
 
 def __getattr__(name):

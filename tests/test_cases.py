@@ -12,6 +12,7 @@ from mimo_numerics.cases import CaseSpec
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.validation import validate_inputs
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 GOLDEN_PATH = Path(__file__).parent / "data" / "upstream_h200_seed_cases.pt"
 GOLDEN_CASES = (
@@ -260,3 +261,41 @@ def test_realistic_optional_branches_do_not_change_core_tensors(realistic):
         assert torch.equal(bare[name], realistic[name]), name
     assert bare["z"] is None and bare["d"] is None and bare["mimo_o"] is None
     assert bare["dout"].shape == (2, 45, 2, 2, 8)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One rule for N and the rotary divisor (issue 21): the kernel case spec, the whole op's case spec and the
+# validation of every implementation agree.
+
+def test_case_specs_share_one_rule_for_the_state_dim_and_the_rotary_divisor():
+    from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec
+    from mimo_numerics.validation import check_rotary_state_dim
+
+    for cls in (CaseSpec, OpCaseSpec):
+        assert cls(state_dim=12, rotary_dim_divisor=4).state_dim == 12  # even, divisible by 4 (not by 2·4)
+        assert cls(state_dim=6, rotary_dim_divisor=2).state_dim == 6
+        for state_dim, divisor in ((6, 4), (9, 2), (10, 4)):
+            with pytest.raises(ValueError, match=rf"^state_dim={state_dim}, which must be even and divisible by "
+                                                 rf"rotary_dim_divisor={divisor}$"):
+                cls(state_dim=state_dim, rotary_dim_divisor=divisor)
+        with pytest.raises(ValueError, match=r"rotary_dim_divisor must be one of \(2, 4\), got 3"):
+            cls(state_dim=12, rotary_dim_divisor=3)
+    check_rotary_state_dim(12, 4)  # the kernels' validation applies the same rule
+
+
+def test_a_state_dim_of_12_with_divisor_4_runs_in_the_kernels_and_the_whole_op():
+    """N = 12, d = 4 (3 rotated pairs, half = 6): accepted by both specs, and every implementation runs it."""
+    import mimo_numerics as mn
+    from mimo_numerics.ops.mamba3_mimo.cases import OP_INPUT_NAMES, make_op_inputs, small_case
+    from mimo_numerics.ops.mamba3_mimo.fp64_model import mamba3_mimo_fp64
+
+    spec = CaseSpec(seqlen=8, state_dim=12, value_dim=8, rank=2, chunk_size=4, rotary_dim_divisor=4, has_z=True)
+    out = stage1_reference.mamba_mimo_bwd_fwd(*stage1_cases.as_args(stage1_cases.make_inputs(spec)),
+                                              **stage1_cases.as_kwargs(stage1_cases.make_inputs(spec)),
+                                              policy="upstream_sm90")
+    assert out.states.shape[-2] == 12 and torch.isfinite(out.dz.float()).all()
+    x = make_op_inputs(small_case(seqlen=8, state_dim=12, value_dim=8, chunk_size=4, rotary_dim_divisor=4))
+    args = [x[n] for n in OP_INPUT_NAMES]
+    y = mn.mamba3_mimo(*args, chunk_size=4, rotary_dim_divisor=4, policy="fp32")
+    y64 = mamba3_mimo_fp64(*args, chunk_size=4, rotary_dim_divisor=4)
+    assert y.shape == y64.shape == x["dout"].shape and torch.isfinite(y.float()).all()

@@ -54,7 +54,7 @@ import torch
 from ... import presets as _presets
 from . import chain
 from .cases import OP_GRAD_NAMES, OP_INPUT_NAMES
-from .fp64_model import validate_op_inputs as _validate_shapes
+from .validation import check_op_inputs as _validate_shapes
 
 #: Backends of :func:`mamba3_mimo`.
 BACKENDS = ("reference", "triton")

@@ -33,9 +33,9 @@ from typing import Union
 import torch
 
 from ... import exact_random
+from ...cases import DTYPES, check_case_fields
 
 FORMULAS = ("whole_op", "whole_op_seed")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPE_TAGS = {"bfloat16": "bf16", "float16": "fp16"}
 #: The 14 inputs of ``mamba3_mimo`` in upstream's positional order.
 OP_INPUT_NAMES = ("Q", "K", "V", "ADT", "DT", "Trap", "Q_bias", "K_bias", "MIMO_V", "MIMO_Z", "MIMO_Out", "Angles",
@@ -80,27 +80,7 @@ class OpCaseSpec:
     positive_adt: bool = False
 
     def __post_init__(self):
-        for name in ("batch", "seqlen", "heads", "groups", "state_dim", "value_dim", "rank", "chunk_size", "seed",
-                     "rotary_dim_divisor"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-            if value < (0 if name == "seed" else 1):
-                raise ValueError(f"{name} must be >= {0 if name == 'seed' else 1}, got {value}")
-        for name in ("reduce_o", "has_z", "has_d", "positive_adt"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.formula not in FORMULAS:
-            raise ValueError(f"formula must be one of {FORMULAS}, got {self.formula!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
-        if self.rotary_dim_divisor not in (2, 4):
-            raise ValueError(f"rotary_dim_divisor must be 2 or 4, got {self.rotary_dim_divisor}")
-        if self.heads % self.groups:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of groups ({self.groups})")
-        if self.state_dim % (2 * self.rotary_dim_divisor):
-            raise ValueError(f"state_dim ({self.state_dim}) must be a multiple of 2·rotary_dim_divisor "
-                             f"({2 * self.rotary_dim_divisor})")
+        check_case_fields(self, ("reduce_o", "has_z", "has_d", "positive_adt"), FORMULAS)
 
     @property
     def lp_dtype(self) -> torch.dtype:

@@ -38,68 +38,10 @@ from typing import Optional
 
 import torch
 
-from ...validation import check_int
+from ...validation import SUPPORTED_ROTARY_DIVISORS  # noqa: F401  (public here since the model was written)
+from .validation import CLAMP_BACKWARDS, INPUT_NAMES, OPTIONAL_INPUTS, check_op_inputs  # noqa: F401
 
 _F64 = torch.float64
-#: ``mamba3_mimo``'s 14 tensor arguments, in call order.
-INPUT_NAMES = ("Q", "K", "V", "ADT", "DT", "Trap", "Q_bias", "K_bias", "MIMO_V", "MIMO_Z", "MIMO_Out", "Angles",
-               "D", "Z")
-#: Arguments that may be None (``MIMO_Z`` and ``Z`` together).
-OPTIONAL_INPUTS = ("MIMO_Z", "MIMO_Out", "D", "Z")
-CLAMP_BACKWARDS = ("upstream", "exact")
-SUPPORTED_ROTARY_DIVISORS = (2, 4)
-_FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
-
-
-def validate_op_inputs(tensors: dict, chunk_size, rotary_dim_divisor, clamp_backward) -> tuple:
-    """Check the 14 inputs of ``mamba3_mimo`` (name -> tensor or None) and the sizes; return B, S, R, G, N, H, P, C and
-    the clamp backward (errors name the argument). Used by the FP64 model and by ``autograd.mamba3_mimo``."""
-    for name, value in tensors.items():
-        if value is None:
-            if name not in OPTIONAL_INPUTS:
-                raise TypeError(f"{name} is required: expected a torch.Tensor, got None")
-        elif not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor{' or None' if name in OPTIONAL_INPUTS else ''}, "
-                            f"got {type(value).__name__}")
-        elif value.dtype not in _FLOATS:
-            raise TypeError(f"{name} must have a floating dtype (bfloat16, float16, float32, float64), got "
-                            f"{value.dtype}")
-    chunk_size = check_int("chunk_size", chunk_size, 1)
-    rotary_dim_divisor = check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
-    if rotary_dim_divisor not in SUPPORTED_ROTARY_DIVISORS:
-        raise ValueError(f"rotary_dim_divisor must be one of {SUPPORTED_ROTARY_DIVISORS}, got {rotary_dim_divisor}")
-    if clamp_backward not in CLAMP_BACKWARDS:
-        raise ValueError(f"clamp_backward must be one of {CLAMP_BACKWARDS}, got {clamp_backward!r}")
-    Q, V = tensors["Q"], tensors["V"]
-    if Q.dim() != 5:
-        raise ValueError(f"Q must have 5 dimensions [B, S, R, G, N], got shape {list(Q.shape)}")
-    if V.dim() != 4:
-        raise ValueError(f"V must have 4 dimensions [B, S, H, P], got shape {list(V.shape)}")
-    B, S, R, G, N = Q.shape
-    H, P = V.shape[2], V.shape[3]
-    if 0 in (B, S, R, G, N, H, P):
-        raise ValueError(f"Q {list(Q.shape)} and V {list(V.shape)} must have no empty dimension")
-    if H % G:
-        raise ValueError(f"V has H={H} heads, which is not a multiple of the G={G} groups of Q (H % G must be 0)")
-    if N % 2 or N % rotary_dim_divisor:
-        raise ValueError(f"Q has N={N}, which must be even and divisible by rotary_dim_divisor={rotary_dim_divisor}")
-    if (tensors["Z"] is None) != (tensors["MIMO_Z"] is None):
-        raise ValueError("Z and MIMO_Z must be given together: got Z "
-                         f"{'None' if tensors['Z'] is None else 'present'} and MIMO_Z "
-                         f"{'None' if tensors['MIMO_Z'] is None else 'present'}")
-    shapes = {"Q": (B, S, R, G, N), "K": (B, S, R, G, N), "V": (B, S, H, P), "ADT": (B, H, S), "DT": (B, H, S),
-              "Trap": (B, H, S), "Q_bias": (H, R, N), "K_bias": (H, R, N), "MIMO_V": (H, R, P),
-              "MIMO_Z": (H, R, P), "MIMO_Out": (H, R, P), "Angles": (B, S, H, N // rotary_dim_divisor),
-              "D": (H,), "Z": (B, S, H, P)}
-    for name, shape in shapes.items():
-        value = tensors[name]
-        if value is None:
-            continue
-        if tuple(value.shape) != shape:
-            raise ValueError(f"{name} must have shape {list(shape)}, got {list(value.shape)}")
-        if value.device != Q.device:
-            raise ValueError(f"{name} must be on device {Q.device} (the device of Q), got {value.device}")
-    return B, S, R, G, N, H, P, chunk_size, rotary_dim_divisor
 
 
 def _clamp_nonpositive(x: torch.Tensor, clamp_backward: str) -> torch.Tensor:
@@ -144,7 +86,7 @@ def mamba3_mimo_fp64(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIM
     """
     tensors = dict(zip(INPUT_NAMES, (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D,
                                      Z)))
-    B, S, R, G, N, H, P, C, divisor = validate_op_inputs(tensors, chunk_size, rotary_dim_divisor, clamp_backward)
+    B, S, R, G, N, H, P, C, divisor = check_op_inputs(tensors, chunk_size, rotary_dim_divisor, clamp_backward)
     x64 = {name: (None if value is None else value.to(_F64)) for name, value in tensors.items()}
     device = Q.device
 

@@ -12,6 +12,7 @@ from typing import Dict, NamedTuple, Optional, Tuple
 import torch
 
 from ...operator import Operator, Stage, output_item
+from .._common.inputs import inputs_of
 
 #: The 19 tensor arguments, in upstream's kernel order (DOUT, Q, K, V, Q_BIAS, K_BIAS, MIMO_V, MIMO_O, STATES, Z,
 #: MIMO_Z, ANGLES, DA_CS, DA_CS_REV, DT, TRAP, D, QK_DOT, SEGSUM).
@@ -21,8 +22,6 @@ INPUT_NAMES = (
 )
 #: Arguments that may be None (``z`` and ``mimo_z`` only together).
 OPTIONAL_INPUTS = ("mimo_o", "z", "mimo_z", "d")
-#: Inputs in the low-precision dtype (the policy's ``lp_dtype``).
-LP_INPUTS = ("dout", "q", "k", "v", "states", "z", "trap", "qk_dot")
 
 #: The twelve raw outputs, in tuple order.
 OUTPUT_NAMES = ("dq", "dk", "dv", "dmimo_v", "dD", "dangles", "dfactor", "dgamma_diag", "ddA", "dSSdA",
@@ -186,50 +185,21 @@ OUTPUTS = (
     Stage("ddA_cs", ("B", "H", "S"), "partial: w.r.t. exp(da_cs)"),
 )
 
-#: Dimension letters of every tensor input (``"(R)"``: present only without ``mimo_o``; ``"N/d"``: the rotary
-#: angles, pairing column j of N with column N/2 + j for j < N/d). Tools read them from ``OPERATOR.extra``.
-INPUT_SHAPES = {
-    "dout": ("B", "S", "(R)", "H", "P"),
-    "q": ("B", "S", "R", "G", "N"),
-    "k": ("B", "S", "R", "G", "N"),
-    "v": ("B", "S", "H", "P"),
-    "q_bias": ("H", "R", "N"),
-    "k_bias": ("H", "R", "N"),
-    "mimo_v": ("H", "R", "P"),
-    "mimo_o": ("H", "R", "P"),
-    "states": ("B", "H", "nc", "N", "P"),
-    "z": ("B", "S", "H", "P"),
-    "mimo_z": ("H", "R", "P"),
-    "angles": ("B", "S", "H", "N/d"),
-    "da_cs": ("B", "H", "S"),
-    "da_cs_rev": ("B", "H", "S"),
-    "dt": ("B", "H", "S"),
-    "trap": ("B", "H", "S"),
-    "d": ("H",),
-    "qk_dot": ("B", "H", "S", "R", "R"),
-    "segsum": ("B", "H", "nc", "C", "C"),
-}
+#: Each input's dimension letters and dtype class (``ops/_common/inputs.py``).
+INPUT_SHAPES, LP_INPUTS = inputs_of(INPUT_NAMES)
 
 OPERATOR = Operator(
     name="mamba_mimo_bwd_bwd",
     title="backward stage 2 of the Mamba-3 MIMO op (TileLang mamba_mimo_bwd_bwd)",
     input_names=INPUT_NAMES,
     optional_inputs=OPTIONAL_INPUTS,
-    scalar_inputs=("chunk_size", "rotary_dim_divisor"),
+    input_shapes=INPUT_SHAPES,
+    lp_inputs=LP_INPUTS,
     outputs=OUTPUTS,
     lp_outputs=LP_OUTPUTS,
     stages=STAGE_LIST,
-    knobs=("lp_dtype", "diag_mode", "math_dtype", "state_update", "silu_form", "round_outputs"),
     knob_sites={"diag_mode": ("dv_accum",)},
-    reference="mimo_numerics.ops.mamba_mimo_bwd_bwd.reference:mamba_mimo_bwd_bwd",
-    oracle="mimo_numerics.ops.mamba_mimo_bwd_bwd.oracle:mamba_mimo_bwd_bwd_oracle",
     outputs_type="mimo_numerics.ops.mamba_mimo_bwd_bwd.spec:MimoBwdBwdOutputs",
-    validate="mimo_numerics.ops.mamba_mimo_bwd_bwd.validation:validate_inputs",
-    make_inputs="mimo_numerics.ops.mamba_mimo_bwd_bwd.cases:make_inputs",
-    grids="mimo_numerics.ops.mamba_mimo_bwd_bwd.cases:grids",
-    golden="mimo_numerics.ops.mamba_mimo_bwd_bwd.golden:stored_cases",
-    golden_outputs="mimo_numerics.ops.mamba_mimo_bwd_bwd.golden:upstream_outputs",
     upstream="mimo_numerics.ops.mamba3_mimo.upstream:run_stage2",
     docs="docs/stage2.md",
-    extra={"input_shapes": INPUT_SHAPES},
 )

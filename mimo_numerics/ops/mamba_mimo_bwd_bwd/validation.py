@@ -10,13 +10,10 @@ from typing import Optional
 
 import torch
 
-from ...validation import (LOW_PRECISION_DTYPES, Dims, check_tensor, check_lp_dtype, check_sizes,
-                           check_tensor_arguments)
-from .sites import OP_NAME, SITES
-from .spec import INPUT_NAMES, OPTIONAL_INPUTS
+from ...validation import LOW_PRECISION_DTYPES, Dims, check_inputs
+from .spec import INPUT_NAMES, OPERATOR
 
 _LP_NAMES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-#: Knobs the reference reads, with their allowed values.
 
 
 def _lp_of(dtype) -> Optional[torch.dtype]:
@@ -37,6 +34,9 @@ def validate_inputs(
 ) -> Dims:
     """Check the 19 tensors, two sizes and ``dtype`` of ``mamba_mimo_bwd_bwd`` and return their dimensions.
 
+    The shapes and dtypes come from the spec (:func:`mimo_numerics.validation.check_inputs`); stage 2's own check
+    is upstream's ``dtype`` argument.
+
     Args:
         dout..segsum: the tensors of the API in upstream's order (see ``docs/stage2.md`` for shapes and dtypes);
             ``states`` ``[B, H, nc, N, P]`` and ``qk_dot`` ``[B, H, S, R, R]`` are stage 1's lp outputs.
@@ -50,46 +50,10 @@ def validate_inputs(
     """
     values = dict(zip(INPUT_NAMES, (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
                                     da_cs_rev, dt, trap, d, qk_dot, segsum)))
-    check_tensor_arguments(values, OPTIONAL_INPUTS)
-    sizes = check_sizes(q, v, chunk_size, rotary_dim_divisor)
-    batch, seqlen, rank, groups, state_dim = sizes.batch, sizes.seqlen, sizes.rank, sizes.groups, sizes.state_dim
-    heads, value_dim = sizes.heads, sizes.value_dim
-    chunk_size, rotary_dim_divisor = sizes.chunk_size, sizes.rotary_dim_divisor
 
-    device = q.device
-    lp = check_lp_dtype(q, lp_dtype)
-    kernel_dtype = _lp_of(dtype)
-    if kernel_dtype is not None and kernel_dtype != lp:
-        raise ValueError(f"dtype={dtype!r} does not match the dtype {lp} of the low-precision inputs (q, ...)")
-    nchunks = sizes.nchunks
-    reduce_o = mimo_o is not None
-    has_z = z is not None
-    if has_z != (mimo_z is not None):
-        raise ValueError("z and mimo_z must be given together: got z "
-                         f"{'present' if has_z else 'None'} and mimo_z {'None' if has_z else 'present'}")
+    def kernel_dtype(lp):  # upstream's dtype argument, checked after q's dtype
+        wanted = _lp_of(dtype)
+        if wanted is not None and wanted != lp:
+            raise ValueError(f"dtype={dtype!r} does not match the dtype {lp} of the low-precision inputs (q, ...)")
 
-    bshp = (batch, seqlen, heads, value_dim)
-    check_tensor("dout", dout, bshp if reduce_o else (batch, seqlen, rank, heads, value_dim), lp, device)
-    check_tensor("k", k, tuple(q.shape), lp, device)
-    check_tensor("v", v, bshp, lp, device)
-    check_tensor("states", states, (batch, heads, nchunks, state_dim, value_dim), lp, device)
-    check_tensor("trap", trap, (batch, heads, seqlen), lp, device)
-    check_tensor("qk_dot", qk_dot, (batch, heads, seqlen, rank, rank), lp, device)
-    for name in ("q_bias", "k_bias"):
-        check_tensor(name, values[name], (heads, rank, state_dim), torch.float32, device)
-    check_tensor("mimo_v", mimo_v, (heads, rank, value_dim), torch.float32, device)
-    check_tensor("angles", angles, (batch, seqlen, heads, state_dim // rotary_dim_divisor), torch.float32, device)
-    for name in ("da_cs", "da_cs_rev", "dt"):
-        check_tensor(name, values[name], (batch, heads, seqlen), torch.float32, device)
-    check_tensor("segsum", segsum, (batch, heads, nchunks, chunk_size, chunk_size), torch.float32, device)
-    if reduce_o:
-        check_tensor("mimo_o", mimo_o, (heads, rank, value_dim), torch.float32, device)
-    if has_z:
-        check_tensor("z", z, bshp, lp, device)
-        check_tensor("mimo_z", mimo_z, (heads, rank, value_dim), torch.float32, device)
-    if d is not None:
-        check_tensor("d", d, (heads,), torch.float32, device)
-
-    return Dims(batch=batch, seqlen=seqlen, heads=heads, groups=groups, state_dim=state_dim, value_dim=value_dim,
-                rank=rank, chunk_size=chunk_size, nchunks=nchunks, rotary_dim_divisor=rotary_dim_divisor,
-                reduce_o=reduce_o, has_z=has_z, has_d=d is not None, lp_dtype=lp, device=device)
+    return check_inputs(OPERATOR, values, chunk_size, rotary_dim_divisor, lp_dtype=lp_dtype, special=kernel_dtype)

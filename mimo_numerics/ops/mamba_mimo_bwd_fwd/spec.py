@@ -7,6 +7,7 @@ trimmed to the S valid tokens; the site in parentheses rounds it (catalog site n
 from __future__ import annotations
 
 from ...operator import Operator, Stage
+from .._common.inputs import inputs_of
 from .outputs import INPUT_NAMES, OPTIONAL_INPUTS
 
 _TOK = ("B", "H", "S", "R")
@@ -49,50 +50,23 @@ OUTPUTS = (
     Stage("qk_dot", ("B", "H", "S", "R", "R"), "same-step dot products of the biased, unrotated q and k (lp store)"),
 )
 
-#: Dimension letters of every tensor input (``"(R)"``: present only without ``mimo_o``; ``"N/d"``: the rotary
-#: angles, pairing column j of N with column N/2 + j for j < N/d). Tools read them from ``OPERATOR.extra``.
-INPUT_SHAPES = {
-    "dout": ("B", "S", "(R)", "H", "P"),
-    "q": ("B", "S", "R", "G", "N"),
-    "k": ("B", "S", "R", "G", "N"),
-    "v": ("B", "S", "H", "P"),
-    "q_bias": ("H", "R", "N"),
-    "k_bias": ("H", "R", "N"),
-    "mimo_v": ("H", "R", "P"),
-    "mimo_o": ("H", "R", "P"),
-    "z": ("B", "S", "H", "P"),
-    "mimo_z": ("H", "R", "P"),
-    "angles": ("B", "S", "H", "N/d"),
-    "da_cs": ("B", "H", "S"),
-    "da_cs_rev": ("B", "H", "S"),
-    "dt": ("B", "H", "S"),
-    "trap": ("B", "H", "S"),
-    "d": ("H",),
-    "segsum": ("B", "H", "nc", "C", "C"),
-}
+#: Each input's dimension letters and dtype class (``ops/_common/inputs.py``).
+INPUT_SHAPES, LP_INPUTS = inputs_of(INPUT_NAMES)
 
 OPERATOR = Operator(
     name="mamba_mimo_bwd_fwd",
     title="backward stage 1 of the Mamba-3 MIMO op (TileLang mamba_mimo_bwd_fwd)",
     input_names=INPUT_NAMES,
     optional_inputs=OPTIONAL_INPUTS,
-    scalar_inputs=("chunk_size", "rotary_dim_divisor"),
+    input_shapes=INPUT_SHAPES,
+    lp_inputs=LP_INPUTS,
     outputs=OUTPUTS,
     lp_outputs=("states", "dz", "qk_dot"),
     stages=STAGES,
-    knobs=("lp_dtype", "diag_mode", "math_dtype", "state_update", "silu_form", "round_outputs"),
     knob_sites={"diag_mode": ("diag_accum",)},
-    reference="mimo_numerics.ops.mamba_mimo_bwd_fwd.reference:mamba_mimo_bwd_fwd",
-    oracle="mimo_numerics.ops.mamba_mimo_bwd_fwd.oracle:mamba_mimo_bwd_fwd_oracle",
     outputs_type="mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs:MimoBwdFwdOutputs",
-    validate="mimo_numerics.ops.mamba_mimo_bwd_fwd.validation:validate_inputs",
-    make_inputs="mimo_numerics.ops.mamba_mimo_bwd_fwd.cases:make_inputs",
-    grids="mimo_numerics.ops.mamba_mimo_bwd_fwd.cases:grids",
-    golden="mimo_numerics.ops.mamba_mimo_bwd_fwd.golden:stored_cases",
-    golden_outputs="mimo_numerics.ops.mamba_mimo_bwd_fwd.golden:upstream_outputs",
     upstream="mimo_numerics.ops.mamba_mimo_bwd_fwd.upstream:mamba_mimo_bwd_fwd",
     kernels="mimo_numerics.kernels:mamba_mimo_bwd_fwd",
     docs="docs/semantics.md",
-    extra={"input_shapes": INPUT_SHAPES,
-           "nonfinite_rules": "mimo_numerics.ops.mamba_mimo_bwd_fwd.nonfinite_rules"},
+    extra={"nonfinite_rules": "mimo_numerics.ops.mamba_mimo_bwd_fwd.nonfinite_rules"},
 )

@@ -1,0 +1,114 @@
+"""Input validation of the whole op ``mamba3_mimo``: the 14 raw inputs (upstream's names), their shapes and signs.
+
+Every failure raises ``TypeError`` or ``ValueError`` naming the argument. The sizes come from ``Q``
+``[B, S, R, G, N]`` and ``V`` ``[B, S, H, P]``; the rule on N and the rotary divisor is the one every kernel
+applies (``mimo_numerics.validation.check_rotary_state_dim``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ...validation import check_int, check_rotary_divisor, check_rotary_state_dim
+from .cases import OP_INPUT_NAMES as INPUT_NAMES
+
+#: Arguments that may be None (``MIMO_Z`` and ``Z`` together).
+OPTIONAL_INPUTS = ("MIMO_Z", "MIMO_Out", "D", "Z")
+CLAMP_BACKWARDS = ("upstream", "exact")
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+#: Dimension letters of every input (``N/d``: the rotary angles per head).
+INPUT_SHAPES = {"Q": ("B", "S", "R", "G", "N"), "K": ("B", "S", "R", "G", "N"), "V": ("B", "S", "H", "P"),
+                "ADT": ("B", "H", "S"), "DT": ("B", "H", "S"), "Trap": ("B", "H", "S"), "Q_bias": ("H", "R", "N"),
+                "K_bias": ("H", "R", "N"), "MIMO_V": ("H", "R", "P"), "MIMO_Z": ("H", "R", "P"),
+                "MIMO_Out": ("H", "R", "P"), "Angles": ("B", "S", "H", "N/d"), "D": ("H",),
+                "Z": ("B", "S", "H", "P")}
+
+
+def _shape_message(name: str, value: torch.Tensor, letters, shape: tuple, sizes: dict, where: dict) -> str:
+    text = f"{name} must have shape {list(shape)}, got {list(value.shape)}"
+    if value.dim() != len(shape):
+        return text
+    notes = [f"{letter} = {want} is read from {where[letter]}"
+             for letter, want, got in zip(letters, shape, value.shape) if want != got]
+    return text + (f" ({'; '.join(notes)}: is {name} or that tensor wrong?)" if notes else "")
+
+
+def check_dt_adt_signs(dt, adt) -> None:
+    """``DT`` is a step size (softplus, > 0) and ``ADT`` = A·DT a log decay (<= 0) in every real use.
+
+    ``ValueError`` when ``DT`` has a negative entry and ``ADT`` a positive one (the signature of the two swapped:
+    ``mamba3_mimo`` takes ``..., ADT, DT, ...``); a ``UserWarning`` when only ``DT`` has negative entries (legal
+    arithmetic, not a real input). A positive ``ADT`` alone is legal: upstream clamps the cumulative sums
+    (``OpCaseSpec(positive_adt=True)``).
+    """
+    if dt is None or adt is None or not dt.is_floating_point() or not adt.is_floating_point():
+        return
+    dt_negative = bool((dt.detach() < 0).any())
+    if not dt_negative:
+        return
+    if bool((adt.detach() > 0).any()):
+        raise ValueError("DT has negative entries and ADT positive ones: were DT and ADT swapped? mamba3_mimo takes "
+                         "(Q, K, V, ADT, DT, Trap, ...): ADT = A·DT <= 0, the log decay, then DT > 0, the step size")
+    warnings.warn("DT has negative entries: in every real use DT = softplus(...) > 0 (the step size)", UserWarning,
+                  stacklevel=3)
+
+
+def check_op_inputs(tensors: dict, chunk_size, rotary_dim_divisor, clamp_backward, *,
+                    check_signs: bool = True) -> tuple:
+    """Check the 14 inputs of ``mamba3_mimo`` (name -> tensor or None) and the sizes; return B, S, R, G, N, H, P, C and
+    the rotary divisor (errors name the argument). Used by the FP64 model and by ``autograd.mamba3_mimo``.
+
+    A shape that disagrees with ``Q`` (B, S, R, G, N) or ``V`` (H, P) names both: the tensor checked and the one
+    the size was read from (a wrong ``V`` makes ``MIMO_V`` disagree). ``check_signs``: :func:`check_dt_adt_signs`.
+    """
+    for name, value in tensors.items():
+        if value is None:
+            if name not in OPTIONAL_INPUTS:
+                raise TypeError(f"{name} is required: expected a torch.Tensor, got None")
+        elif not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor{' or None' if name in OPTIONAL_INPUTS else ''}, "
+                            f"got {type(value).__name__}")
+        elif value.dtype not in _FLOATS:
+            raise TypeError(f"{name} must have a floating dtype (bfloat16, float16, float32, float64), got "
+                            f"{value.dtype}")
+    chunk_size = check_int("chunk_size", chunk_size, 1)
+    rotary_dim_divisor = check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
+    check_rotary_divisor(rotary_dim_divisor)
+    if clamp_backward not in CLAMP_BACKWARDS:
+        raise ValueError(f"clamp_backward must be one of {CLAMP_BACKWARDS}, got {clamp_backward!r}")
+    Q, V = tensors["Q"], tensors["V"]
+    if Q.dim() != 5:
+        raise ValueError(f"Q must have 5 dimensions [B, S, R, G, N], got shape {list(Q.shape)}")
+    if V.dim() != 4:
+        raise ValueError(f"V must have 4 dimensions [B, S, H, P], got shape {list(V.shape)}")
+    B, S, R, G, N = Q.shape
+    H, P = V.shape[2], V.shape[3]
+    if 0 in (B, S, R, G, N, H, P):
+        raise ValueError(f"Q {list(Q.shape)} and V {list(V.shape)} must have no empty dimension")
+    if H % G:
+        raise ValueError(f"V has H={H} heads, which is not a multiple of the G={G} groups of Q (H % G must be 0)")
+    check_rotary_state_dim(N, rotary_dim_divisor, where="Q has N")
+    if (tensors["Z"] is None) != (tensors["MIMO_Z"] is None):
+        raise ValueError("Z and MIMO_Z must be given together: got Z "
+                         f"{'None' if tensors['Z'] is None else 'present'} and MIMO_Z "
+                         f"{'None' if tensors['MIMO_Z'] is None else 'present'}")
+    sizes = {"B": B, "S": S, "R": R, "G": G, "N": N, "H": H, "P": P, "N/d": N // rotary_dim_divisor}
+    q_at, v_at = f"Q {list(Q.shape)}", f"V {list(V.shape)}"
+    where = {"B": q_at, "S": q_at, "R": q_at, "G": q_at, "N": q_at, "H": v_at, "P": v_at,
+             "N/d": f"N / rotary_dim_divisor with N from {q_at}"}
+    for name, letters in INPUT_SHAPES.items():
+        value = tensors[name]
+        if value is None:
+            continue
+        shape = tuple(sizes[letter] for letter in letters)
+        if tuple(value.shape) != shape:
+            raise ValueError(_shape_message(name, value, letters, shape, sizes, where))
+        if value.device != Q.device:
+            raise ValueError(f"{name} must be on device {Q.device} (the device of Q), got {value.device}")
+    if check_signs:
+        check_dt_adt_signs(tensors["DT"], tensors["ADT"])
+    return B, S, R, G, N, H, P, chunk_size, rotary_dim_divisor
+
+
