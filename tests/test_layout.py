@@ -438,3 +438,12 @@ def test_layout_stage1_reference_and_cpu_path_import_no_cycle():
         path = OPS / "mamba_mimo_bwd_fwd" / f"{part}.py"
         back = [module for _, module, _ in _imports(path) if module == "mimo_numerics.ops.mamba_mimo_bwd_fwd.reference"]
         assert not back, f"{part}.py imports reference.py (an import cycle)"
+
+
+def test_layout_pyproject_comments_name_modules_that_exist():
+    """A comment of pyproject.toml that names a ``mimo_numerics.x`` module names one that imports."""
+    import re
+
+    names = set(re.findall(r"#[^\n]*?\b(mimo_numerics(?:\.\w+)+)", (ROOT / "pyproject.toml").read_text()))
+    missing = sorted(n for n in names if not _is_module(n))
+    assert not missing, f"pyproject.toml comments name modules that do not exist: {missing}"

@@ -109,3 +109,66 @@ def test_segsum_of_another_chunk_size_names_chunk_size_and_its_default():
             fn(*args)
     with pytest.raises(ValueError, match=r"segsum has chunk size 8 .* but chunk_size=4: pass chunk_size=8"):
         stage1_reference.mamba_mimo_bwd_fwd(*args, chunk_size=4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Messages a new user hit (issue 21): a size read from one tensor names that tensor too; a swapped DT/ADT pair.
+
+def test_a_size_that_disagrees_names_the_tensor_it_was_read_from():
+    """v with the wrong P makes dout (the first input read after it) disagree: the message names dout and v."""
+    inputs = _inputs()
+    inputs["v"] = inputs["v"][..., :8].contiguous()
+    with pytest.raises(ValueError) as info:
+        _call(stage1_reference.mamba_mimo_bwd_fwd, inputs, policy="seed_bf16")
+    message = str(info.value)
+    assert message.startswith("dout must have shape [1, 8, 2, 8], got [1, 8, 2, 16]")
+    assert "P = 8 is read from v [1, 8, 2, 8]" in message
+
+
+def _op_inputs(**fields):
+    from mimo_numerics.ops.mamba3_mimo.cases import OP_INPUT_NAMES, make_op_inputs, small_case
+
+    x = make_op_inputs(small_case(**{"seqlen": 8, "value_dim": 8, "chunk_size": 4, **fields}))
+    return {n: x[n] for n in OP_INPUT_NAMES}, x
+
+
+def test_the_whole_op_names_both_tensors_of_a_wrong_v_shape():
+    """The newcomer's case: a wrong V reported as 'MIMO_V must have shape [2, 2, 8], got [2, 2, 16]' alone."""
+    from mimo_numerics.ops.mamba3_mimo.validation import OPTIONAL_INPUTS  # noqa: F401  (the module under test)
+
+    tensors, x = _op_inputs(value_dim=16)
+    tensors["V"] = tensors["V"][..., :8].contiguous()
+    with pytest.raises(ValueError) as info:
+        mn.mamba3_mimo(*tensors.values(), chunk_size=4, rotary_dim_divisor=4)
+    message = str(info.value)
+    assert message.startswith("MIMO_V must have shape [2, 2, 8], got [2, 2, 16]")
+    assert "P = 8 is read from V [1, 8, 2, 8]" in message
+
+
+def test_a_swapped_dt_adt_pair_is_refused_by_sign():
+    tensors, _ = _op_inputs()
+    tensors["ADT"], tensors["DT"] = tensors["DT"], tensors["ADT"]
+    for fn in (mn.mamba3_mimo, _fp64_model()):
+        with pytest.raises(ValueError, match=r"DT has negative entries and ADT positive ones: were DT and ADT "
+                                             r"swapped\?"):
+            fn(*tensors.values(), chunk_size=4, rotary_dim_divisor=4)
+
+
+def test_a_negative_dt_alone_warns_and_a_positive_adt_alone_is_legal():
+    tensors, _ = _op_inputs()
+    negative = dict(tensors, DT=-tensors["DT"])
+    with pytest.warns(UserWarning, match="DT has negative entries"):
+        mn.mamba3_mimo(*negative.values(), chunk_size=4, rotary_dim_divisor=4)
+    positive_adt, _ = _op_inputs(positive_adt=True)  # upstream's clamp acts: a legal input
+    assert (positive_adt["ADT"] > 0).any()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mn.mamba3_mimo(*positive_adt.values(), chunk_size=4, rotary_dim_divisor=4)
+
+
+def _fp64_model():
+    from mimo_numerics.ops.mamba3_mimo.fp64_model import mamba3_mimo_fp64
+
+    return mamba3_mimo_fp64

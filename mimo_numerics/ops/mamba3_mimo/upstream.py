@@ -302,7 +302,7 @@ def run_forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, d
         check_hash (bool): require the 2.3.2.post1 kernel file.
 
     Returns:
-        MambaMimoFwdOutputs: ``o`` as upstream wrote it (``[B, S, H, P]`` with ``mimo_o``, else ``[B, S, R, H, P]``;
+        MimoFwdOutputs: ``o`` as upstream wrote it (``[B, S, H, P]`` with ``mimo_o``, else ``[B, S, R, H, P]``;
         lp).
 
     Raises:
@@ -310,7 +310,7 @@ def run_forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, d
         UpstreamUnavailable: no CUDA, missing packages or source. UpstreamUnsupported: sizes TileLang does not
         compile (a failing TVM check). UpstreamError: another compile failure.
     """
-    from ..mamba_mimo_fwd.spec import MambaMimoFwdOutputs
+    from ..mamba_mimo_fwd.spec import MimoFwdOutputs
     from ..mamba_mimo_fwd.validation import validate_inputs
 
     tensors = (q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum)
@@ -326,7 +326,7 @@ def run_forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, d
                                                 rotary_dim_divisor=dims.rotary_dim_divisor, dtype=dims.lp_dtype)
         except Exception as exc:  # TileLang raises TVM errors of various types
             raise _compile_failure(exc, "mamba_mimo_fwd", dims) from exc
-    return MambaMimoFwdOutputs(o=o)
+    return MimoFwdOutputs(o=o)
 
 
 def _stage2_kernel(module, dims, threads: int, num_stages: int):

@@ -34,7 +34,7 @@ from .._common.chunked import (biased_heads, chunk_decay, discretisation, ieee_f
                                rotation_angles)
 from .._common.recurrence import STATE_ACCUMULATE_ROWS
 from .._common.rounder import SiteRounder
-from .sites import OP_NAME
+from .sites import OPERATOR_NAME
 from .spec import MimoBwdBwdOutputs
 from .validation import validate_inputs
 
@@ -136,7 +136,7 @@ def mamba_mimo_bwd_bwd(
         float32, or every output unrounded in the math dtype when ``policy.round_outputs`` is false.
     """
     policy = _presets.resolve(policy)
-    policy.section(OP_NAME)  # PolicyUndefined when the policy defines no stage-2 semantics (seed_bf16)
+    policy.section(OPERATOR_NAME)  # PolicyUndefined when the policy defines no stage-2 semantics (seed_bf16)
     with ieee_fp32_matmul():
         return _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
                           da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor, dtype, policy,
@@ -155,7 +155,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
                                                                  z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d,
                                                                  qk_dot, segsum))
     md = policy.math_torch_dtype
-    rnd = SiteRounder(policy, OP_NAME)
+    rnd = SiteRounder(policy, OPERATOR_NAME)
     B, S, H, N, P, R, C, nc = (dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank,
                                dims.chunk_size, dims.nchunks)
     Sp, L = dims.padded_seqlen, C * R

@@ -31,7 +31,9 @@ from __future__ import annotations
 from typing import Dict
 
 #: Operator name: the policy section ``policy.mamba_mimo_bwd_bwd`` holds one bool per site.
-OP_NAME = "mamba_mimo_bwd_bwd"
+OPERATOR_NAME = "mamba_mimo_bwd_bwd"
+#: The old name of :data:`OPERATOR_NAME` (kept for users).
+OP_NAME = OPERATOR_NAME
 
 SITES: Dict[str, str] = {
     "phi_weight": "L666-667: round Φ (MIMO_O) to lp (fp32 global -> lp fragment; reduced DOUT only)",

@@ -34,7 +34,7 @@ from .._common.chunked import (biased_heads, chunk_decay, chunk_outputs, diagona
 from .._common.recurrence import state_recurrence
 from .._common.rounder import SiteRounder
 from .sites import SITES  # noqa: F401  (the forward's sites, for readers of this module)
-from .spec import MambaMimoFwdOutputs
+from .spec import MimoFwdOutputs
 from .validation import validate_inputs
 
 #: The policy section this reference reads.
@@ -46,7 +46,7 @@ def mamba_mimo_fwd(
     q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum,
     chunk_size: int = 16, rotary_dim_divisor: int = 4, dtype: Optional[torch.dtype] = None, *, policy,
     record: Optional[Dict[str, torch.Tensor]] = None, return_state: bool = False, cu_seqlens=None,
-) -> MambaMimoFwdOutputs:
+) -> MimoFwdOutputs:
     """The Mamba-3 MIMO forward kernel, rounded as ``policy`` says.
 
     Args:
@@ -66,7 +66,7 @@ def mamba_mimo_fwd(
         return_state, cu_seqlens: upstream's final-state and varlen paths, not implemented (they raise).
 
     Returns:
-        MambaMimoFwdOutputs: ``o`` ``[B, S, H, P]`` (reduced) or ``[B, S, R, H, P]``, in lp, or unrounded in the
+        MimoFwdOutputs: ``o`` ``[B, S, H, P]`` (reduced) or ``[B, S, R, H, P]``, in lp, or unrounded in the
         math dtype when ``policy.round_outputs`` is false.
     """
     if return_state:
@@ -86,7 +86,7 @@ def mamba_mimo_fwd(
 
 
 def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum, *,
-             dims: Dims, policy, switches, record) -> MambaMimoFwdOutputs:
+             dims: Dims, policy, switches, record) -> MimoFwdOutputs:
     md = policy.math_torch_dtype
     rnd = SiteRounder(policy, OPERATOR_NAME)
     B, S, H, R, C, nc = dims.batch, dims.seqlen, dims.heads, dims.rank, dims.chunk_size, dims.nchunks
@@ -174,4 +174,4 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
         o = rnd.output(gated).permute(0, 2, 3, 1, 4)  # [B, S, R, H, P]
     o = o.contiguous()
     put("o", o.to(md))
-    return MambaMimoFwdOutputs(o=o)
+    return MimoFwdOutputs(o=o)

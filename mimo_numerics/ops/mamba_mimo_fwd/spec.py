@@ -11,6 +11,7 @@ from typing import NamedTuple, Tuple, Union
 import torch
 
 from ...operator import Operator, Stage, output_item
+from .._common.inputs import inputs_of
 
 #: The 16 tensor arguments of ``mamba_mimo_forward`` (``mamba3_mimo_fwd.py`` L417-427), in call order.
 INPUT_NAMES = (
@@ -19,13 +20,11 @@ INPUT_NAMES = (
 )
 #: Arguments that may be None (``z`` and ``mimo_z`` only together).
 OPTIONAL_INPUTS = ("mimo_o", "z", "d", "mimo_z")
-#: Arguments in the low-precision dtype (``dtype`` upstream); every other tensor is float32.
-LP_INPUTS = ("q", "k", "v", "z", "trap")
 #: The outputs, in tuple order.
 OUTPUT_NAMES = ("o",)
 
 
-class MambaMimoFwdOutputs(NamedTuple):
+class MimoFwdOutputs(NamedTuple):
     """Outputs of the forward kernel.
 
     Indexing by position (``out[0]``) and by name (``out["o"]``) both work.
@@ -43,6 +42,9 @@ class MambaMimoFwdOutputs(NamedTuple):
         """The outputs by name."""
         return dict(zip(OUTPUT_NAMES, self))
 
+
+#: The old name of :class:`MimoFwdOutputs` (kept for users; the three kernels' outputs are Mimo<kernel>Outputs).
+MambaMimoFwdOutputs = MimoFwdOutputs
 
 _TOKEN_RANK = ("B", "H", "S", "R")
 #: The stages in the order the reference computes them: kernel order, except that the state recurrence comes before
@@ -104,47 +106,21 @@ _BY_NAME = {stage.name: stage for stage in STAGES}
 #: The output, with its shape (``(R)``: present without ``mimo_o``).
 OUTPUTS = (Stage("o", ("B", "S", "(R)", "H", "P"), "the forward output (lp store)", "out_accum"),)
 
-#: Dimension letters of every tensor input (``"(R)"``: present only without ``mimo_o``; ``"N/d"``: the rotary
-#: angles, pairing column j of N with column N/2 + j for j < N/d). Tools read them from ``OPERATOR.extra``.
-INPUT_SHAPES = {
-    "q": ("B", "S", "R", "G", "N"),
-    "k": ("B", "S", "R", "G", "N"),
-    "v": ("B", "S", "H", "P"),
-    "q_bias": ("H", "R", "N"),
-    "k_bias": ("H", "R", "N"),
-    "mimo_v": ("H", "R", "P"),
-    "mimo_o": ("H", "R", "P"),
-    "z": ("B", "S", "H", "P"),
-    "d": ("H",),
-    "mimo_z": ("H", "R", "P"),
-    "angles": ("B", "S", "H", "N/d"),
-    "da_cs": ("B", "H", "S"),
-    "da_cs_rev": ("B", "H", "S"),
-    "dt": ("B", "H", "S"),
-    "trap": ("B", "H", "S"),
-    "segsum": ("B", "H", "nc", "C", "C"),
-}
+#: Each input's dimension letters and dtype class (``ops/_common/inputs.py``).
+INPUT_SHAPES, LP_INPUTS = inputs_of(INPUT_NAMES)
 
 OPERATOR = Operator(
     name="mamba_mimo_fwd",
     title="forward kernel of the Mamba-3 MIMO op (TileLang mamba_mimo_fwd)",
     input_names=INPUT_NAMES,
     optional_inputs=OPTIONAL_INPUTS,
-    scalar_inputs=("chunk_size", "rotary_dim_divisor"),
+    input_shapes=INPUT_SHAPES,
+    lp_inputs=LP_INPUTS,
     outputs=OUTPUTS,
     lp_outputs=("o",),
     stages=STAGES,
-    knobs=("lp_dtype", "diag_mode", "math_dtype", "state_update", "silu_form", "round_outputs"),
     knob_sites={"diag_mode": ("diag_accum",)},
-    reference="mimo_numerics.ops.mamba_mimo_fwd.reference:mamba_mimo_fwd",
-    oracle="mimo_numerics.ops.mamba_mimo_fwd.oracle:mamba_mimo_fwd_oracle",
-    outputs_type="mimo_numerics.ops.mamba_mimo_fwd.spec:MambaMimoFwdOutputs",
-    validate="mimo_numerics.ops.mamba_mimo_fwd.validation:validate_inputs",
-    make_inputs="mimo_numerics.ops.mamba_mimo_fwd.cases:make_inputs",
-    grids="mimo_numerics.ops.mamba_mimo_fwd.cases:grids",
-    golden="mimo_numerics.ops.mamba_mimo_fwd.golden:stored_cases",
-    golden_outputs="mimo_numerics.ops.mamba_mimo_fwd.golden:upstream_outputs",
+    outputs_type="mimo_numerics.ops.mamba_mimo_fwd.spec:MimoFwdOutputs",
     upstream="mimo_numerics.ops.mamba3_mimo.upstream:run_forward",
     docs="docs/forward.md",
-    extra={"input_shapes": INPUT_SHAPES},
 )
