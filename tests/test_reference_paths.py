@@ -1,5 +1,5 @@
 """The stage-1 reference's two implementations: the cache-blocked CPU path (``reference_cpu``) and the whole-tensor
-path (``_reference_generic``, every other device) give one result.
+path (``reference_generic``, every other device) give one result.
 
 On one machine they give the same bits (``python scripts/check_reference_bits.py vs-generic``: the CPU path issues
 the generic path's GEMMs with the same operand layouts). Bits of FP32 GEMMs are a property of the machine's BLAS,
