@@ -237,7 +237,8 @@ def case_id(spec: CaseSpec) -> str:
 #: loaded on first use from ``ops/mamba_mimo_bwd_fwd/cases.py``.
 _STAGE1_NAMES = ("make_inputs", "grids", "grid", "grid_names", "GRIDS", "chunk_cumsums", "as_args", "as_kwargs")
 
-__all__ = ["FORMULAS", "DTYPES", "CASE_INT_FIELDS", "check_case_fields", "CaseSpec", "StoredCase", "normal", "normal_lp", "uniform", "tensor_digests",
+__all__ = ["FORMULAS", "DTYPES", "CASE_INT_FIELDS", "check_case_fields", "CaseSpec", "StoredCase", "normal",
+           "normal_lp", "uniform", "tensor_digests",
            "case_id", "SEED_KWARGS", "spec_from_seed_kwargs", *_STAGE1_NAMES]
 
 

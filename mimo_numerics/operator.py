@@ -131,7 +131,8 @@ class Operator:
     def __post_init__(self):
         folder = f"mimo_numerics.ops.{self.name}"
         conventional = {"reference": f"{folder}.reference:{self.name}", "oracle": f"{folder}.oracle:{self.name}_oracle",
-                        "validate": f"{folder}.validation:validate_inputs", "make_inputs": f"{folder}.cases:make_inputs",
+                        "validate": f"{folder}.validation:validate_inputs",
+                        "make_inputs": f"{folder}.cases:make_inputs",
                         "grids": f"{folder}.cases:grids", "golden": f"{folder}.golden:stored_cases",
                         "golden_outputs": f"{folder}.golden:upstream_outputs"}
         for what, path in conventional.items():

@@ -69,7 +69,7 @@ def check_int(name: str, value, minimum: int) -> int:
 
 
 def check_tensor(name: str, tensor, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
-    """``tensor`` has exactly ``shape``, ``dtype`` and ``device`` (the message names ``name`` and the expected value)."""
+    """``tensor`` has exactly ``shape``, ``dtype`` and ``device`` (the message names ``name`` and what is expected)."""
     if tuple(tensor.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {list(shape)}, got {list(tensor.shape)}")
     if tensor.dtype != dtype:
@@ -116,29 +116,31 @@ def check_tensor_arguments(values: Mapping[str, object], optional: Iterable[str]
             raise TypeError(f"{name} must be a dense (strided) torch.Tensor, got {kind}")
 
 
-def check_sizes(q: torch.Tensor, v: torch.Tensor, chunk_size, rotary_dim_divisor) -> Sizes:
+def check_sizes(q: torch.Tensor, v: torch.Tensor, chunk_size, rotary_dim_divisor,
+                names: tuple = ("q", "v")) -> Sizes:
     """``chunk_size`` (int >= 1), ``rotary_dim_divisor`` (2 or 4) and the sizes every operator reads from ``q``
     ``[B, S, R, G, N]`` and ``v`` ``[B, S, H, P]``: no empty dimension, H a multiple of G, N even and divisible by
-    the rotary divisor. Shared by every operator's validation."""
+    the rotary divisor. Shared by every operator's validation (and the whole op's, ``names=("Q", "V")``)."""
+    qn, vn = names
     chunk_size = check_int("chunk_size", chunk_size, 1)
     rotary_dim_divisor = check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
     check_rotary_divisor(rotary_dim_divisor)  # before any shape is read
     if q.dim() != 5:
-        raise ValueError(f"q must have 5 dimensions [B, S, R, G, N], got shape {list(q.shape)}")
+        raise ValueError(f"{qn} must have 5 dimensions [B, S, R, G, N], got shape {list(q.shape)}")
     if v.dim() != 4:
-        raise ValueError(f"v must have 4 dimensions [B, S, H, P], got shape {list(v.shape)}")
+        raise ValueError(f"{vn} must have 4 dimensions [B, S, H, P], got shape {list(v.shape)}")
     batch, seqlen, rank, groups, state_dim = q.shape
     heads, value_dim = v.shape[2], v.shape[3]
-    sources = {"q": q, "v": v}
-    for dim_name, size, source in (("B", batch, "q"), ("S", seqlen, "q"), ("R", rank, "q"), ("G", groups, "q"),
-                                   ("N", state_dim, "q"), ("H", heads, "v"), ("P", value_dim, "v")):
+    sources = {qn: q, vn: v}
+    for dim_name, size, source in (("B", batch, qn), ("S", seqlen, qn), ("R", rank, qn), ("G", groups, qn),
+                                   ("N", state_dim, qn), ("H", heads, vn), ("P", value_dim, vn)):
         if size == 0:
             raise ValueError(f"{source} has an empty dimension {dim_name} (shape {list(sources[source].shape)}); "
                              "every dimension must be >= 1")
     if heads % groups:
-        raise ValueError(f"v has H={heads} heads, which is not a multiple of the G={groups} groups of q "
+        raise ValueError(f"{vn} has H={heads} heads, which is not a multiple of the G={groups} groups of {qn} "
                          "(H % G must be 0)")
-    check_rotary_state_dim(state_dim, rotary_dim_divisor)
+    check_rotary_state_dim(state_dim, rotary_dim_divisor, where=f"{qn} has N")
     return Sizes(batch, seqlen, rank, groups, state_dim, heads, value_dim, chunk_size, rotary_dim_divisor)
 
 

@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from ...validation import check_int, check_rotary_divisor, check_rotary_state_dim
+from ...validation import check_sizes, check_tensor_arguments
 from .cases import OP_INPUT_NAMES as INPUT_NAMES
 
 #: Arguments that may be None (``MIMO_Z`` and ``Z`` together).
@@ -63,33 +63,18 @@ def check_op_inputs(tensors: dict, chunk_size, rotary_dim_divisor, clamp_backwar
     A shape that disagrees with ``Q`` (B, S, R, G, N) or ``V`` (H, P) names both: the tensor checked and the one
     the size was read from (a wrong ``V`` makes ``MIMO_V`` disagree). ``check_signs``: :func:`check_dt_adt_signs`.
     """
+    check_tensor_arguments(tensors, OPTIONAL_INPUTS)
     for name, value in tensors.items():
-        if value is None:
-            if name not in OPTIONAL_INPUTS:
-                raise TypeError(f"{name} is required: expected a torch.Tensor, got None")
-        elif not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor{' or None' if name in OPTIONAL_INPUTS else ''}, "
-                            f"got {type(value).__name__}")
-        elif value.dtype not in _FLOATS:
+        if value is not None and value.dtype not in _FLOATS:
             raise TypeError(f"{name} must have a floating dtype (bfloat16, float16, float32, float64), got "
                             f"{value.dtype}")
-    chunk_size = check_int("chunk_size", chunk_size, 1)
-    rotary_dim_divisor = check_int("rotary_dim_divisor", rotary_dim_divisor, 1)
-    check_rotary_divisor(rotary_dim_divisor)
     if clamp_backward not in CLAMP_BACKWARDS:
         raise ValueError(f"clamp_backward must be one of {CLAMP_BACKWARDS}, got {clamp_backward!r}")
     Q, V = tensors["Q"], tensors["V"]
-    if Q.dim() != 5:
-        raise ValueError(f"Q must have 5 dimensions [B, S, R, G, N], got shape {list(Q.shape)}")
-    if V.dim() != 4:
-        raise ValueError(f"V must have 4 dimensions [B, S, H, P], got shape {list(V.shape)}")
-    B, S, R, G, N = Q.shape
-    H, P = V.shape[2], V.shape[3]
-    if 0 in (B, S, R, G, N, H, P):
-        raise ValueError(f"Q {list(Q.shape)} and V {list(V.shape)} must have no empty dimension")
-    if H % G:
-        raise ValueError(f"V has H={H} heads, which is not a multiple of the G={G} groups of Q (H % G must be 0)")
-    check_rotary_state_dim(N, rotary_dim_divisor, where="Q has N")
+    found = check_sizes(Q, V, chunk_size, rotary_dim_divisor, names=("Q", "V"))
+    B, S, R, G, N = found.batch, found.seqlen, found.rank, found.groups, found.state_dim
+    H, P = found.heads, found.value_dim
+    chunk_size, rotary_dim_divisor = found.chunk_size, found.rotary_dim_divisor
     if (tensors["Z"] is None) != (tensors["MIMO_Z"] is None):
         raise ValueError("Z and MIMO_Z must be given together: got Z "
                          f"{'None' if tensors['Z'] is None else 'present'} and MIMO_Z "

@@ -1,4 +1,4 @@
-"""Input validation of backward stage 1, ``mamba_mimo_bwd_fwd``: the one place its implementations check their arguments.
+"""Input validation of backward stage 1, ``mamba_mimo_bwd_fwd``: where its implementations check their arguments.
 
 Every failure raises ``TypeError`` (wrong Python or torch type, wrong dtype) or ``ValueError`` (shape, device,
 pairing, unsupported size) with a message that names the argument and says what was expected. The checks every
