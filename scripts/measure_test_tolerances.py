@@ -54,6 +54,8 @@ from pathlib import Path
 from typing import Callable, Dict, List
 
 import torch
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
+from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "reports" / "measurements" / "test_tolerances.json"
@@ -138,15 +140,15 @@ def kernel_cases():
 def measure_kernels() -> dict:
     import mimo_numerics as mn
     from mimo_numerics import kernels
-    from mimo_numerics.cases import as_args, as_kwargs, make_inputs
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
     from mimo_numerics.metrics import ulp_distance
-    from mimo_numerics.outputs import OUTPUT_NAMES
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import OUTPUT_NAMES
 
     rows = []
     for spec, name, policy in kernel_cases():
         x = make_inputs(spec)
         got = kernels.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=policy, poison=True)
-        ref = mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=policy)
+        ref = stage1_reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=policy)
         for o in OUTPUT_NAMES:
             a, b = getattr(got, o), getattr(ref, o)
             if b is None:
@@ -196,11 +198,11 @@ def _stage2_inputs(spec) -> dict:
     """Stage-2 arguments of a drawn case: stage 1's inputs plus states and qk_dot from the stage-1 reference under
     upstream_sm90 (upstream_sm90_fp16 for float16), as the tests' ``synthetic_stage2_inputs``."""
     import mimo_numerics as mn
-    from mimo_numerics.cases import make_inputs
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import make_inputs
     from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES
 
     x = make_inputs(spec)
-    s1 = mn.reference.mamba_mimo_bwd_fwd(*[x[n] for n in mn.INPUT_NAMES], chunk_size=x["chunk_size"],
+    s1 = stage1_reference.mamba_mimo_bwd_fwd(*[x[n] for n in mn.INPUT_NAMES], chunk_size=x["chunk_size"],
                                          rotary_dim_divisor=x["rotary_dim_divisor"],
                                          policy="upstream_sm90" if spec.dtype == "bfloat16" else "upstream_sm90_fp16")
     out = {n: x.get(n) for n in INPUT_NAMES if n not in ("states", "qk_dot")}
@@ -367,7 +369,8 @@ def measure_epilogue() -> dict:
 # ---------------------------------------------------------------------------------------------------- realistic golden
 def measure_golden_realistic() -> dict:
     import mimo_numerics as mn
-    from mimo_numerics.cases import CaseSpec, as_args, as_kwargs, make_inputs
+    from mimo_numerics.cases import CaseSpec
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 
     data = torch.load(ROOT / "tests" / "data" / "upstream_h200_realistic_outputs.pt", weights_only=True)
     rows = []
@@ -375,7 +378,7 @@ def measure_golden_realistic() -> dict:
         spec = CaseSpec.from_dict(case["spec"])
         policy = {"bfloat16": "upstream_sm90", "float16": "upstream_sm90_fp16"}[spec.dtype]
         x = make_inputs(spec)
-        out = mn.reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=policy)
+        out = stage1_reference.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=policy)
         for o, want in case["upstream"].items():
             if want is not None:
                 rows.append({"case": name, "dtype": spec.dtype, "output": o,
@@ -394,7 +397,8 @@ def measure_fwd_branches() -> dict:
     """tests/test_fwd_reference.py::test_fwd_branches_give_upstream_layout_and_finite_values: rel RMS of the forward
     under upstream_sm90 (upstream_sm90_fp16) against the fp32 preset on the 5 BRANCH_SPECS."""
     from mimo_numerics import presets
-    from mimo_numerics.cases import CaseSpec, make_inputs
+    from mimo_numerics.cases import CaseSpec
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import make_inputs
     from mimo_numerics.ops.mamba_mimo_fwd.reference import mamba_mimo_fwd
     from mimo_numerics.ops.mamba_mimo_fwd.spec import INPUT_NAMES
 
@@ -420,9 +424,10 @@ def measure_fwd_branches() -> dict:
 def measure_drift() -> dict:
     """tests/test_drift.py: the per-stage drift levels of the TINY case (fp32 preset and upstream_sm90 vs fp64), the
     kernel emulation run vs the reference, and the golden device run's dmimo_o."""
-    from mimo_numerics import cases, drift, golden
+    from mimo_numerics import cases, drift
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd import golden
 
-    tiny = cases.make_inputs(cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8, has_z=True,
+    tiny = stage1_cases.make_inputs(cases.CaseSpec(seqlen=20, state_dim=16, value_dim=16, rank=2, chunk_size=8, has_z=True,
                                             has_d=True))
     runs = drift.standard_runs(tiny, ("fp32", "seed_bf16", "upstream_sm90"), emulation_policy=None)
     pivot = drift.stage_drift(runs, "fp64").pivot()
@@ -431,7 +436,7 @@ def measure_drift() -> dict:
            "bf16_entry_stages_min": min(bf16[s] for s in ("q_biased", "psiv", "state", "out", "dz_accum")),
            "bf16_before_q_biased_max": max([bf16[s] for s in drift.STAGES[:drift.STAGES.index("q_biased")]] or [0.0]),
            "fp32_output_states": fp32["output.states"], "fp32_output_dmimo_o": fp32["output.dmimo_o"]}
-    small = cases.make_inputs(cases.CaseSpec(seqlen=8, state_dim=16, value_dim=16, rank=2, chunk_size=4,
+    small = stage1_cases.make_inputs(cases.CaseSpec(seqlen=8, state_dim=16, value_dim=16, rank=2, chunk_size=4,
                                              has_z=True))
     if drift.kernels_available():
         table = drift.stage_drift({"kernel": drift.kernel_run(small, "seed_bf16")},
