@@ -42,6 +42,7 @@ from ..metrics import rel_rms
 from ..ops.mamba3_mimo.autograd import mamba3_mimo
 from ..ops.mamba3_mimo.cases import OP_INPUT_NAMES
 from ..ops.mamba3_mimo.fp64_model import mamba3_mimo_fp64
+from . import stamp
 
 #: The site the demo's fourth policy turns off: the switch ranked first by score in the one-site-off ranking of the
 #: whole op over the 11 bfloat16 golden cases (``reports/mamba3_mimo_site_ranking.json``, ``rows[0]``; its score
@@ -461,6 +462,7 @@ def train_demo(out_dir: Union[str, Path] = "reports/training_under_policy", *, s
     results["cpu_seconds"] = time.process_time() - cpu_start
     results["threads"] = threads
     results["command"] = command
+    results["provenance"] = stamp.provenance(command)
     try:
         results["load_average"] = list(os.getloadavg())  # the machine may be shared: say how busy it was
     except OSError:
@@ -572,8 +574,12 @@ def reading(results: dict) -> List[str]:
     pairs = []
     for lower, higher in zip(order, order[1:]):
         pair = paired(results, lower, higher)
-        verdict = ("separated in every seed" if separated(pair) else
-                   "not separated: the seed-by-seed comparison goes both ways")
+        if n_seeds == 1:
+            verdict = ("one seed, one pair of runs: on one side over the steps" if separated(pair) else
+                       "one seed, one pair of runs: not separated over the steps")
+        else:
+            verdict = ("separated in every seed" if separated(pair) else
+                       "not separated: the seed-by-seed comparison goes both ways")
         pairs.append(f"`{lower}` / `{higher}`: ratio of the medians {per_seed}{_ratios(pair['ratio'])}, "
                      f"`{lower}` lower on {_pcts(pair['lower'])} of the steps ({verdict})")
     bullets.append(first + " Each neighbouring pair compared run against run (same seed: the same initial weights "
@@ -588,7 +594,8 @@ def reading(results: dict) -> List[str]:
         bullets.append(
             f"* `{site}` off ({source}): against `{base}`, ratio of the median gradient errors {per_seed}"
             f"{_ratios(pair['ratio'])}, lower on {_pcts(pair['lower'])} of the steps: "
-            + ("a difference in every seed." if separated(pair) else
+            + (("a difference in every seed." if n_seeds > 1 else "on one side over the steps of the one seed.")
+               if separated(pair) else
                "no difference this experiment can resolve (the seeds disagree in sign, or the steps split near "
                "half and half)."))
     if "fp64" in labels:
@@ -605,9 +612,9 @@ def reading(results: dict) -> List[str]:
         bullets.append(
             f"* The gradient error changes along training (second figure): median over the last {window} steps "
             f"over the median over the first {window}, {per_seed}" + "; ".join(
-                f"`{label}` {_ratios(values, 2)}" for label, values in growth.items())
-            + (" (it rises in every seed of every policy)." if all(v > 1 for vs in growth.values() for v in vs)
-               else "."))
+                f"`{label}` {' / '.join(f'{v:.3g}' for v in values)}" for label, values in growth.items())
+            + (": above 1 in every run, the error rises over training." if all(v > 1 for vs in growth.values()
+                                                                            for v in vs) else "."))
     parting = parting_window(results, window)
     if parting:
         text = "; ".join(f"`{label}` {_geo(values):.1e}" + (f" ({_span(values)})" if n_seeds > 1 else "")
@@ -649,8 +656,6 @@ def reading(results: dict) -> List[str]:
 def write_readme(results: dict, out_dir: Path, command: str = "mimo-numerics train-demo") -> Path:
     """``README.md`` of the experiment: a provenance line, setup, the numbers (from ``results``), the figures and
     :func:`reading`."""
-    from . import stamp
-
     results = _rounded(results)  # the numbers of results.json, so the README is a function of that file
     summary = summarize(results)
     config = results["config"]
@@ -676,7 +681,7 @@ def write_readme(results: dict, out_dir: Path, command: str = "mimo-numerics tra
     bullets = "\n".join(reading(results))
     text = f"""# Training one Mamba-3 MIMO layer under a rounding policy
 
-{stamp.header(command)} Code: `mimo_numerics/studies/training.py`; device `{config['device']}`,
+{stamp.header(command, results.get("provenance"))} Code: `mimo_numerics/studies/training.py`; device `{config['device']}`,
 {results.get('threads')} torch thread(s); {wall:.0f} s wall, {cpu:.0f} s of CPU time for the
 {len(labels) * len(seeds)} runs (machine {load} at the end; on a shared machine the wall time grows with the load).
 
