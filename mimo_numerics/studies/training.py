@@ -452,6 +452,7 @@ def train_demo(out_dir: Union[str, Path] = "reports/training_under_policy", *, s
     if threads is not None and torch.device(device).type == "cpu":
         torch.set_num_threads(threads)
     torch.backends.cuda.matmul.allow_tf32 = False  # the projections in IEEE fp32 on CUDA too: no global flag decides
+    recorded = stamp.provenance(command)  # the commit and tree the run starts from
     start, cpu_start = time.perf_counter(), time.process_time()
     try:
         results = run_demo(config, progress=progress)
@@ -462,7 +463,7 @@ def train_demo(out_dir: Union[str, Path] = "reports/training_under_policy", *, s
     results["cpu_seconds"] = time.process_time() - cpu_start
     results["threads"] = threads
     results["command"] = command
-    results["provenance"] = stamp.provenance(command)
+    results["provenance"] = recorded
     try:
         results["load_average"] = list(os.getloadavg())  # the machine may be shared: say how busy it was
     except OSError:
@@ -612,7 +613,7 @@ def reading(results: dict) -> List[str]:
         bullets.append(
             f"* The gradient error changes along training (second figure): median over the last {window} steps "
             f"over the median over the first {window}, {per_seed}" + "; ".join(
-                f"`{label}` {' / '.join(f'{v:.3g}' for v in values)}" for label, values in growth.items())
+                f"`{label}` {' / '.join(f'{v:.3f}' for v in values)}" for label, values in growth.items())
             + (": above 1 in every run, the error rises over training." if all(v > 1 for vs in growth.values()
                                                                             for v in vs) else "."))
     parting = parting_window(results, window)
