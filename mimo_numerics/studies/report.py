@@ -55,7 +55,7 @@ from ..report import ReportError
 from ..report import fmt as _fmt
 from ..report import jsonable as _jsonable
 from ..report import markdown_table as _table
-from . import stamp as _stamp
+from .. import provenance as _provenance
 
 #: The whole op's name (the report's ``--op``; ``registry.WHOLE_OP``).
 OP_NAME = registry.WHOLE_OP
@@ -255,7 +255,7 @@ def build_report(case: Optional[str] = None, out: Optional[Path] = None, policie
     command = " ".join(["mimo-numerics report --op", OP_NAME] + ([f"--case {case}"] if case else [])
                        + ([f"--policies {','.join(policies)}"] if policies else [])
                        + ([f"--out {out}"] if out is not None else []))
-    metrics["provenance"] = _stamp.provenance(command)
+    metrics["provenance"] = _provenance.collect(command=command)
     (out / "metrics.json").write_text(json.dumps(_jsonable(metrics), indent=1), encoding="utf-8")
     (out / "summary.md").write_text(_summary(rc, metrics, table, site_ranking), encoding="utf-8")
     say(f"wrote {out} in {metrics['seconds']:.1f} s")
@@ -265,7 +265,7 @@ def build_report(case: Optional[str] = None, out: Optional[Path] = None, policie
 def _summary(rc: OpReportCase, metrics: Dict[str, Any], table, site_ranking) -> str:
     errors, outputs = metrics["output_errors"], metrics["outputs"]
     lines = [f"# Numerics report: {OP_NAME} on {rc.name}", "", f"{rc.description}.", "",
-             _stamp.header(metrics["provenance"]["command"], metrics["provenance"])
+             _provenance.markdown_header(metrics["provenance"])
              + f" {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, {metrics['seconds']:.1f} s. "
              "The op runs from the raw inputs, forward then `backward(dout)` (`mn.mamba3_mimo`: preprocessing, "
              "`mamba_mimo_fwd`, `mamba_mimo_bwd_fwd`, `mamba_mimo_bwd_bwd`, FP32 epilogue), under "

@@ -3,10 +3,10 @@ wrong. Writes ``reports/mamba3_mimo_site_ranking.md`` (+ ``.json`` and ``.png``)
 
 Usage::
 
-    python -m mimo_numerics.studies.site_ranking                  # every golden case the chain supports, bfloat16
-    python -m mimo_numerics.studies.site_ranking --dtype float16 --out /tmp/rank_fp16.md
-    python -m mimo_numerics.studies.site_ranking --cases g_B1_S64_H2_N64_P64_R4_C16_zdo,g_B1_S64_H2_N64_P64_R4_C16_plain
-    python -m mimo_numerics.studies.site_ranking --smoke --out /tmp/rank.md   # one small drawn case (seconds)
+    python scripts/rank_whole_op_sites.py                  # every golden case the chain supports, bfloat16
+    python scripts/rank_whole_op_sites.py --dtype float16 --out /tmp/rank_fp16.md
+    python scripts/rank_whole_op_sites.py --cases g_B1_S64_H2_N64_P64_R4_C16_zdo,g_B1_S64_H2_N64_P64_R4_C16_plain
+    python scripts/rank_whole_op_sites.py --smoke --out /tmp/rank.md   # one small drawn case (seconds)
 
 Each case's inputs are the golden raw inputs (drawn on the H200 machine by the whole-op formula); the op runs from
 them on the CPU, forward and ``backward(dout)``, once under ``fp64`` and once per one-off variant of the policy
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -32,9 +31,9 @@ from ..ops import registry
 from ..ops.mamba3_mimo import cases as op_cases
 from ..ops.mamba3_mimo import golden, runs
 from ..sensitivity import OneOffRanking, rank_sites
-from . import stamp
+from .. import provenance
 
-DEFAULT_OUT = stamp.ROOT / "reports" / "mamba3_mimo_site_ranking.md"
+DEFAULT_OUT = provenance.ROOT / "reports" / "mamba3_mimo_site_ranking.md"
 #: Rows of the heat map.
 HEATMAP_ROWS = 24
 #: Rows the reading names (the leading sites by score).
@@ -111,11 +110,12 @@ def write_report(result: OneOffRanking, out: Path, *, dtype: str, skipped: Dict[
               f"(top {len(heat)}; mean over {result.n_cases} case(s))"), figure)
     payload = result.to_dict()
     payload["drop"] = {r.label: result.drop(r) for r in result.ranked()}
-    payload.update({"skipped_cases": skipped, "seconds": seconds, "provenance": stamp.provenance(command)})
+    prov = provenance.collect(command=command)
+    payload.update({"skipped_cases": skipped, "seconds": seconds, "provenance": prov})
     out.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
     lines = [
         f"# mamba3_mimo: which roundings make each gradient wrong ({dtype} cases)", "",
-        stamp.header(command) + f" CPU, 1 thread, {seconds:.0f} s: {len(result.rows)} one-off variants of "
+        provenance.markdown_header(prov) + f" CPU, 1 thread, {seconds:.0f} s: {len(result.rows)} one-off variants of "
         f"`{result.policy.name}` x {result.n_cases} case(s), the whole op (`mn.mamba3_mimo`, forward and "
         "`backward(dout)`) run from each case's raw inputs, errors against the op's `fp64` run (relative RMS), "
         "averaged over the cases that have the output (`sensitivity.rank_sites(..., op=\"mamba3_mimo\")`).", "",
@@ -145,7 +145,7 @@ def write_report(result: OneOffRanking, out: Path, *, dtype: str, skipped: Dict[
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mimo_numerics.studies.site_ranking",
+    parser = argparse.ArgumentParser(prog="python scripts/rank_whole_op_sites.py",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", default=None, help="comma-separated golden case names (default: all)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
@@ -154,7 +154,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="markdown path (.json and .png next to it; default: the repository's report)")
     parser.add_argument("--smoke", action="store_true", help="one small drawn case instead of the golden ones")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    argv = list(sys.argv[1:] if argv is None else argv)
+    command = (provenance.command_line() if argv is None
+               else " ".join(["python scripts/rank_whole_op_sites.py", *argv]))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # the runs are small; one thread gives the same bits on every run of this machine
     if args.smoke:
@@ -167,12 +168,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result = rank_sites([x for x, _ in chosen.values()], args.policy, [base for _, base in chosen.values()],
                         op=registry.WHOLE_OP, progress=not args.quiet, names=list(chosen))
     seconds = time.monotonic() - started
-    command = "python -m mimo_numerics.studies.site_ranking" + ("" if not argv else " " + " ".join(argv))
     dtype = str(next(iter(chosen.values()))[0]["Q"].dtype).replace("torch.", "")
     write_report(result, args.out, dtype=dtype, skipped=skipped, seconds=seconds, command=command)
     print(f"wrote {args.out} ({seconds:.0f} s)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

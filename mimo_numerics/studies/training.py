@@ -42,7 +42,7 @@ from ..metrics import rel_rms
 from ..ops.mamba3_mimo.autograd import mamba3_mimo
 from ..ops.mamba3_mimo.cases import OP_INPUT_NAMES
 from ..ops.mamba3_mimo.fp64_model import mamba3_mimo_fp64
-from . import stamp
+from .. import provenance
 
 #: The site the demo's fourth policy turns off: the switch ranked first by score in the one-site-off ranking of the
 #: whole op over the 11 bfloat16 golden cases (``reports/mamba3_mimo_site_ranking.json``, ``rows[0]``; its score
@@ -452,7 +452,7 @@ def train_demo(out_dir: Union[str, Path] = "reports/training_under_policy", *, s
     if threads is not None and torch.device(device).type == "cpu":
         torch.set_num_threads(threads)
     torch.backends.cuda.matmul.allow_tf32 = False  # the projections in IEEE fp32 on CUDA too: no global flag decides
-    recorded = stamp.provenance(command)  # the commit and tree the run starts from
+    recorded = provenance.collect(command=command)  # the commit and tree the run starts from
     start, cpu_start = time.perf_counter(), time.process_time()
     try:
         results = run_demo(config, progress=progress)
@@ -682,7 +682,7 @@ def write_readme(results: dict, out_dir: Path, command: str = "mimo-numerics tra
     bullets = "\n".join(reading(results))
     text = f"""# Training one Mamba-3 MIMO layer under a rounding policy
 
-{stamp.header(command, results.get("provenance"))} Code: `mimo_numerics/studies/training.py`; device `{config['device']}`,
+{provenance.markdown_header(results.get("provenance") or provenance.collect(command=command))} Code: `mimo_numerics/studies/training.py`; device `{config['device']}`,
 {results.get('threads')} torch thread(s); {wall:.0f} s wall, {cpu:.0f} s of CPU time for the
 {len(labels) * len(seeds)} runs (machine {load} at the end; on a shared machine the wall time grows with the load).
 
