@@ -580,7 +580,7 @@ def reading(results: dict) -> List[str]:
                        "one seed, one pair of runs: not separated over the steps")
         else:
             verdict = ("separated in every seed" if separated(pair) else
-                       "not separated: the seed-by-seed comparison goes both ways")
+                       "not separated: the per-seed ratios, or the steps, go both ways")
         pairs.append(f"`{lower}` / `{higher}`: ratio of the medians {per_seed}{_ratios(pair['ratio'])}, "
                      f"`{lower}` lower on {_pcts(pair['lower'])} of the steps ({verdict})")
     bullets.append(first + " Each neighbouring pair compared run against run (same seed: the same initial weights "
