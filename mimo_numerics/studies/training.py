@@ -773,6 +773,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--from-results", action="store_true",
                         help="train nothing: rewrite the PNGs and README.md from --out's results.json")
     args = parser.parse_args(argv)
+    if args.from_results and args.out is None:
+        parser.error("--from-results needs --out, the folder holding results.json")
     if args.out is None:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d_%H%M%S")
         args.out = str(Path("out") / "train-demo" / stamp)
