@@ -818,7 +818,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("sweep", help="cases x policies of one operator in parallel, on a process pool or Ray "
                                  "(--executor ray --address ...; mimo_numerics.sweep; 'sweep --help')", add_help=False)
     sub.add_parser("train-demo", help="train one Mamba-3 MIMO layer under several policies with the FP64 gradient "
-                                      "at every step (ops/mamba3_mimo/training.py; 'train-demo --help')",
+                                      "at every step (mimo_numerics/studies/training.py; 'train-demo --help')",
                    add_help=False)
     return parser
 
@@ -828,15 +828,8 @@ def _usage_error(parser) -> int:
     raise CliError("missing action", f"see {parser.prog} --help")
 
 
-def _has_option(parser: argparse.ArgumentParser, option: str) -> bool:
-    return any(option in action.option_strings for action in parser._actions)
-
-
 def _run_report(argv: Sequence[str]) -> int:
-    """``report``: the options of ``mimo_numerics.report.add_report_arguments``, plus ``--op`` where the report
-    module does not define it (then only the default operator is reported on, and another one is refused)."""
-    from .ops import registry
-
+    """``report``: the options of ``mimo_numerics.report.add_report_arguments`` (``--op`` among them)."""
     try:
         from . import report
     except ImportError as exc:
@@ -844,16 +837,7 @@ def _run_report(argv: Sequence[str]) -> int:
                        "update mimo_numerics (report.py is part of the package)") from None
     parser = argparse.ArgumentParser(prog=f"{PROG} report", description="Write a report (mimo_numerics.report).")
     report.add_report_arguments(parser)
-    own_op = not _has_option(parser, "--op")
-    if own_op:
-        parser.add_argument("--op", choices=registry.OPERATORS, default=registry.DEFAULT_OPERATOR, metavar="NAME",
-                            help=f"the operator (default {registry.DEFAULT_OPERATOR}; this report module covers "
-                                 "only that one)")
     args = parser.parse_args(list(argv))
-    if own_op and args.op != registry.DEFAULT_OPERATOR:
-        raise CliError(f"report --op {args.op}: this mimo_numerics.report writes reports of "
-                       f"{registry.DEFAULT_OPERATOR} only",
-                       f"drop --op, or compare bundles of {args.op} with `{PROG} compare`")
     try:
         return int(report.run_report(args) or 0)
     except report.ReportError as exc:
@@ -906,7 +890,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             return int(sweep.main(rest[1:]) or 0)
         if rest and rest[0] == "train-demo":
-            from .ops.mamba3_mimo import training
+            from .studies import training
 
             return int(training.main(rest[1:]) or 0)
         parser = build_parser()

@@ -55,10 +55,31 @@ Run = Dict[str, torch.Tensor]
 
 
 # ---------------------------------------------------------------------------------------------- the operator's stages
+def _composite(op: OpLike):
+    from .ops import registry
+
+    return registry.composite(op)
+
+
 def pipeline(op: OpLike = None) -> Tuple[str, ...]:
-    """The stages of ``op``'s ``record=`` in computation order, then its outputs as ``"output.<name>"``."""
+    """The stages of ``op``'s ``record=`` in computation order, then its outputs as ``"output.<name>"``. For a
+    composite operator (the whole op): every record key of its chain in chain order (``"<operator>.<stage>"``,
+    outputs as ``"<operator>.outputs.<name>"``)."""
+    composite = _composite(op)
+    if composite is not None:
+        return composite.stage_names
     op = _operator.get(op)
     return op.stage_names + tuple(OUTPUT_PREFIX + name for name in op.output_names)
+
+
+def stage_groups(stages: Iterable[str], op: OpLike) -> Dict[str, str]:
+    """``{stage: step}`` of a composite operator's record keys (the ``groups`` of ``plots.plot_stage_drift``: the
+    shaded bands of the chain's steps); ``{}`` for a single operator."""
+    composite = _composite(op)
+    if composite is None:
+        return {}
+    group_of = composite.load("group_of")
+    return {stage: group_of(stage) for stage in stages}
 
 
 def spec_of(stage: str, op: OpLike = None) -> Optional["_operator.Stage"]:
@@ -484,7 +505,10 @@ def _resolve_baseline(runs: Mapping[str, Run], baseline) -> Tuple[str, Run]:
 
 
 def _operator_name(op: OpLike) -> Optional[str]:
-    return None if op is None else _operator.get(op).name
+    if op is None:
+        return None
+    composite = _composite(op)
+    return composite.name if composite is not None else _operator.get(op).name
 
 
 @single_threaded
@@ -498,7 +522,8 @@ def stage_drift(runs: Mapping[str, Run], baseline: Union[str, Run] = "fp64", lp_
         baseline (str | dict): a label of ``runs`` (excluded from the table) or a run.
         lp_dtype (str): format of the ULP column.
         stages (sequence, optional): only these stages (default: every stage the run shares with the baseline).
-        op: the operator of the runs (its pipeline orders the rows; default ``registry.DEFAULT_OPERATOR``).
+        op: the operator of the runs (its pipeline orders the rows; default ``registry.DEFAULT_OPERATOR``), or a
+            composite operator (the whole op: its chain order).
         order (sequence of str, optional): the stage order instead of ``op``'s pipeline, for runs of a chain of
             operators (``DriftTable.order``; ``op`` is then only the table's label: None, or any name, e.g. the
             chain's).
@@ -507,6 +532,9 @@ def stage_drift(runs: Mapping[str, Run], baseline: Union[str, Run] = "fp64", lp_
         DriftTable
     """
     base_label, base = _resolve_baseline(runs, baseline)
+    composite = _composite(op)
+    if composite is not None:  # the chain's order; the table keeps the composite's name and writes its order
+        op, order = composite.name, pipeline(composite) if order is None else order
     order = None if order is None else tuple(order)
     name = op if order is not None and (op is None or isinstance(op, str)) else _operator_name(op)
     table = DriftTable(base_label, lp_dtype, operator=name, order=order)

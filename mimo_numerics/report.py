@@ -9,9 +9,10 @@ Usage::
 ``--op`` names the operator (one of ``registry.OPERATORS``: the forward, backward stage 1 or stage 2; default
 ``registry.DEFAULT_OPERATOR``, backward stage 1). Everything operator-specific comes from its spec
 (``mimo_numerics.operator``): stages, sites, sequence axes, outputs, cases and golden data. ``--op`` also takes
-``registry.WHOLE_OP``, the whole op: :func:`build_report` hands it to ``registry.whole_op_report()`` (its own
-report: ``Out`` and the 14 gradients, one drift plot of the whole chain, the one-site-off ranking of its roundings;
-``--case``, ``--out``, ``--policies`` and ``--quiet`` apply, ``--baseline`` is the op's fp64 run either way).
+``registry.WHOLE_OP``, the whole op, a composite operator: :func:`build_report` hands it to its spec's ``report``
+(``mimo_numerics.studies.report``, built on the same tools: ``drift.stage_drift`` and ``sensitivity.rank_sites``
+with ``op="mamba3_mimo"``; its report: ``Out`` and the 14 gradients, one drift plot of the whole chain, the
+one-site-off ranking of its roundings; ``--case``, ``--out``, ``--policies`` and ``--quiet`` apply, ``--baseline`` is the op's fp64 run either way).
 
 With no ``--case`` it reports on the operator's embedded default case (:func:`default_case`: its first golden case
 with every branch on; ``seed_branch_ro1_z1_d1`` for stage 1, real H200 outputs) on the CPU in a few seconds, and
@@ -293,11 +294,12 @@ def build_report(case: Optional[str] = None, out: Optional[Path] = None, policie
     Raises:
         ReportError: a bad case, or a policy that defines no rounding for ``op``.
     """
-    if op == registry.WHOLE_OP:
+    composite = registry.composite(op)
+    if composite is not None:  # the whole op: its spec's report (mimo_numerics.studies.report) writes the sections
         if claimed != DEFAULT_CLAIMED:
-            raise ReportError(f"--claimed {claimed}: the {registry.WHOLE_OP} report draws every stage against fp64 "
+            raise ReportError(f"--claimed {claimed}: the {composite.name} report draws every stage against fp64 "
                               "only", "drop --claimed (the per-operator reports, --op NAME, use it)")
-        return registry.whole_op_report()(case, out, policies, log=log, progress=log is not None)
+        return composite.load("report")(case, out, policies, log=log, progress=log is not None)
     say = log or (lambda message: None)
     started = time.monotonic()
     op = _operator.get(op)

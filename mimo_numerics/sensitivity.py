@@ -8,12 +8,16 @@
 Errors are relative RMS per output (``metrics.rel_rms``), averaged over the cases when several are given (an output
 counts only over the cases that have it). Everything is deterministic. Every function takes ``op`` (an operator name
 or ``Operator``; None: the registry's default): the sites ranked are that operator's, the knobs its ``op.knobs``.
+
+``op`` may also name a composite operator (``registry.WHOLE_OP``, the whole op ``mamba3_mimo``; its spec is
+``mimo_numerics.ops.mamba3_mimo.spec``): :func:`rank_sites` then ranks one site off at a time over every component's
+section (:func:`rank_sites_one_off`, a :class:`OneOffRanking`), the whole op run from its raw inputs.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tqdm.auto import tqdm
@@ -22,6 +26,7 @@ from . import operator as _operator
 from . import presets as _presets
 from .inference import (CasesLike, PolicyEvaluator, PolicyLike, as_case_list, as_output_list, lp_dtype_of,
                         run_reference, single_threaded)
+from .metrics import rel_rms
 from .ops import registry
 from .policy import KNOBS, RoundingPolicy, write_fields
 
@@ -218,8 +223,11 @@ def _one_on_policy(floor: RoundingPolicy, site: str, op, value: Any = None) -> R
 
 @single_threaded
 def rank_sites(inputs: CasesLike, policy: PolicyLike = "upstream_sm90", baseline: Any = "fp64", op=None,
-               progress: Optional[bool] = None) -> SensitivityTable:
+               progress: Optional[bool] = None, names: Optional[Sequence[str]] = None):
     """One-on/one-off sensitivity of every switch and knob value of ``policy`` against ``baseline``.
+
+    For a composite ``op`` (the whole op, ``registry.WHOLE_OP``) this is :func:`rank_sites_one_off` (``names``:
+    the cases' names; ``baseline``: ``"fp64"`` or each case's fp64 run) and returns a :class:`OneOffRanking`.
 
     For a switch ``s``: one-on is the all-off policy (the policy with every switch off, its knobs, lp dtype and math
     dtype kept) with ``s`` turned on; one-off is ``policy`` with ``s`` off. For a knob value ``k=v`` (every knob of
@@ -242,6 +250,8 @@ def rank_sites(inputs: CasesLike, policy: PolicyLike = "upstream_sm90", baseline
     Returns:
         SensitivityTable
     """
+    if registry.composite(op) is not None:
+        return rank_sites_one_off(inputs, policy, baseline, op=op, progress=progress, names=names)
     op = _operator.get(op)
     cases = as_case_list(inputs, op)
     lp = lp_dtype_of(cases, op)
@@ -275,6 +285,280 @@ def rank_sites(inputs: CasesLike, policy: PolicyLike = "upstream_sm90", baseline
                                  policy.replace(**{site: value})))
     rows.sort(key=lambda r: (-r.score, r.label))
     return SensitivityTable(policy, _baseline_label(baseline), outputs, full, floor, rows, len(cases), op.name)
+
+
+# ---------------------------------------------------------------------------------------------- one site off (composite)
+@dataclass(frozen=True)
+class SiteOff:
+    """One row of :class:`OneOffRanking`: a switch of one component off, or a knob at another value.
+
+    Attributes:
+        site (str): ``"<operator>.<site>"`` for a switch, the knob name for a knob.
+        kind (str): ``"switch"`` or ``"knob"``.
+        value: the knob's value in the variant (None for a switch).
+        errors (dict): output -> rel RMS vs the baseline of the variant (mean over cases).
+        removed (dict): output -> ``sqrt(policy² − errors²)``, the error that goes away without this rounding
+            (0 when the variant is not closer; independent errors add in quadrature).
+        score (float): mean over the score outputs of ``removed / policy error``: a quadrature share, not the drop
+            of the error (:meth:`OneOffRanking.drop` is that).
+    """
+
+    site: str
+    kind: str
+    value: Any
+    errors: Dict[str, float]
+    removed: Dict[str, float]
+    score: float
+
+    @property
+    def label(self) -> str:
+        """``site`` for a switch, ``knob=value`` for a knob."""
+        return self.site if self.kind == "switch" else f"{self.site}={self.value}"
+
+    @property
+    def operator(self) -> Optional[str]:
+        """The component of a switch (None for a knob, which acts on the whole chain)."""
+        return self.site.partition(".")[0] if self.kind == "switch" else None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"site": self.site, "kind": self.kind, "value": self.value, "label": self.label,
+                "operator": self.operator, "errors": dict(self.errors), "removed": dict(self.removed),
+                "score": self.score}
+
+
+@dataclass
+class OneOffRanking:
+    """Result of :func:`rank_sites_one_off` (``rank_sites`` of a composite operator).
+
+    Attributes:
+        policy (RoundingPolicy): the policy studied. baseline (str): ``"fp64"`` (the op's fp64 run).
+        outputs (tuple of str): the outputs present in the cases (``Out`` and the gradients).
+        policy_error (dict): output -> rel RMS of the policy itself.
+        rows (list of SiteOff): ranked by score (ties by label).
+        skipped (dict): label -> why that knob value was not run.
+        n_cases (int): cases averaged over. cases (list of str): their names.
+        score_outputs (tuple of str): the outputs the score averages over (the gradients).
+        operator (str): the composite operator.
+    """
+
+    policy: RoundingPolicy
+    baseline: str
+    outputs: Tuple[str, ...]
+    policy_error: Dict[str, float]
+    rows: List[SiteOff]
+    skipped: Dict[str, str] = field(default_factory=dict)
+    n_cases: int = 1
+    cases: List[str] = field(default_factory=list)
+    score_outputs: Tuple[str, ...] = ()
+    operator: str = registry.WHOLE_OP
+
+    @property
+    def gradients(self) -> Tuple[str, ...]:
+        """The score outputs among the outputs (the gradients)."""
+        return tuple(o for o in self.outputs if o in self.score_outputs)
+
+    def fraction(self, row: SiteOff, output: str) -> float:
+        """``removed / policy error`` of one row and output (0 where the policy's error is 0)."""
+        full = self.policy_error[output]
+        return row.removed[output] / full if full > 0 else 0.0
+
+    def change(self, row: SiteOff, output: str) -> float:
+        """Relative change of the output's error, ``errors / policy error − 1`` (negative: the variant is closer)."""
+        full = self.policy_error[output]
+        return row.errors[output] / full - 1.0 if full > 0 else 0.0
+
+    def drop(self, row: SiteOff, outputs: Optional[Sequence[str]] = None) -> float:
+        """Mean over ``outputs`` (default the gradients) of ``1 − errors / policy error``: how much lower the
+        error is with the rounding off, as a fraction of the policy's (negative: higher)."""
+        outputs = self.gradients if outputs is None else tuple(outputs)
+        values = [-self.change(row, o) for o in outputs]
+        return sum(values) / len(values) if values else 0.0
+
+    def row(self, label: str) -> SiteOff:
+        """The row with this label (``"mamba_mimo_bwd_bwd.z_zeta"``, ``"diag_mode=fma"``)."""
+        for r in self.rows:
+            if r.label == label:
+                return r
+        raise KeyError(f"no row {label!r}; rows: {[r.label for r in self.rows]}")
+
+    def ranked(self, output: Optional[str] = None) -> List[SiteOff]:
+        """Rows by ``score`` (``output`` None) or by the error removed from ``output``, largest first."""
+        if output is None:
+            return sorted(self.rows, key=lambda r: (-r.score, r.label))
+        if output not in self.outputs:
+            raise ValueError(f"output {output!r} is not in this ranking; outputs: {list(self.outputs)}")
+        return sorted(self.rows, key=lambda r: (-r.removed[output], r.label))
+
+    def top(self, output: str, n: int = 3) -> List[SiteOff]:
+        """The ``n`` rows removing most of ``output``'s error (only rows that remove some)."""
+        return [r for r in self.ranked(output)[:n] if r.removed[output] > 0]
+
+    def without_effect(self) -> List[str]:
+        """Labels of the rows that change no gradient's error."""
+        return [r.label for r in self.rows
+                if all(r.errors[g] == self.policy_error[g] for g in self.gradients)]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain JSON types (``top``: the three leading labels per output)."""
+        return {"policy": self.policy.to_dict(), "policy_name": self.policy.name, "baseline": self.baseline,
+                "outputs": list(self.outputs), "gradients": list(self.gradients),
+                "policy_error": dict(self.policy_error), "n_cases": self.n_cases, "cases": list(self.cases),
+                "rows": [r.to_dict() for r in self.ranked()], "skipped": dict(self.skipped),
+                "top": {o: [r.label for r in self.top(o)] for o in self.outputs},
+                "without_effect": self.without_effect()}
+
+    def to_markdown(self, top: Optional[int] = None) -> str:
+        """The ranking as a table: per row its score, the mean drop of the gradients' error, and per output the
+        quadrature share of the policy's error it removes (``removed / policy error``); the policy's own errors
+        first. ``top``: only the first rows."""
+        outputs = self.outputs
+        head = ["rank", "off (from " + f"`{self.policy.name}`)", "score", "mean drop"] + [f"`{o}`" for o in outputs]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                 "| | **error of the policy (rel RMS vs fp64)** | | | "
+                 + " | ".join(f"{self.policy_error[o]:.3g}" for o in outputs) + " |"]
+        ranked = self.ranked()
+        for i, r in enumerate(ranked[:top] if top else ranked, 1):
+            cells = [str(i), f"`{r.label}`", f"{r.score:.3f}", f"{self.drop(r):.1%}"]
+            cells += [_share(self.fraction(r, o)) for o in outputs]
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    def top_markdown(self, n: int = 3) -> str:
+        """Per output, the ``n`` roundings removing most of its error, with the share each removes and (in
+        brackets) the drop of that output's error."""
+        lines = ["| output | error of the policy | " + " | ".join(f"#{i}" for i in range(1, n + 1)) + " |",
+                 "|" + "---|" * (n + 2)]
+        for o in self.outputs:
+            tops = self.top(o, n)
+            cells = [f"`{r.label}` ({_share(self.fraction(r, o))}; {-self.change(r, o):.1%})" for r in tops]
+            cells += ["–"] * (n - len(tops))
+            lines.append(f"| `{o}` | {self.policy_error[o]:.3g} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+
+def _share(value: float) -> str:
+    return "0" if value == 0 else f"{value:.2f}"
+
+
+def _finite_error(actual, expected) -> float:
+    value = rel_rms(actual, expected)
+    return math.inf if math.isnan(value) else value
+
+
+def run_errors(run: Mapping[str, Any], baseline_run: Mapping[str, Any], op=registry.WHOLE_OP) -> Dict[str, float]:
+    """Rel RMS (NaN counted as inf) of each output of composite ``op`` in ``run`` against ``baseline_run`` (the
+    outputs both have), in the op's output order."""
+    spec = registry.composite(op)
+    got, want = spec.outputs(dict(run)), spec.outputs(dict(baseline_run))
+    return {o: _finite_error(got[o], want[o]) for o in spec.output_names if o in got and o in want}
+
+
+def one_off_variants(policy: RoundingPolicy, op=registry.WHOLE_OP
+                     ) -> Tuple[List[Tuple[str, str, Any, RoundingPolicy]], Dict[str, str]]:
+    """The one-off variants of ``policy`` on composite ``op``: ``(site, kind, value, variant)`` for every switch it
+    has on (``"<operator>.<site>"``, components in chain order) and every other value of each knob of
+    :data:`SENSITIVITY_KNOBS`; and the knob values the op cannot run, ``{label: reason}``."""
+    spec = registry.composite(op)
+    out: List[Tuple[str, str, Any, RoundingPolicy]] = []
+    for site in spec.sites(policy):
+        out.append((site, "switch", None, policy.replace(**{site: False})))
+    check = spec.load("check_policy")
+    skipped: Dict[str, str] = {}
+    for knob in SENSITIVITY_KNOBS:
+        for value in KNOBS[knob]:
+            if value == getattr(policy, knob):
+                continue
+            variant = policy.replace(**{knob: value})
+            try:
+                check(variant)
+            except NotImplementedError as exc:
+                skipped[f"{knob}={value}"] = str(exc)
+                continue
+            out.append((knob, "knob", value, variant))
+    return out, skipped
+
+
+def _mean_errors(per_case: Sequence[Dict[str, float]], order: Sequence[str]) -> Dict[str, float]:
+    names = [o for o in order if any(o in e for e in per_case)]
+    return {o: sum(e[o] for e in per_case if o in e) / sum(1 for e in per_case if o in e) for o in names}
+
+
+@single_threaded
+def rank_sites_one_off(inputs, policy: PolicyLike = "upstream_sm90", baseline: Any = "fp64", op=registry.WHOLE_OP,
+                       progress: Optional[bool] = None, names: Optional[Sequence[str]] = None) -> OneOffRanking:
+    """One site (or knob value) of ``policy`` off at a time on a composite operator (the whole op).
+
+    Each variant (:func:`one_off_variants`) runs the op on every case (for the whole op: forward and
+    ``backward(dout)`` from the raw inputs); its outputs are measured against the baseline run (rel RMS, NaN as inf),
+    averaged over the cases that have the output. Per output ``removed = sqrt(policy² − off²)`` (0 when the variant
+    is worse); a row's ``score`` is the mean over the score outputs (the gradients) of ``removed / policy error``,
+    the quadrature share of each gradient's error that rounding accounts for (1: it alone makes the whole error).
+    The plain drop of the error is :meth:`OneOffRanking.drop`.
+
+    Args:
+        inputs (dict or sequence of dict): the op's cases (for the whole op: the 14 raw inputs by golden names,
+            ``dout``, ``chunk_size``, ``rotary_dim_divisor``).
+        policy (str | RoundingPolicy): the policy studied (moved to each case's lp dtype); it must define every
+            component.
+        baseline: ``"fp64"`` (the op's run under the ``fp64`` preset) or each case's baseline run, already
+            computed (a sequence, one per case; only its outputs are read).
+        op: the composite operator (default the whole op).
+        progress (bool, optional): a tqdm bar over the runs (default: when there are more than 4 cases).
+        names (sequence of str, optional): the cases' names (default ``case0``, ...).
+
+    Returns:
+        OneOffRanking
+    """
+    spec = registry.composite(op)
+    if spec is None:
+        raise ValueError(f"op must name a composite operator ({registry.WHOLE_OP}), got {op!r}")
+    cases = [inputs] if isinstance(inputs, Mapping) else list(inputs)
+    if not cases:
+        raise ValueError(f"inputs is empty: give at least one inputs dict of {spec.name}")
+    names = list(names) if names is not None else [f"case{i}" for i in range(len(cases))]
+    if len(names) != len(cases):
+        raise ValueError(f"names has {len(names)} entries for {len(cases)} cases")
+    if not (isinstance(baseline, str) and baseline == "fp64"):
+        if isinstance(baseline, (str, RoundingPolicy)) or len(baseline) != len(cases):
+            raise ValueError(f"baseline must be 'fp64' or one baseline run per case ({len(cases)}), got "
+                             f"{baseline!r:.80}")
+    policy = _presets.resolve(policy)
+    check = spec.load("check_policy")
+    check(policy)  # PolicyUndefined / NotImplementedError before any work
+    run = spec.load("run")
+    items, skipped = one_off_variants(policy, spec)
+
+    def at_lp(p: RoundingPolicy, x) -> RoundingPolicy:
+        lp = spec.lp_dtype_of(x)
+        return p if p.lp_dtype == lp else p.replace(lp_dtype=lp)
+
+    show = len(cases) > 4 if progress is None else progress
+    bar = tqdm(total=len(cases) * (len(items) + 2), desc=f"rank sites of {spec.name}", disable=not show, leave=False)
+    base_runs = []
+    for i, x in enumerate(cases):
+        base_runs.append(run(x, "fp64") if isinstance(baseline, str) else baseline[i])
+        bar.update(1)
+    full = []
+    for x, base in zip(cases, base_runs):
+        full.append(run_errors(run(x, at_lp(policy, x)), base, spec))
+        bar.update(1)
+    policy_error = _mean_errors(full, spec.output_names)
+    outputs = tuple(policy_error)
+    gradients = [o for o in outputs if o in spec.score_outputs]
+    rows: List[SiteOff] = []
+    for site, kind, value, variant in items:
+        per_case = []
+        for x, base in zip(cases, base_runs):
+            per_case.append(run_errors(run(x, at_lp(variant, x)), base, spec))
+            bar.update(1)
+        errors = _mean_errors(per_case, spec.output_names)
+        removed = {o: quadrature_excess(policy_error[o], errors[o]) for o in outputs}
+        shares = [removed[g] / policy_error[g] if policy_error[g] > 0 else 0.0 for g in gradients]
+        rows.append(SiteOff(site, kind, value, errors, removed, sum(shares) / len(shares) if shares else 0.0))
+    bar.close()
+    rows.sort(key=lambda r: (-r.score, r.label))
+    return OneOffRanking(policy, "fp64", outputs, policy_error, rows, skipped, len(cases), names,
+                         tuple(spec.score_outputs), spec.name)
 
 
 # ---------------------------------------------------------------------------------------------- attribute_gap

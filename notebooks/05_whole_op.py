@@ -23,10 +23,10 @@
 # %matplotlib inline
 from IPython.display import Image, Markdown, display
 
-from mimo_numerics import drift, plots
+from mimo_numerics import drift, plots, sensitivity
 from mimo_numerics.metrics import rel_rms
-from mimo_numerics.ops.mamba3_mimo import ranking, runs
-from mimo_numerics.ops.mamba3_mimo import report as op_report
+from mimo_numerics.ops.mamba3_mimo import runs
+from mimo_numerics.studies import report as op_report
 
 case = op_report.resolve_case(op_report.DEFAULT_CASE)
 print(case.description)
@@ -42,7 +42,7 @@ print(case.description)
 op_runs = {"fp64": runs.fp64_run(case.inputs)}
 op_runs.update({name: runs.policy_run(case.inputs, name) for name in ("fp32", "upstream_sm90")})
 op_runs[op_report.UPSTREAM_LABEL] = case.upstream
-errors = {label: ranking.output_errors(run, op_runs["fp64"]) for label, run in op_runs.items() if label != "fp64"}
+errors = {label: sensitivity.run_errors(run, op_runs["fp64"]) for label, run in op_runs.items() if label != "fp64"}
 plots.plot_output_errors(errors, "fp64", ax=op_report.wide_axes(), title="Out and the gradients: error vs fp64")
 
 # %% [markdown]
@@ -69,25 +69,28 @@ display(Markdown("| output | `fp32` vs H200 | `upstream_sm90` vs H200 | ratio |\
 # each step's outputs only (the triangles).
 
 # %%
-chain_table = drift.stage_drift(op_runs, "fp64", "bfloat16", op=op_report.OP_NAME, order=runs.chain_order())
-plots.plot_stage_drift(chain_table, groups=runs.groups(chain_table.stages()), stage_width=0.17,
-                       title=f"mamba3_mimo: error of every stage vs the fp64 run ({case.name})")
+chain_table = drift.stage_drift(op_runs, "fp64", "bfloat16", op=op_report.OP_NAME)
+plots.plot_stage_drift(chain_table, groups=drift.stage_groups(chain_table.stages(), op_report.OP_NAME),
+                       stage_width=0.17, title=f"mamba3_mimo: error of every stage vs the fp64 run ({case.name})")
 
 # %% [markdown]
 # ## Which roundings cause each gradient's error
 #
 # One switch of `upstream_sm90` off at a time (every site of the three kernels that the preset has on, and every
-# other value of each knob), the whole op rerun from the raw inputs. A cell is the share of that output's error
-# that goes away, `sqrt(policy² − off²) / policy`; the score (rows, best first) is the mean over the gradients.
+# other value of each knob), the whole op rerun from the raw inputs (`sensitivity.rank_sites` with
+# `op="mamba3_mimo"`, the whole op as a composite operator). A cell is the quadrature share of that output's error
+# the rounding accounts for, `sqrt(policy² − off²) / policy` (a share of 0.2 is a drop of the error by only 2 %);
+# the score (rows, best first) is its mean over the gradients; the table below also gives each drop.
 # Forward sites change `Out` only: the backward recomputes what it needs in stage 1 and reads no forward output.
 # About 80 runs of the op, a few seconds.
 
 # %%
-site_ranking = ranking.rank_op_sites([case.inputs], "upstream_sm90", names=[case.name], baselines=[op_runs["fp64"]],
-                                    progress=False)
+site_ranking = sensitivity.rank_sites([case.inputs], "upstream_sm90", [op_runs["fp64"]], op=op_report.OP_NAME,
+                                      progress=False, names=[case.name])
 heat = {r.label: {o: site_ranking.fraction(r, o) for o in site_ranking.outputs} for r in site_ranking.ranked()[:20]}
 plots.plot_score_matrix(heat, site_ranking.outputs, vmax=1.0, ylabel="rounding turned off",
-                        colorbar="share of the error removed", title="Share of each output's error, one rounding off")
+                        colorbar="quadrature share of the error",
+                        title="Quadrature share of each output's error, one rounding off")
 
 # %%
 display(Markdown(site_ranking.top_markdown()))

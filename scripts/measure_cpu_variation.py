@@ -66,7 +66,8 @@ def _stage1(inputs: dict, policy):
 def compute() -> Dict[str, torch.Tensor]:
     """Every result of the module docstring, by ``group/case[/output]``."""
     from mimo_numerics import golden_data, presets
-    from mimo_numerics.ops.mamba3_mimo import chain, measure
+    from mimo_numerics.ops.mamba3_mimo import chain
+    from mimo_numerics.studies import measure
     from mimo_numerics.ops.mamba_mimo_bwd_bwd.golden import golden_inputs as stage2_inputs
     from mimo_numerics.ops.mamba_mimo_bwd_bwd.reference import mamba_mimo_bwd_bwd
     from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES as STAGE2_INPUTS

@@ -20,7 +20,8 @@ import torch
 
 from mimo_numerics import golden_data
 from mimo_numerics.metrics import rel_rms
-from mimo_numerics.ops.mamba3_mimo import cases, measure
+from mimo_numerics.ops.mamba3_mimo import cases
+from mimo_numerics.studies import measure
 from mimo_numerics.ops.mamba3_mimo.fp64_model import INPUT_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]

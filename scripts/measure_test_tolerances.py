@@ -453,7 +453,7 @@ def measure_preprocess() -> dict:
     """tests/test_mamba3_mimo_preprocess.py: dacs_segsum float32 vs float64 (the test's draws; worst |error| over
     (2e-7 + 2e-6 |fp64|), assert_close's measure), and the float32 angle_cumsum (C = 8, 16) vs the float64 one
     (wrapped max |error|)."""
-    from mimo_numerics.ops.mamba3_mimo import measure
+    from mimo_numerics.studies import measure
     from mimo_numerics.ops.mamba3_mimo.preprocess import angle_cumsum, dacs_segsum
 
     def draw(shape, seed, positive_fraction=0.0):  # the test's _draw

@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 from mimo_numerics import golden_data, provenance, tolerances
-from mimo_numerics.ops.mamba3_mimo import golden_figures as gf
+from mimo_numerics.studies import golden_figures as gf
 
 DEFAULT_OUT = ROOT / "reports" / "mamba3_mimo_golden.md"
 #: A rerun of the stored cases on an H200 (golden/make_golden_full_op.py --save-stored FILE); not in the repository

@@ -7,7 +7,8 @@ import torch
 from mamba3_mimo_support import GOLDEN_NAMES, load_golden_full_op
 from mimo_numerics import tolerances
 from mimo_numerics.metrics import rel_rms
-from mimo_numerics.ops.mamba3_mimo import cases, measure
+from mimo_numerics.ops.mamba3_mimo import cases
+from mimo_numerics.studies import measure
 from mimo_numerics.ops.mamba3_mimo.diagnostics import d_skip_terms
 from mimo_numerics.ops.mamba3_mimo.fp64_model import INPUT_NAMES, mamba3_mimo_fp64
 

@@ -7,7 +7,8 @@ import torch
 from mamba3_mimo_support import GOLDEN_NAMES, load_golden_full_op
 from mimo_numerics import tolerances
 from mimo_numerics.metrics import rel_rms
-from mimo_numerics.ops.mamba3_mimo import cases, measure
+from mimo_numerics.ops.mamba3_mimo import cases
+from mimo_numerics.studies import measure
 from mimo_numerics.ops.mamba3_mimo.preprocess import angle_cumsum, dacs_segsum
 from mimo_numerics.ops.mamba_mimo_fwd.oracle import mamba_mimo_fwd_oracle
 from mimo_numerics.ops.mamba_mimo_fwd.validation import INPUT_NAMES

@@ -18,7 +18,7 @@ import torch
 from mimo_numerics import kernels, presets, tolerances
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba3_mimo import chain
-from mimo_numerics.ops.mamba3_mimo import golden_figures as gf
+from mimo_numerics.studies import golden_figures as gf
 from mimo_numerics.ops.mamba3_mimo.autograd import (RECORD_PREFIXES, BackendFallbackWarning, golden_sections,
                                                     mamba3_mimo)
 from mimo_numerics.ops.mamba3_mimo.fp64_model import mamba3_mimo_fp64

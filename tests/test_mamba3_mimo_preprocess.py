@@ -10,7 +10,8 @@ import torch
 from mamba3_mimo_support import GOLDEN_FULL_OP, GOLDEN_FULL_OP_SHA256, GOLDEN_NAMES, load_golden_full_op
 from mimo_numerics import tolerances
 from mimo_numerics.metrics import bit_equal_fraction, rel_rms
-from mimo_numerics.ops.mamba3_mimo import measure, preprocess
+from mimo_numerics.ops.mamba3_mimo import preprocess
+from mimo_numerics.studies import measure
 from mimo_numerics.ops.mamba3_mimo.preprocess import SCAN_LAYOUTS, angle_cumsum, dacs_segsum
 
 FORMS = [torch.float32, torch.float64]

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from mimo_numerics import cli
-from mimo_numerics.ops.mamba3_mimo import training
+from mimo_numerics.studies import training
 
 
 def _help(capsys) -> str:

@@ -58,7 +58,14 @@ def get(name: str):
     return _module(name, "spec").OPERATOR
 
 
-def whole_op_report():
-    """``build_report(case, out, policies, log=, progress=)`` of the whole op's report
-    (``mimo_numerics.ops.mamba3_mimo.report``)."""
-    return importlib.import_module(f"mimo_numerics.ops.{WHOLE_OP}.report").build_report
+def whole_op():
+    """The whole op's composite spec (``mimo_numerics.ops.mamba3_mimo.spec.OPERATOR``, a ``CompositeOperator``)."""
+    return importlib.import_module(f"mimo_numerics.ops.{WHOLE_OP}.spec").OPERATOR
+
+
+def composite(op: Any):
+    """The composite spec ``op`` names (:data:`WHOLE_OP` or a spec with ``components``), else None (an operator of
+    :data:`OPERATORS`, an ``Operator``, or None)."""
+    if isinstance(op, str):
+        return whole_op() if op == WHOLE_OP else None
+    return op if getattr(op, "components", None) is not None else None

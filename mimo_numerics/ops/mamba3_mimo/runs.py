@@ -34,12 +34,13 @@ from ..mamba_mimo_bwd_bwd import spec as _stage2_spec
 from ..mamba_mimo_fwd import reference as _fwd_reference
 from ..mamba_mimo_fwd import spec as _fwd_spec
 from . import chain
-from .autograd import GOLDEN_SECTIONS, RECORD_PREFIXES
-from .cases import OP_GRAD_NAMES
-from .golden_figures import OUTPUT_KEYS, run_op
+from .autograd import GOLDEN_SECTIONS, RECORD_PREFIXES, mamba3_mimo
+from .cases import OP_GRAD_NAMES, OP_INPUT_NAMES
 from ..mamba_mimo_bwd_fwd import validation as stage1_validation
 
 Run = Dict[str, torch.Tensor]
+#: ``Out`` and the 14 gradients, as the golden ``autograd`` entry names them.
+OUTPUT_KEYS = ("Out",) + OP_GRAD_NAMES
 #: Record key of ``Out`` (the forward operator's output).
 OUT_KEY = "mamba_mimo_fwd.outputs.o"
 _PRE, _EPILOGUE = RECORD_PREFIXES[0], RECORD_PREFIXES[-1]
@@ -87,6 +88,20 @@ def op_outputs(run: Run) -> Dict[str, Optional[torch.Tensor]]:
 
 
 # ---------------------------------------------------------------------------------------------------- runs
+def run_op(inputs: dict, policy, *, backend: str = "reference",
+           record: Optional[dict] = None) -> Dict[str, Optional[torch.Tensor]]:
+    """``mamba3_mimo`` forward and ``backward(dout)`` on fresh leaves of ``inputs`` (golden names): ``Out`` and
+    every input's ``.grad`` by golden ``autograd`` names (None for absent inputs)."""
+    leaves = {n: (None if inputs[n] is None else inputs[n].detach().clone().requires_grad_(True))
+              for n in OP_INPUT_NAMES}
+    out = mamba3_mimo(*leaves.values(), inputs["chunk_size"], inputs["rotary_dim_divisor"], policy=policy,
+                      backend=backend, record=record)
+    out.backward(inputs["dout"].to(out.dtype))
+    result = {"Out": out.detach()}
+    result.update({f"d{n}": (None if leaf is None else leaf.grad) for n, leaf in leaves.items()})
+    return result
+
+
 def policy_run(inputs: dict, policy, *, backend: str = "reference") -> Run:
     """The record of ``mamba3_mimo`` under ``policy`` (forward and ``backward(dout)``) on ``inputs`` (the 14 raw
     inputs by golden names, ``dout``, ``chunk_size``, ``rotary_dim_divisor``)."""

@@ -5,7 +5,8 @@ A golden case is one entry of ``upstream_h200_full_op_cases.pt`` (``tests/data/R
 upstream's ``pre``, ``fwd``, ``bwd_fwd``, ``bwd_bwd``, ``post``, ``autograd``. Every error is
 ``rel_rms(ours, upstream)`` (upstream is the expected value); "bit-equal" is the fraction of elements identical.
 
-* :func:`run_op`: ``mamba3_mimo`` (the autograd function) from the raw inputs alone: ``Out`` and the 14 ``.grad``.
+* ``run_op`` (:func:`mimo_numerics.ops.mamba3_mimo.runs.run_op`): ``mamba3_mimo`` (the autograd function) from the
+  raw inputs alone: ``Out`` and the 14 ``.grad``.
 * :func:`cascade_figures`: where the distance to upstream comes from, step by step: each step run once on
   upstream's recorded inputs of that step and once on the package's own, so the cost of a flipped rounding upstream
   of it (e.g. a bf16 ``states`` element) shows as the difference.
@@ -19,32 +20,16 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from ...metrics import bit_equal_fraction, rel_rms
-from . import chain
-from .autograd import mamba3_mimo
-from .cases import OP_GRAD_NAMES, OP_INPUT_NAMES
+from ..metrics import bit_equal_fraction, rel_rms
+from ..ops.mamba3_mimo import chain
+from ..ops.mamba3_mimo.cases import OP_GRAD_NAMES
+from ..ops.mamba3_mimo.runs import OUTPUT_KEYS, run_op
 
-#: ``Out`` and the 14 gradients, as the golden ``autograd`` entry names them.
-OUTPUT_KEYS = ("Out",) + OP_GRAD_NAMES
 #: The outputs issue 18 gates at rel RMS <= 2e-3 against upstream (acceptance item 1).
 GATED_OUTPUTS = ("Out", "dQ", "dK", "dV", "dZ", "dQ_bias", "dK_bias", "dMIMO_V", "dMIMO_Z", "dMIMO_Out")
 STAGE1_OUTPUTS = ("dmimo_o", "states", "dz", "dmimo_z", "qk_dot")
 STAGE2_OUTPUTS = ("dq", "dk", "dv", "dmimo_v", "dD", "dangles", "dfactor", "dgamma_diag", "ddA", "dSSdA",
                   "ddA_cs_rev", "ddA_cs")
-
-
-def run_op(inputs: dict, policy, *, backend: str = "reference",
-           record: Optional[dict] = None) -> Dict[str, Optional[torch.Tensor]]:
-    """``mamba3_mimo`` forward and ``backward(dout)`` on fresh leaves of ``inputs`` (golden names): ``Out`` and
-    every input's ``.grad`` by golden ``autograd`` names (None for absent inputs)."""
-    leaves = {n: (None if inputs[n] is None else inputs[n].detach().clone().requires_grad_(True))
-              for n in OP_INPUT_NAMES}
-    out = mamba3_mimo(*leaves.values(), inputs["chunk_size"], inputs["rotary_dim_divisor"], policy=policy,
-                      backend=backend, record=record)
-    out.backward(inputs["dout"].to(out.dtype))
-    result = {"Out": out.detach()}
-    result.update({f"d{n}": (None if leaf is None else leaf.grad) for n, leaf in leaves.items()})
-    return result
 
 
 def errors(got: Dict[str, Optional[torch.Tensor]], want: Dict[str, Optional[torch.Tensor]],
@@ -136,7 +121,7 @@ def site_off_rank(inputs: dict, base="upstream_sm90") -> list:
     alike (an arithmetic one is ruled by ``dD``, a cancelling sum ~10x further from FP64 than the others). A forward
     site moves ``Out`` only: the backward recomputes what it needs (stage 1) and reads no forward output.
     """
-    from ... import presets
+    from .. import presets
 
     base = presets.resolve(base)
     want = chain.fp64_chain(inputs)

@@ -1,5 +1,11 @@
 """``mimo-numerics report --op mamba3_mimo``: the numerics report of the whole op on one case.
 
+The generic report (``mimo_numerics.report.build_report``) hands the whole op, a composite operator
+(``mimo_numerics.ops.mamba3_mimo.spec``), to :func:`build_report` here. The measurements are the generic tools'
+(``sensitivity.run_errors`` and ``sensitivity.rank_sites``, ``drift.stage_drift`` and ``drift.stage_groups`` with
+``op="mamba3_mimo"``); what is the whole op's own is its cases (golden, ``small``, the oracle grid), its runs
+(``ops/mamba3_mimo/runs.py``: forward and ``backward(dout)`` with every stage recorded) and the summary's wording.
+
 Usage::
 
     mimo-numerics report --op mamba3_mimo [--case NAME] [--out DIR] [--policies a,b] [--quiet]
@@ -18,7 +24,8 @@ The output directory gets:
 
 * ``summary.md``: the error of ``Out`` and of the 14 gradients against FP64 under each policy and upstream (golden),
   how close each policy is to upstream, the error of every stage of the whole chain, and the one-site-off ranking of
-  the whole op's roundings per gradient (:mod:`.ranking`, under :data:`RANKING_POLICY`);
+  the whole op's roundings per gradient (``sensitivity.rank_sites(..., op="mamba3_mimo")``, under
+  :data:`RANKING_POLICY`);
 * ``metrics.json``: every number of the summary (NaN written as null, inf as "inf");
 * :data:`FIGURES`: the output errors, the one drift plot of the chain (x: every stage in chain order, grouped by
   operator; y: rel RMS vs the fp64 run's same stage, log, exact zeros on their own line) and the ranking heat map.
@@ -33,20 +40,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from ... import drift as _drift
-from ... import plots as _plots
-from ... import presets as _presets
-from ...inference import single_threaded
-from ...metrics import rel_rms
-from ...report import ReportError, fmt3, jsonable, markdown_table
-from . import cases as _cases
-from . import golden as _golden
-from . import ranking as _ranking
-from . import runs as _runs
-from .golden_figures import OUTPUT_KEYS
+from .. import drift as _drift
+from .. import plots as _plots
+from .. import presets as _presets
+from .. import sensitivity as _sensitivity
+from ..inference import single_threaded
+from ..metrics import rel_rms
+from ..ops import registry
+from ..ops.mamba3_mimo import cases as _cases
+from ..ops.mamba3_mimo import golden as _golden
+from ..ops.mamba3_mimo import runs as _runs
+from ..ops.mamba3_mimo.runs import OUTPUT_KEYS
+from ..report import ReportError
+from ..report import fmt3 as _fmt
+from ..report import jsonable as _jsonable
+from ..report import markdown_table as _table
+from .. import provenance as _provenance
 
 #: The whole op's name (the report's ``--op``; ``registry.WHOLE_OP``).
-OP_NAME = "mamba3_mimo"
+OP_NAME = registry.WHOLE_OP
 #: The report's case without ``--case``: the first whole-op golden case with every branch on (MIMO_Out, Z, D).
 DEFAULT_CASE = "g_B1_S64_H2_N64_P64_R4_C16_zdo"
 #: Policies compared by default.
@@ -125,7 +137,7 @@ def default_out_dir(case_name: str, root: Path = Path("reports")) -> Path:
 
 def _policies(names: Optional[Sequence[str]], lp: str) -> Dict[str, Any]:
     """``{label: policy}`` in the case's lp dtype; a policy the chain cannot run is a ``ReportError``."""
-    from . import chain
+    from ..ops.mamba3_mimo import chain
 
     out: Dict[str, Any] = {}
     for i, name in enumerate(names or DEFAULT_POLICIES):
@@ -155,7 +167,7 @@ def _chain_extremes(table, runs: Sequence[str]) -> Dict[str, Dict[str, Any]]:
     out: Dict[str, Dict[str, Any]] = {}
     for label in runs:
         for stage, value in pivot.get(label, {}).items():
-            group = _runs.group_of(stage)
+            group = _drift.stage_groups([stage], OP_NAME)[stage]
             best = out.setdefault(label, {}).get(group)
             if best is None or value > best["rel_rms"]:
                 out[label][group] = {"stage": stage, "rel_rms": value}
@@ -195,19 +207,19 @@ def build_report(case: Optional[str] = None, out: Optional[Path] = None, policie
     if rc.upstream is not None:
         runs[UPSTREAM_LABEL] = rc.upstream
     compared = [label for label in runs if label != "fp64"]
-    errors = {label: _ranking.output_errors(runs[label], runs["fp64"]) for label in compared}
+    errors = {label: _sensitivity.run_errors(runs[label], runs["fp64"], OP_NAME) for label in compared}
     agreement = {}
     if rc.upstream is not None:
         want = _runs.op_outputs(rc.upstream)
         agreement = {label: {o: rel_rms(got, want[o]) for o, got in _runs.op_outputs(runs[label]).items()
                              if got is not None and want[o] is not None} for label in chosen}
     say("drift through the chain")
-    table = _drift.stage_drift(runs, "fp64", lp, op=OP_NAME, order=_runs.chain_order())
+    table = _drift.stage_drift(runs, "fp64", lp, op=OP_NAME)
 
     say("one-site-off ranking")
     ranking_policy = _presets.get(RANKING_POLICY).replace(lp_dtype=lp)
-    site_ranking = _ranking.rank_op_sites([rc.inputs], ranking_policy, names=[rc.name], progress=progress,
-                                          baselines=[runs["fp64"]])
+    site_ranking = _sensitivity.rank_sites([rc.inputs], ranking_policy, [runs["fp64"]], op=OP_NAME,
+                                           progress=progress, names=[rc.name])
 
     say("figures")
     figures: List[str] = []
@@ -219,7 +231,7 @@ def build_report(case: Optional[str] = None, out: Optional[Path] = None, policie
     save(_plots.plot_output_errors(errors, "fp64 (the op's fp64 run)", ax=wide_axes(),
                                    title=f"Out and the gradients: error vs fp64 ({rc.name}; hatched: 0)"),
          "fig_output_errors.png")
-    save(_plots.plot_stage_drift(table, groups=_runs.groups(table.stages()), stage_width=0.17,
+    save(_plots.plot_stage_drift(table, groups=_drift.stage_groups(table.stages(), OP_NAME), stage_width=0.17,
                                  title=f"{OP_NAME}: error of every stage of the chain vs the fp64 run ({rc.name})"),
          "fig_drift_chain.png")
     heat = {r.label: {o: site_ranking.fraction(r, o) for o in site_ranking.outputs}
@@ -240,33 +252,33 @@ def build_report(case: Optional[str] = None, out: Optional[Path] = None, policie
         "site_ranking": site_ranking.to_dict(), "figures": figures,
     }
     metrics["seconds"] = time.monotonic() - started
-    (out / "metrics.json").write_text(json.dumps(jsonable(metrics), indent=1), encoding="utf-8")
+    command = " ".join(["mimo-numerics report --op", OP_NAME] + ([f"--case {case}"] if case else [])
+                       + ([f"--policies {','.join(policies)}"] if policies else [])
+                       + ([f"--out {out}"] if out is not None else []))
+    metrics["provenance"] = _provenance.collect(command=command)
+    (out / "metrics.json").write_text(json.dumps(_jsonable(metrics), indent=1), encoding="utf-8")
     (out / "summary.md").write_text(_summary(rc, metrics, table, site_ranking), encoding="utf-8")
     say(f"wrote {out} in {metrics['seconds']:.1f} s")
     return out
 
 
 def _summary(rc: OpReportCase, metrics: Dict[str, Any], table, site_ranking) -> str:
-    import torch
-
-    from ... import __version__
-
     errors, outputs = metrics["output_errors"], metrics["outputs"]
     lines = [f"# Numerics report: {OP_NAME} on {rc.name}", "", f"{rc.description}.", "",
-             f"Generated {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} by `mimo-numerics report "
-             f"--op {OP_NAME}` (mimo_numerics {__version__}, torch {torch.__version__}) in {metrics['seconds']:.1f} s. "
+             _provenance.markdown_header(metrics["provenance"])
+             + f" {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}, {metrics['seconds']:.1f} s. "
              "The op runs from the raw inputs, forward then `backward(dout)` (`mn.mamba3_mimo`: preprocessing, "
              "`mamba_mimo_fwd`, `mamba_mimo_bwd_fwd`, `mamba_mimo_bwd_bwd`, FP32 epilogue), under "
              + ", ".join(f"`{p}`" for p in metrics["policies"]) + "; the baseline is its `fp64` run (FP64 oracles "
              "of every step, nothing rounded). Relative RMS = `||run − fp64|| / ||fp64||`.", ""]
     lines += ["## Out and the 14 gradients against FP64", "", "![output errors](fig_output_errors.png)", "",
-              markdown_table([[f"`{label}`"] + [fmt3(e.get(o)) for o in outputs] for label, e in errors.items()],
+              _table([[f"`{label}`"] + [_fmt(e.get(o)) for o in outputs] for label, e in errors.items()],
                      ["run", *[f"`{o}`" for o in outputs]]), ""]
     if metrics["upstream_agreement"]:
         agreement = metrics["upstream_agreement"]
         lines += [f"Each policy against `{UPSTREAM_LABEL}` (relative RMS; the gap the policy leaves to the real "
                   "kernels):", "",
-                  markdown_table([[f"`{label}`"] + [fmt3(a.get(o)) for o in outputs] for label, a in agreement.items()],
+                  _table([[f"`{label}`"] + [_fmt(a.get(o)) for o in outputs] for label, a in agreement.items()],
                          ["policy", *[f"`{o}`" for o in outputs]]), ""]
     lines += _drift_section(metrics, table)
     lines += _ranking_section(site_ranking)
@@ -277,8 +289,8 @@ def _summary(rc: OpReportCase, metrics: Dict[str, Any], table, site_ranking) -> 
 
 def _drift_section(metrics, table) -> List[str]:
     extremes = metrics["largest_stage_error"]
-    groups = list(dict.fromkeys(_runs.group_of(s) for s in table.stages()))
-    rows = [[f"`{label}`"] + [f"{fmt3(per[g]['rel_rms'])} (`{per[g]['stage'].partition('.')[2]}`)" if g in per
+    groups = list(dict.fromkeys(_drift.stage_groups(table.stages(), OP_NAME).values()))
+    rows = [[f"`{label}`"] + [f"{_fmt(per[g]['rel_rms'])} (`{per[g]['stage'].partition('.')[2]}`)" if g in per
                               else "–" for g in groups] for label, per in extremes.items()]
     return ["## Error through the chain, stage by stage", "", "![drift through the chain](fig_drift_chain.png)", "",
             "Every recorded stage of the chain in chain order, grouped by operator (the shaded bands): the "
@@ -287,7 +299,7 @@ def _drift_section(metrics, table) -> List[str]:
             "own float64 tensors (the FP64 oracles record outputs only; `runs.fp64_run`). The upstream run has "
             "the golden tensors only: each step's outputs.", "",
             "Largest stage error per step (and its stage):", "",
-            markdown_table(rows, ["run", *[f"`{g}`" for g in groups]]), "",
+            _table(rows, ["run", *[f"`{g}`" for g in groups]]), "",
             "<details><summary>Every stage (rel RMS vs fp64)</summary>", "", table.to_markdown(), "", "</details>",
             ""]
 
@@ -297,10 +309,14 @@ def _ranking_section(site_ranking) -> List[str]:
              "", "![site ranking](fig_site_ranking.png)", "",
              "Each row is the op with one switch of one operator's section turned off (`<operator>.<site>`), or one "
              "knob at another value, run from the raw inputs and measured against the fp64 run "
-             "(`mimo_numerics.ops.mamba3_mimo.ranking`). A cell is the share of the output's error that goes away, "
-             "`sqrt(policy² − off²) / policy` (0 when the variant is not closer); the score is its mean over the "
-             "gradients. Shares of different roundings do not add up: the roundings interact.", "",
-             "Per output, the three roundings removing most of its error:", "", site_ranking.top_markdown(), "",
+             "(`sensitivity.rank_sites(..., op=\"mamba3_mimo\")`). A cell is the *quadrature share* of the "
+             "output's error that the rounding accounts for, `sqrt(policy² − off²) / policy` (0 when the variant "
+             "is not closer): independent errors add in quadrature, so a share of 0.2 is a drop of the error by "
+             "only 1 − sqrt(1 − 0.2²) = 2 %. The score is the share's mean over the gradients; *mean drop* is "
+             "what the error itself does, the mean over the gradients of `1 − off / policy`. Shares of different "
+             "roundings do not add up: the roundings interact.", "",
+             "Per output, the three roundings removing most of its error (quadrature share; drop of that output's "
+             "error):", "", site_ranking.top_markdown(), "",
              "<details><summary>Every rounding, ranked by score</summary>", "", site_ranking.to_markdown(), "",
              "</details>", ""]
     quiet = site_ranking.without_effect()

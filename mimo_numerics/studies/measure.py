@@ -12,11 +12,11 @@ from typing import Dict, Tuple
 
 import torch
 
-from ...metrics import bit_equal_fraction, max_abs, rel_rms
-from ..mamba_mimo_fwd.oracle import mamba_mimo_fwd_oracle
-from .diagnostics import d_skip_terms
-from .fp64_model import INPUT_NAMES, mamba3_mimo_fp64
-from .preprocess import angle_cumsum, dacs_segsum
+from ..metrics import bit_equal_fraction, max_abs, rel_rms
+from ..ops.mamba_mimo_fwd.oracle import mamba_mimo_fwd_oracle
+from ..ops.mamba3_mimo.diagnostics import d_skip_terms
+from ..ops.mamba3_mimo.fp64_model import INPUT_NAMES, mamba3_mimo_fp64
+from ..ops.mamba3_mimo.preprocess import angle_cumsum, dacs_segsum
 
 PRE_TENSORS = ("angles_cumsum", "da_cs", "da_cs_rev", "segsum")
 

@@ -21,7 +21,8 @@ the two gradients differ by the op's numerics under the policy (and float32 arit
 :func:`train` runs the steps for one policy and one seed (Adam on float32 weights, the policy's gradient applied) and
 records, per step, the policy's loss, the FP64 loss at the same weights and the rel RMS of every parameter's gradient
 against the FP64 gradient; :func:`train_demo` runs several policies and seeds from the same initial weights and
-writes the JSON and the plots (``mimo-numerics train-demo``, ``docs/whole_op.md``).
+writes the JSON, the plots and a README whose reading :func:`reading` computes from the results
+(``mimo-numerics train-demo``, ``docs/whole_op.md``).
 """
 
 from __future__ import annotations
@@ -36,15 +37,22 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ... import presets as _presets
-from ...metrics import rel_rms
-from .autograd import mamba3_mimo
-from .cases import OP_INPUT_NAMES
-from .fp64_model import mamba3_mimo_fp64
+from .. import presets as _presets
+from ..metrics import rel_rms
+from ..ops.mamba3_mimo.autograd import mamba3_mimo
+from ..ops.mamba3_mimo.cases import OP_INPUT_NAMES
+from ..ops.mamba3_mimo.fp64_model import mamba3_mimo_fp64
+from .. import provenance
 
-#: The site the demo's fourth policy turns off: the top of the one-site-off rank of the whole op's gradients
-#: against FP64 (``reports/mamba3_mimo_golden.md`` §4: upstream_sm90 with it off, geo-mean gradient error -11 %).
-DEFAULT_SITE_OFF = "mamba_mimo_bwd_bwd.dphio_gate"
+#: The site the demo's fourth policy turns off: the switch ranked first by score in the one-site-off ranking of the
+#: whole op over the 11 bfloat16 golden cases (``reports/mamba3_mimo_site_ranking.json``, ``rows[0]``; its score
+#: and error drop are in ``reports/mamba3_mimo_site_ranking.md``). ``tests/test_mamba3_mimo_training.py`` checks
+#: that it is still that report's first switch.
+DEFAULT_SITE_OFF = "mamba_mimo_bwd_bwd.z_zeta"
+#: Where :data:`DEFAULT_SITE_OFF` comes from (relative to the repository root).
+SITE_RANKING_REPORT = "reports/mamba3_mimo_site_ranking.json"
+#: Steps of the window "over the last steps" (and "over the first steps") of the reading.
+WINDOW = 20
 #: Parameters of the layer, in a fixed order.
 PARAM_NAMES = ("in_proj", "dt_bias", "A_log", "Q_bias", "K_bias", "MIMO_V", "MIMO_Z", "MIMO_Out", "D", "out_proj")
 
@@ -444,6 +452,7 @@ def train_demo(out_dir: Union[str, Path] = "reports/training_under_policy", *, s
     if threads is not None and torch.device(device).type == "cpu":
         torch.set_num_threads(threads)
     torch.backends.cuda.matmul.allow_tf32 = False  # the projections in IEEE fp32 on CUDA too: no global flag decides
+    recorded = provenance.collect(command=command)  # the commit and tree the run starts from
     start, cpu_start = time.perf_counter(), time.process_time()
     try:
         results = run_demo(config, progress=progress)
@@ -453,6 +462,8 @@ def train_demo(out_dir: Union[str, Path] = "reports/training_under_policy", *, s
     results["wall_seconds"] = time.perf_counter() - start
     results["cpu_seconds"] = time.process_time() - cpu_start
     results["threads"] = threads
+    results["command"] = command
+    results["provenance"] = recorded
     try:
         results["load_average"] = list(os.getloadavg())  # the machine may be shared: say how busy it was
     except OSError:
@@ -480,34 +491,183 @@ def _span(values: Sequence[float]) -> str:
 
 
 def _geo(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+    return math.exp(sum(math.log(max(v, 1e-300)) for v in values) / len(values))
 
 
-def write_readme(results: dict, out_dir: Path, command: str = "mimo-numerics train-demo") -> Path:
-    """``README.md`` of the experiment: setup, the numbers (from ``results``), the figures and a reading whose
-    figures are computed here, not typed in."""
-    import platform
-    import subprocess
+def _median(values: Sequence[float]) -> float:
+    from statistics import median
 
+    return median(values)
+
+
+def _seeds(results: dict) -> List[str]:
+    return [str(s) for s in results["config"]["seeds"]]
+
+
+def paired(results: dict, label: str, against: str) -> Dict[str, List[float]]:
+    """Run ``label`` against run ``against`` seed by seed (the same initial weights and data): per seed, the ratio of
+    their median gradient errors (``ratio``) and the fraction of the steps at which ``label``'s gradient error is
+    the lower (``lower``)."""
+    runs = results["runs"]
+    ratio, lower = [], []
+    for seed in _seeds(results):
+        a, b = runs[label][seed]["grad_rel_rms_all"], runs[against][seed]["grad_rel_rms_all"]
+        ratio.append(_median(a) / _median(b))
+        lower.append(sum(1 for x, y in zip(a, b) if x < y) / len(a))
+    return {"ratio": ratio, "lower": lower}
+
+
+def separated(pair: Dict[str, List[float]]) -> bool:
+    """Whether a :func:`paired` comparison is on one side in every seed: every ratio below 1 with the run lower on
+    at least two thirds of the steps, or every ratio above 1 with it lower on at most one third."""
+    below = all(r < 1 for r in pair["ratio"]) and all(f >= 2 / 3 for f in pair["lower"])
+    above = all(r > 1 for r in pair["ratio"]) and all(f <= 1 / 3 for f in pair["lower"])
+    return below or above
+
+
+def window_growth(results: dict, label: str, window: int = WINDOW) -> List[float]:
+    """Per seed: the median gradient error over the last ``window`` steps over that of the first ``window``."""
+    out = []
+    for seed in _seeds(results):
+        values = results["runs"][label][seed]["grad_rel_rms_all"]
+        w = max(1, min(window, len(values) // 2))
+        out.append(_median(values[-w:]) / _median(values[:w]))
+    return out
+
+
+def parting_window(results: dict, window: int = WINDOW) -> Dict[str, List[float]]:
+    """Per policy other than ``fp64``, per seed: the median over the last ``window`` steps of
+    :func:`trajectory_parting` (how far the run's weights have moved from the ``fp64`` run's, read through the FP64
+    loss of both on the same batch)."""
+    out = {}
+    for label, per_seed in trajectory_parting(results).items():
+        out[label] = [_median(run[-max(1, min(window, len(run) - 1)):]) for run in per_seed]
+    return out
+
+
+def _ratios(values: Sequence[float], digits: int = 3) -> str:
+    return " / ".join(f"{v:.{digits}f}" for v in values)
+
+
+def _pcts(values: Sequence[float]) -> str:
+    return " / ".join(f"{v:.0%}" for v in values)
+
+
+def reading(results: dict) -> List[str]:
+    """The README's reading as Markdown bullets, every figure computed here from ``results`` (a rerun rewrites
+    it): the order of the policies and whether seed-by-seed comparisons separate them, the gradient error over
+    training, how far the runs part from the ``fp64`` run, the held-out losses paired by seed, and the limits."""
+    results = _rounded(results)
     summary = summarize(results)
     config = results["config"]
     labels = list(results["runs"])
-    root = Path(__file__).resolve().parents[3]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
+    seeds = _seeds(results)
+    n_seeds = len(seeds)
+    per_seed = "per seed " if n_seeds > 1 else ""
+    grad = {label: summary[label]["grad_rel_rms_all_median"] for label in labels}
+    order = sorted(labels, key=lambda label: _geo(grad[label]))
+    steps = config["steps"]
+    window = max(1, min(WINDOW, steps // 2))
+    bullets = []
+
+    first = "* Gradient error (median over the steps, geometric mean over the seeds), smallest first: " + " < ".join(
+        f"`{label}` ({_geo(grad[label]):.2e})" for label in order) + "."
+    pairs = []
+    for lower, higher in zip(order, order[1:]):
+        pair = paired(results, lower, higher)
+        if n_seeds == 1:
+            verdict = ("one seed, one pair of runs: on one side over the steps" if separated(pair) else
+                       "one seed, one pair of runs: not separated over the steps")
+        else:
+            verdict = ("separated in every seed" if separated(pair) else
+                       "not separated: the per-seed ratios, or the steps, go both ways")
+        pairs.append(f"`{lower}` / `{higher}`: ratio of the medians {per_seed}{_ratios(pair['ratio'])}, "
+                     f"`{lower}` lower on {_pcts(pair['lower'])} of the steps ({verdict})")
+    bullets.append(first + " Each neighbouring pair compared run against run (same seed: the same initial weights "
+                   "and data, so the comparison is paired): " + "; ".join(pairs) + ".")
+    site_labels = [label for label in labels if " - " in label]
+    if site_labels and "upstream_sm90" in labels:
+        lab = site_labels[0]
+        base, site = (part.strip() for part in lab.split(" - ", 1))
+        pair = paired(results, lab, base)
+        source = (f"the switch ranked first over the 11 golden cases in `{SITE_RANKING_REPORT[:-5]}.md`"
+                  if site == DEFAULT_SITE_OFF else "a site chosen on the command line")
+        bullets.append(
+            f"* `{site}` off ({source}): against `{base}`, ratio of the median gradient errors {per_seed}"
+            f"{_ratios(pair['ratio'])}, lower on {_pcts(pair['lower'])} of the steps: "
+            + (("a difference in every seed." if n_seeds > 1 else "on one side over the steps of the one seed.")
+               if separated(pair) else
+               "no difference this experiment can resolve (the seeds disagree in sign, or the steps split near "
+               "half and half)."))
+    if "fp64" in labels:
+        other = [n for n in PARAM_NAMES if n != "in_proj"]
+        worst = max(_geo(summary["fp64"]["grad_rel_rms_median"][n]) for n in other)
+        bullets.append(
+            f"* `fp64` is not zero ({_geo(grad['fp64']):.1e}): the op's FP64 gradients of its bf16 inputs (Q, K, V, "
+            "Z, Trap) are stored in bf16 by autograd (a gradient has its input's dtype, as upstream's do), which "
+            f"reaches `in_proj` ({_geo(summary['fp64']['grad_rel_rms_median']['in_proj']):.1e}); its other "
+            f"parameters match FP64 to at most {worst:.0e} (float32 projections). `fp32` adds FP32 arithmetic and "
+            "the bf16 output stores of the three kernels; `upstream_sm90` every bf16 site of the chain.")
+    growth = {label: window_growth(results, label, window) for label in labels if label != "fp64"}
+    if growth and steps >= 2 * window:
+        bullets.append(
+            f"* The gradient error changes along training (second figure): median over the last {window} steps "
+            f"over the median over the first {window}, {per_seed}" + "; ".join(
+                f"`{label}` {' / '.join(f'{v:.3f}' for v in values)}" for label, values in growth.items())
+            + (": above 1 in every run, the error rises over training." if all(v > 1 for vs in growth.values()
+                                                                            for v in vs) else "."))
+    parting = parting_window(results, window)
+    if parting:
+        text = "; ".join(f"`{label}` {_geo(values):.1e}" + (f" ({_span(values)})" if n_seeds > 1 else "")
+                         for label, values in parting.items())
+        ratio = ""
+        if "upstream_sm90" in parting and "fp32" in parting:
+            factor = _geo(parting["upstream_sm90"]) / _geo(parting["fp32"])
+            ratio = f" `upstream_sm90`'s run parts from the `fp64` run {factor:.1f}x more than `fp32`'s."
+        bullets.append(
+            f"* The runs part from the `fp64` run of their seed (third panel of `loss.png`): the FP64 loss of a "
+            f"run's weights differs from that of the `fp64` run's weights on the same batch by a relative median "
+            f"over the last {window} steps of {text}.{ratio} The gradient error at a step is measured at that run's "
+            "own weights: it is the op's error there, not the accumulated difference between runs.")
+    final = {label: summary[label]["final_eval_loss"] for label in labels}
+    if "fp64" in labels and len(labels) > 1:
+        rel = {label: [final[label][i] / final["fp64"][i] for i in range(n_seeds)] for label in labels
+               if label != "fp64"}
+        spread = max(abs(v - 1) for vs in rel.values() for v in vs)
+        bullets.append(
+            "* Held-out loss at the end, each run over the `fp64` run of the same seed: " + "; ".join(
+                f"`{label}` {_ratios(values)}" for label, values in rel.items())
+            + f": within {spread:.1%} of `fp64`. "
+            + ("Different seeds are different teachers and data, so the spread between seeds is no noise floor for "
+               "a policy's effect; the paired ratios are the comparison. " if n_seeds > 1 else "")
+            + f"At this size and length the gradient errors above move the final held-out loss by at most "
+              f"{spread:.1%}.")
+    layer, task = config["layer"], config["task"]
+    bullets.append(
+        f"* What the curves cannot show: anything beyond this small layer (N = {layer['state_dim']}, P = "
+        f"{layer['value_dim']}, R = {layer['rank']}, S = {task['seqlen']}; upstream is tuned for N = 128, P = 64, "
+        f"R = 4, S = 2048), this task, this optimizer (Adam normalises each parameter's step, which hides a uniform "
+        f"relative error) and {steps} steps. The FP64 reference holds the op's inputs at the policy run's bf16 "
+        "values: the rounding of the activations themselves (shared by every policy) is not part of the error. "
+        + (f"{n_seeds} seeds give a range, not a distribution." if n_seeds > 1 else
+           "One seed: no range over seeds; every comparison above is one pair of runs."))
+    return bullets
+
+
+def write_readme(results: dict, out_dir: Path, command: str = "mimo-numerics train-demo") -> Path:
+    """``README.md`` of the experiment: a provenance line, setup, the numbers (from ``results``), the figures and
+    :func:`reading`."""
+    results = _rounded(results)  # the numbers of results.json, so the README is a function of that file
+    summary = summarize(results)
+    config = results["config"]
+    labels = list(results["runs"])
     load_average = results.get("load_average")
     load = ("load average %.1f / %.1f / %.1f (1 / 5 / 15 min)" % tuple(load_average) if load_average
             else "load average unknown")
     grad = {label: summary[label]["grad_rel_rms_all_median"] for label in labels}
     final = {label: summary[label]["final_eval_loss"] for label in labels}
     first = {label: summary[label]["first_eval_loss"] for label in labels}
-    order = sorted(labels, key=lambda label: _geo(grad[label]))
-    lows, highs = [min(v) for v in final.values()], [max(v) for v in final.values()]
-    overlap = max(lows) <= min(highs)
-    per_seed_spread = max(max(v) / min(v) for v in final.values())
-    seeds = [str(s) for s in config["seeds"]]
-    between = max(max(final[label][i] for label in labels) / min(final[label][i] for label in labels)
-                  for i in range(len(seeds)))
+    seeds = _seeds(results)
     rows = []
     for label in labels:
         s = summary[label]
@@ -516,38 +676,15 @@ def write_readme(results: dict, out_dir: Path, command: str = "mimo-numerics tra
     param_rows = [f"| `{label}` | " + " | ".join(f"{_geo(summary[label]['grad_rel_rms_median'][n]):.1e}"
                                                  for n in PARAM_NAMES) + " |" for label in labels]
     layer, task = config["layer"], config["task"]
-    parting = trajectory_parting(results)
-    part_text = ""
-    if parting:
-        def at(step_slice):
-            values = [v for per_seed in parting.values() for run in per_seed for v in run[step_slice]]
-            return sorted(values)[len(values) // 2]
-        steps_n = config["steps"]
-        part_text = (f"The FP64 loss of a policy run's weights differs from that of the `fp64` run of the same seed "
-                     f"(same batch) by a median {at(slice(1, 2)):.0e} at step 1 (0 at step 0: the same weights), "
-                     f"{at(slice(min(10, steps_n - 1), min(11, steps_n))):.0e} at step 10 and "
-                     f"{at(slice(max(steps_n - 20, 0), steps_n)):.0e} over the last 20 steps (third panel of "
-                     "`loss.png`): the runs part, and the gradient error at a step is measured at that run's own "
-                     "weights.")
-    site_labels = [label for label in labels if " - " in label]
-    site_sentence = ""
-    if site_labels and "upstream_sm90" in labels:
-        lab = site_labels[0]
-        change = _geo(grad[lab]) / _geo(grad["upstream_sm90"]) - 1
-        site_sentence = (f" Turning off `{lab.split(' - ')[1]}` (the top of the one-site-off rank in "
-                         f"`reports/mamba3_mimo_golden.md` §4) changes the median gradient error of `upstream_sm90` "
-                         f"by {change:+.0%}.")
     wall, cpu = results.get("wall_seconds", float("nan")), results.get("cpu_seconds", float("nan"))
     table_head = ("| policy | gradient error, median over steps | held-out loss at step 0 | held-out loss at the end "
                   "| training loss, last 10 steps | seconds (all seeds) |")
-    shows = ("do not show in the loss beyond the spread between seeds" if overlap and between <= per_seed_spread
-             else "show in the loss: compare the factors above")
+    bullets = "\n".join(reading(results))
     text = f"""# Training one Mamba-3 MIMO layer under a rounding policy
 
-Generated by `{command}` at commit `{commit}` (`mimo_numerics/ops/mamba3_mimo/training.py`); torch
-{torch.__version__}, Python {platform.python_version()}, device `{config['device']}`, {results.get('threads')}
-torch thread(s); {wall:.0f} s wall, {cpu:.0f} s of CPU time for the {len(labels) * len(seeds)} runs
-(machine {load} at the end, {os.cpu_count()} cores; on a shared machine the wall time grows with the load).
+{provenance.markdown_header(results.get("provenance") or provenance.collect(command=command))} Code: `mimo_numerics/studies/training.py`; device `{config['device']}`,
+{results.get('threads')} torch thread(s); {wall:.0f} s wall, {cpu:.0f} s of CPU time for the
+{len(labels) * len(seeds)} runs (machine {load} at the end; on a shared machine the wall time grows with the load).
 
 ## Setup
 
@@ -559,8 +696,8 @@ torch thread(s); {wall:.0f} s wall, {cpu:.0f} s of CPU time for the {len(labels)
 * Task: imitate a linear recurrence `h_t = a h_(t-1) + sqrt(1 - a²) U x_t`, `y_t = W h_t / sqrt(m)` (m =
   {task['channels']} channels, decays {task['decays']}), batch {task['batch']}, S = {task['seqlen']}, a fresh batch
   per step (the same for every policy of a seed); mean squared error, about 1 for a zero output.
-* {config['steps']} Adam steps, lr {config['lr']}, seeds {', '.join(seeds)} (the seed sets the initial weights,
-  the teacher and the data; every policy of a seed starts from the same weights).
+* {config['steps']} Adam steps, lr {config['lr']}, seed(s) {', '.join(seeds)} (the seed sets the initial weights,
+  the teacher and the data; every policy of a seed starts from the same weights and sees the same batches).
 * At every step the gradient the policy gives is compared with the FP64 gradient of **the same weights**: the same
   layer in float64 around `fp64_model.mamba3_mimo_fp64` (independent of the chain), the op fed exactly the values
   the policy run fed it. The policy's gradient is the one applied.
@@ -593,22 +730,9 @@ Lines: geometric mean over the seeds; bands: min – max over the seeds. `result
 
 ## Reading
 
-* Gradient error, smallest first: {' < '.join(f'`{label}`' for label in order)}.{site_sentence} `fp64` is not
-  zero: the op's FP64 gradients of its bf16 inputs (Q, K, V, Z, Trap) are stored in bf16 by autograd (a
-  gradient has its input's dtype, as upstream's do), which reaches `in_proj`; its other parameters match FP64 to
-  ~1e-7 (float32 projections). `fp32` adds FP32 arithmetic and the bf16 output stores of the three kernels;
-  `upstream_sm90` every bf16 site of the chain.
-* The held-out losses at the end {'overlap' if overlap else 'do not all overlap'} across the policies (ranges in the
-  table). Across the policies of one seed the final held-out losses differ by up to a factor {between:.2f}; across
-  the seeds of one policy by up to {per_seed_spread:.2f}. At this size and length, the per-step gradient errors
-  above {shows}.
-* What the curves cannot show: anything beyond this small layer (N = {layer['state_dim']}, P = {layer['value_dim']},
-  R = {layer['rank']}, S = {task['seqlen']}; upstream is tuned for N = 128, P = 64, R = 4, S = 2048), this task, this
-  optimizer (Adam normalises each parameter's step, which hides a uniform relative error) and {config['steps']}
-  steps. {part_text} The per-step gradient error is the op's error at those weights, not the accumulated difference
-  between runs. The FP64 reference holds the op's inputs at the policy run's bf16 values: the
-  rounding of the activations themselves (shared by every policy) is not part of the error. Three seeds give a
-  range, not a distribution.
+Computed from `results.json` by `training.reading` (a rerun rewrites it).
+
+{bullets}
 """
     path = out_dir / "README.md"
     path.write_text(text, encoding="utf-8")
@@ -646,12 +770,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--lr", type=float, default=2e-2, help="Adam's learning rate")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads while training (0: leave as is)")
     parser.add_argument("--no-plots", action="store_true", help="write results.json only")
+    parser.add_argument("--from-results", action="store_true",
+                        help="train nothing: rewrite the PNGs and README.md from --out's results.json")
     args = parser.parse_args(argv)
+    if args.from_results and args.out is None:
+        parser.error("--from-results needs --out, the folder holding results.json")
     if args.out is None:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d_%H%M%S")
         args.out = str(Path("out") / "train-demo" / stamp)
     if args.steps < 1:
         parser.error("--steps must be >= 1")
+    if args.from_results:
+        out = Path(args.out)
+        results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        files = plot_results(results, out) + [write_readme(results, out, command=results.get(
+            "command", "mimo-numerics train-demo"))]
+        print("wrote " + ", ".join(str(f) for f in files))
+        return 0
     command = "mimo-numerics train-demo" + ("" if not argv else " " + " ".join(argv))
     result = train_demo(args.out, steps=args.steps, seeds=args.seeds, policies=args.policies, device=args.device,
                         realistic=args.realistic, lr=args.lr, threads=args.threads or None,
