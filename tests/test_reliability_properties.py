@@ -49,7 +49,7 @@ from mimo_numerics.policy import ALL_KNOBS, RoundingPolicy  # noqa: E402
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.validation import validate_inputs
 
 # ---------------------------------------------------------------------------------------------------- profiles
-from reliability_support import counts_writer, kernels_or_none, policies, profile  # noqa: E402
+from reliability_support import counts_writer, kernels_or_none, partial_policy_files, policies, profile  # noqa: E402,E501
 from reliability_support import run_case as _run  # noqa: E402
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import oracle as stage1_oracle  # noqa: E402
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference  # noqa: E402
@@ -253,6 +253,31 @@ def _policy_round_trip(profile_name: str, examples: int):
 
 test_policy_json_round_trip = _policy_round_trip("fast", 200)
 test_policy_json_round_trip_slow = pytest.mark.slow(_policy_round_trip("slow", 5000))
+
+
+def _partial_file_read(profile_name: str, examples: int):
+    counter = f"partial_policy_file_read[{profile_name}]"
+
+    @profile(profile_name, examples)
+    @given(drawn=partial_policy_files(), indent=st.sampled_from([None, 2]))
+    def check(drawn, indent):
+        # a "base" file with some knobs and some sites of every operator means the base preset with exactly those
+        # fields replaced: every site it gives is honoured on read, every other field is the base's
+        data, expected = drawn
+        COUNTS[counter] += 1
+        note(json.dumps(data))
+        back = RoundingPolicy.from_json(json.dumps(data, indent=indent))
+        assert back == expected, back.diff(expected)
+        for op, given_sites in data.get("sites", {}).items():
+            for site, value in given_sites.items():
+                assert back.get(f"{op}.{site}") is value, (op, site)
+        assert RoundingPolicy.from_json(back.to_json()) == back
+
+    return check
+
+
+test_partial_policy_file_is_read_field_by_field = _partial_file_read("fast", 150)
+test_partial_policy_file_is_read_field_by_field_slow = pytest.mark.slow(_partial_file_read("slow", 3000))
 
 
 # ---------------------------------------------------------------------------------------------------- inference
