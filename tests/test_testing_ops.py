@@ -43,7 +43,9 @@ def caught(report):
 # ---------------------------------------------------------------------------------------------------- correct fns
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("preset", ["upstream_sm90", "fp32", "upstream_sm90_fp16", "fp64"])
-def test_reference_passes_its_own_gate_bit_exactly(op, preset):
+def test_plumbing_reference_passes_its_own_gate_bit_exactly(op, preset):
+    """Plumbing: every operator's reference gated against itself passes bit-exactly (the gate's wiring per operator;
+    independent implementations: tests/test_gate_independent.py)."""
     report = testing.check(_operator.get(op).load("reference"), op=op, policy=preset, cases="smoke",
                            pass_policy=True, dtype_mismatch="adapt")
     assert report.passed, report.failure_message()
