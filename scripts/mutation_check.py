@@ -22,16 +22,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
+
+from mimo_numerics import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,23 +106,6 @@ MUTANTS: Tuple[Mutant, ...] = (
            "mimo_numerics/bundles.py", 'if digest != info.get("sha256"):', "if False:",
            ("tests/test_bundles.py", "-k", "flipped_byte")),
 )
-
-
-# ---------------------------------------------------------------------------------------------------- provenance
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def provenance(argv: Sequence[str]) -> dict:
-    """Commit, ``git describe --dirty``, the command and the machine (until the project's provenance module)."""
-    return {"commit": _git("rev-parse", "HEAD"), "describe": _git("describe", "--always", "--dirty"),
-            "command": "python scripts/mutation_check.py " + " ".join(shlex.quote(a) for a in argv),
-            "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} "
-                       f"{platform.release()}, Python {platform.python_version()})",
-            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
 
 
 # ---------------------------------------------------------------------------------------------------- copy and run
@@ -211,8 +194,7 @@ def write_report(rows: List[dict], prov: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     caught = sum(r["status"] == "caught" for r in rows)
     lines = ["# Mutation check: targeted bugs the default test suite must catch", "",
-             f"- commit: `{prov['commit']}` (`git describe --dirty`: `{prov['describe']}`)",
-             f"- command: `{prov['command']}`", f"- machine: {prov['machine']}", f"- date: {prov['date']}", "",
+             provenance.markdown_header(prov), "",
              f"**{caught} of {len(rows)} mutants caught.** Each mutant is applied alone in a copy of the repository "
              "and its test selection run with `python -m pytest -x -q -m \"not slow and not gpu\"`; the mutants "
              "(file, exact original text, replacement, selection) are listed in `scripts/mutation_check.py`.", "",
@@ -258,7 +240,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             row = run_mutant(copy, m, args.timeout)
             print(f"{row['status']:15s} {row['seconds']:7.1f} s  {m.id}: {row['detail']}", flush=True)
             rows.append(row)
-    write_report(rows, provenance(argv), Path(args.out))
+    write_report(rows, provenance.collect(argv), Path(args.out))
     failed = [r["id"] for r in rows if r["status"] != "caught"]
     if failed:
         print(f"mutation_check: {len(failed)} mutant(s) not caught: {failed}", file=sys.stderr)

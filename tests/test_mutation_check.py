@@ -47,6 +47,6 @@ def test_mutation_check_on_a_tiny_repository(tool, tmp_path):
     assert "occurs 0 times" in gone["detail"]
     assert (copy / "calc.py").read_text() == (repo / "calc.py").read_text()  # restored after each mutant
     report = tmp_path / "out" / "mc"
-    tool.write_report([caught, survived, gone], tool.provenance(["--only", "sub"]), report)
+    tool.write_report([caught, survived, gone], tool.provenance.collect(["--only", "sub"]), report)
     text = report.with_suffix(".md").read_text()
     assert "1 of 3 mutants caught" in text and "git describe --dirty" in text
