@@ -58,8 +58,9 @@ def _ignore_site_on_read(op: str) -> str:
 
 
 MUTANTS: Tuple[Mutant, ...] = (
-    Mutant("ref_stage1_out_unrounded", "reference", "stage 1: the `out` site (o rounded to lp) skipped",
-           "mimo_numerics/ops/mamba_mimo_bwd_fwd/reference.py", 'out = rnd("out", o)', "out = o",
+    Mutant("ref_stage1_out_unrounded", "reference",
+           "stage 1 (its CPU path, the one CPU tensors take): the `out` site (o rounded to lp) skipped",
+           "mimo_numerics/ops/mamba_mimo_bwd_fwd/reference_cpu.py", 'out = pol.site_("out", o)', "out = o",
            ("tests/test_reference.py", "-k", "every_switch_changes_the_outputs and out")),
     Mutant("ref_fwd_out_proj_unrounded", "reference", "forward: the `out_proj` site skipped",
            "mimo_numerics/ops/mamba_mimo_fwd/reference.py", 'o_rank = rnd("out_proj", out * phi)',
