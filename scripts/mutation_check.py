@@ -241,7 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             row = run_mutant(copy, m, args.timeout)
             print(f"{row['status']:15s} {row['seconds']:7.1f} s  {m.id}: {row['detail']}", flush=True)
             rows.append(row)
-    write_report(rows, provenance.collect(argv), Path(args.out))
+    write_report(rows, provenance.collect([str(Path(__file__).resolve())] + argv), Path(args.out))
     failed = [r["id"] for r in rows if r["status"] != "caught"]
     if failed:
         print(f"mutation_check: {len(failed)} mutant(s) not caught: {failed}", file=sys.stderr)
