@@ -208,7 +208,7 @@ def test_plumbing_make_golden_flow_with_a_stand_in_kernel(tmp_path, monkeypatch,
     from mimo_numerics import bundles
     from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference
 
-    spec = importlib.util.spec_from_file_location("make_golden", Path(__file__).parent.parent / "scripts" /
+    spec = importlib.util.spec_from_file_location("make_golden", Path(__file__).parent.parent / "golden" /
                                                   "make_golden.py")
     make_golden = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make_golden)
