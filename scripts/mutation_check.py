@@ -10,7 +10,8 @@ the first mutant).
 
 A mutant is ``caught`` when its selection fails, ``SURVIVED`` when it passes, ``TEXT NOT FOUND`` when its original
 text does not occur exactly once in its file (a file moved or edited: update the mutant), ``ERROR`` when pytest
-could not run it (exit code 2-5). The exit status is 1 unless every mutant is caught.
+could not run it (exit code 2-5), ``BASELINE FAILS`` when its selection already fails on the unmutated copy (every
+distinct selection is run once without a mutant first). The exit status is 1 unless every mutant is caught.
 
     python scripts/mutation_check.py                    # every mutant; writes reports/mutation_check.md and .json
     python scripts/mutation_check.py --list             # the mutants and whether their text is found; runs nothing
@@ -159,6 +160,28 @@ def check_imports_from(copy: Path) -> None:
                          f"{out.stderr.strip()[-400:]!r}); nothing was run")
 
 
+def _pytest(copy: Path, tests: Sequence[str], timeout: float) -> Tuple[Optional[int], str]:
+    """``(exit code or None on timeout, pytest's last line)`` of the selection ``tests`` in ``copy``."""
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not slow and not gpu",
+               *tests]
+    try:
+        done = subprocess.run(command, cwd=copy, capture_output=True, text=True, timeout=timeout, env=_env())
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout:.0f} s"
+    tail = (done.stdout + done.stderr).strip().splitlines()
+    return done.returncode, next((line for line in reversed(tail) if line.strip()), "")
+
+
+def baseline(copy: Path, mutants: Sequence[Mutant], timeout: float) -> dict:
+    """``{selection: (exit code, last line)}`` of every distinct selection on the unmutated copy: a mutant counts
+    as caught only where its selection passes without it."""
+    results = {}
+    for m in mutants:
+        if m.tests not in results:
+            results[m.tests] = _pytest(copy, m.tests, timeout)
+    return results
+
+
 def run_mutant(copy: Path, mutant: Mutant, timeout: float) -> dict:
     row = {"id": mutant.id, "area": mutant.area, "what": mutant.what, "file": mutant.file,
            "tests": " ".join(mutant.tests), "status": None, "seconds": 0.0, "detail": ""}
@@ -169,18 +192,12 @@ def run_mutant(copy: Path, mutant: Mutant, timeout: float) -> dict:
     path = copy / mutant.file
     original = path.read_text()
     path.write_text(original.replace(mutant.original, mutant.replacement))
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not slow and not gpu",
-               *mutant.tests]
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, cwd=copy, capture_output=True, text=True, timeout=timeout, env=_env())
-        code, tail = done.returncode, (done.stdout + done.stderr).strip().splitlines()
-    except subprocess.TimeoutExpired:
-        code, tail = None, [f"timed out after {timeout:.0f} s"]
+        code, last = _pytest(copy, mutant.tests, timeout)
     finally:
         path.write_text(original)
     row["seconds"] = round(time.perf_counter() - start, 1)
-    last = next((line for line in reversed(tail) if line.strip()), "")
     if code == 1:
         row.update(status="caught", detail=last)
     elif code == 0:
@@ -196,8 +213,8 @@ def write_report(rows: List[dict], prov: dict, out: Path) -> None:
     caught = sum(r["status"] == "caught" for r in rows)
     lines = ["# Mutation check: targeted bugs the default test suite must catch", "",
              provenance.markdown_header(prov), "",
-             f"**{caught} of {len(rows)} mutants caught.** Each mutant is applied alone in a copy of the repository "
-             "and its test selection run with `python -m pytest -x -q -m \"not slow and not gpu\"`; the mutants "
+             f"**{caught} of {len(rows)} mutants caught.** Every selection first passes on the unmutated copy; "
+             "each mutant is then applied alone in a copy of the repository and its test selection run with `python -m pytest -x -q -m \"not slow and not gpu\"`; the mutants "
              "(file, exact original text, replacement, selection) are listed in `scripts/mutation_check.py`.", "",
              "| mutant | area | bug | selection | status | s | pytest's last line |", "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -237,8 +254,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         copy = Path(tmp) / "repo"
         copy_tree(root, copy)
         check_imports_from(copy)
+        clean = baseline(copy, mutants, args.timeout)
         for m in mutants:
-            row = run_mutant(copy, m, args.timeout)
+            code, last = clean[m.tests]
+            if code != 0:
+                row = {"id": m.id, "area": m.area, "what": m.what, "file": m.file, "tests": " ".join(m.tests),
+                       "status": "BASELINE FAILS", "seconds": 0.0,
+                       "detail": f"the selection fails without the mutant (exit {code}): {last}"}
+            else:
+                row = run_mutant(copy, m, args.timeout)
             print(f"{row['status']:15s} {row['seconds']:7.1f} s  {m.id}: {row['detail']}", flush=True)
             rows.append(row)
     write_report(rows, provenance.collect([str(Path(__file__).resolve())] + argv), Path(args.out))
