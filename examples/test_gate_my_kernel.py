@@ -10,8 +10,10 @@ your kernel:
 
 The forward (``mamba_mimo_fwd``) and stage 2 (``mamba_mimo_bwd_bwd``) have no kernels in this project yet; their
 tests below gate a stand-in, the policy reference summing over the state dimension in another order
-(``testing.permute_state_dim``: a correct implementation that rounds differently at the FP32 level). Replace it by
-your forward or stage-2 kernel and keep ``op=``.
+(``testing.permute_state_dim``: a correct implementation that rounds differently at the FP32 level). Built from
+the reference, they are plumbing tests (``test_plumbing_*``): they show the wiring, not an implementation's accuracy
+(tests/test_gate_independent.py gates implementations independent of the references). Replace the stand-in by your
+forward or stage-2 kernel and keep ``op=``.
 
 Each test is parametrized over the grid (test id = case id). A failing gate raises AssertionError with a
 per-output table (docs/gating.md explains its columns).
@@ -63,14 +65,16 @@ def my_stage2_kernel(*tensors, policy, **scalars):
 
 @pytest.mark.mimo_policy("upstream_sm90")
 @pytest.mark.mimo_grid("smoke")
-def test_gate_my_forward_kernel(mimo_gate, mimo_policy):
+def test_plumbing_forward_stand_in(mimo_gate, mimo_policy):
+    """Plumbing: the gate wired to a forward kernel (here the reference stand-in)."""
     # op= names the operator fn implements; the stage-1 grid's cases serve the forward too
     mimo_gate(functools.partial(my_forward_kernel, policy=mimo_policy), op="mamba_mimo_fwd")
 
 
 @pytest.mark.mimo_op("mamba_mimo_fwd")
 @pytest.mark.mimo_grid("whole_op")
-def test_gate_my_forward_kernel_on_whole_op_cases(mimo_gate):
+def test_plumbing_forward_stand_in_on_whole_op_cases(mimo_gate):
+    """Plumbing: the forward's whole-op grid through the marker (the reference stand-in)."""
     # the marker parametrizes the test over the forward's own grids (whole_op: raw whole-op inputs through
     # upstream's FP32 preprocessing) and makes it mimo_gate's operator
     mimo_gate(my_forward_kernel, pass_policy=True, dtype_mismatch="adapt")
@@ -78,5 +82,6 @@ def test_gate_my_forward_kernel_on_whole_op_cases(mimo_gate):
 
 @pytest.mark.mimo_policy("upstream_sm90")
 @pytest.mark.mimo_grid("smoke")
-def test_gate_my_stage2_kernel(mimo_gate, mimo_policy):
+def test_plumbing_stage2_stand_in(mimo_gate, mimo_policy):
+    """Plumbing: the gate wired to a stage-2 kernel (here the reference stand-in)."""
     mimo_gate(functools.partial(my_stage2_kernel, policy=mimo_policy), op="mamba_mimo_bwd_bwd")

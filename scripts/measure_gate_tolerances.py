@@ -73,8 +73,8 @@ def reorder_excess(op, grids=("smoke", "gate"), seeds=range(5)) -> None:
             if case.lp_dtype != policy.lp_torch_dtype:
                 policy = policy.replace(lp_dtype=case.dtype)
             inputs = testing.case_inputs(case, op)
-            ref = testing._as_output_dict(testing.reference_outputs(case, policy, op), op)
-            oracle = testing._as_output_dict(testing.oracle_outputs(case, op), op)
+            ref = testing.as_output_dict(testing.reference_outputs(case, policy, op), op)
+            oracle = testing.as_output_dict(testing.oracle_outputs(case, op), op)
             other = "separate" if policy.state_update == "accumulate_into" else "accumulate_into"
             variants = {f"state_dim_order seed {s}": testing.permute_state_dim(
                 functools.partial(reference, policy=policy), seed=s, op=op) for s in seeds}
@@ -82,7 +82,7 @@ def reorder_excess(op, grids=("smoke", "gate"), seeds=range(5)) -> None:
             variants["fp64_math + state_dim_order"] = testing.permute_state_dim(
                 functools.partial(reference, policy=policy.replace(math_dtype="float64")), seed=7, op=op)
             for label, fn in variants.items():
-                out = testing._as_output_dict(fn(*op.args(inputs), **op.kwargs(inputs)), op)
+                out = testing.as_output_dict(fn(*op.args(inputs), **op.kwargs(inputs)), op)
                 for name, expected in ref.items():
                     if expected is None:
                         continue

@@ -16,8 +16,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from mimo_numerics import presets
+from mimo_numerics.ops import registry
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs
-from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as SWITCHES
 from mimo_numerics.policy import KNOBS, RoundingPolicy
 
 _EXPLORE = bool(os.environ.get("MIMO_RELIABILITY_EXPLORE"))
@@ -61,7 +62,8 @@ STAGE1 = "mamba_mimo_bwd_fwd"
 
 
 def policies(lp_dtype=None, kernel=False):
-    """Random policies: every switch and honoured knob; the kernels' subset has FP32 math and rounded outputs."""
+    """Random policies: every honoured knob and every site of every registered operator (stage 1's sites drawn
+    first); the kernels' subset has FP32 math and rounded outputs."""
     fields = {}
     for knob, values in KNOBS.items():
         fields[knob] = st.sampled_from(values)
@@ -70,8 +72,35 @@ def policies(lp_dtype=None, kernel=False):
     if kernel:
         fields["math_dtype"] = st.just("float32")
         fields["round_outputs"] = st.just(True)
-    switches = st.fixed_dictionaries({name: st.booleans() for name in SWITCHES})
-    return st.builds(lambda sites, **knobs: RoundingPolicy(sites={STAGE1: sites}, **knobs), switches, **fields)
+    order = (STAGE1,) + tuple(op for op in registry.OPERATORS if op != STAGE1)
+    sections = st.tuples(*(st.fixed_dictionaries({name: st.booleans() for name in registry.site_table(op)})
+                           for op in order))
+    return st.builds(lambda drawn, **knobs: RoundingPolicy(sites=dict(zip(order, drawn)), **knobs), sections,
+                     **fields)
+
+
+@st.composite
+def partial_policy_files(draw):
+    """``(data, expected)``: a schema-2 policy dict with ``"base": <preset>`` that gives some knobs and, per
+    operator, some sites (or none), and the policy it means, built without the file reader: the preset with those
+    knobs and sites replaced (``RoundingPolicy.replace`` / ``with_sites``)."""
+    base_name = draw(st.sampled_from([n for n in presets.names()
+                                      if all(presets.get(n).defines(op) for op in registry.OPERATORS)]))
+    expected = presets.get(base_name)
+    data = {"schema_version": 2, "base": base_name}
+    knobs = draw(st.dictionaries(st.sampled_from(sorted(KNOBS)), st.none()))
+    for knob in knobs:
+        data[knob] = draw(st.sampled_from(KNOBS[knob]), label=knob)
+    expected = expected.replace(**{k: data[k] for k in knobs})
+    sites = {}
+    for op in registry.OPERATORS:
+        names = draw(st.lists(st.sampled_from(tuple(registry.site_table(op))), unique=True, max_size=6), label=op)
+        if names or draw(st.booleans(), label=f"{op} listed empty"):
+            sites[op] = {name: draw(st.booleans(), label=f"{op}.{name}") for name in names}
+            expected = expected.with_sites(op, **sites[op])
+    if sites or draw(st.booleans(), label="empty sites"):
+        data["sites"] = sites
+    return data, expected
 
 
 def run_case(fn, inputs, **kw):

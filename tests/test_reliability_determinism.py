@@ -284,12 +284,12 @@ def test_bundles_written_twice_have_identical_tensor_files(tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- GPU
 def _golden_cases():
+    """The stage-1 golden cases (a committed file): a missing or corrupt file fails the test, never skips it."""
     from mimo_numerics.ops.mamba_mimo_bwd_fwd import golden
 
-    try:
-        return golden.load_golden()
-    except (FileNotFoundError, ValueError):
-        return {}
+    cases = golden.load_golden()
+    assert cases, "the golden file holds no case"
+    return cases
 
 
 GPU_PRESETS = ("upstream_sm90", "seed_bf16", "fp32")
@@ -315,8 +315,6 @@ def test_gpu_golden_shapes_are_bitwise_repeatable(backend, preset):
         pytest.skip("triton is not installed")
     fn = stage1_reference.mamba_mimo_bwd_fwd if backend == "reference" else KERNELS.mamba_mimo_bwd_fwd
     cases = _golden_cases()
-    if not cases:
-        pytest.skip("golden data not present")
     for name, (inputs, _) in cases.items():
         x = _to(inputs, "cuda")
         runs = [_run(fn, x, policy=preset)]
@@ -336,8 +334,6 @@ def test_gpu_upstream_golden_cases_are_bitwise_repeatable():
     if not ok:
         pytest.skip(why)
     cases = _golden_cases()
-    if not cases:
-        pytest.skip("golden data not present")
     for name, (inputs, stored) in cases.items():
         x = _to(inputs, "cuda")
         first = upstream.mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x))
@@ -356,3 +352,15 @@ def test_gpu_kernels_are_repeatable_on_a_long_fp16_case():
     _unrelated_gpu_work()
     b = _run(KERNELS.mamba_mimo_bwd_fwd, x, policy="upstream_sm90_fp16", poison=True)
     assert_same_bits(a, b, "kernels fp16 long case")
+
+
+def test_golden_loader_fails_on_a_corrupt_file(tmp_path):
+    # what the GPU tests above rely on: a corrupt golden file is an error (they would otherwise gate nothing)
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd import golden
+
+    bad = tmp_path / "golden.pt"
+    torch.save({"case": {"inputs": {}}}, bad)
+    with pytest.raises((ValueError, KeyError)):
+        golden.load_golden(bad)
+    with pytest.raises(FileNotFoundError):
+        golden.load_golden(tmp_path / "absent.pt")

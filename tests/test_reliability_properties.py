@@ -50,6 +50,7 @@ from mimo_numerics.ops.mamba_mimo_bwd_fwd.validation import validate_inputs
 
 # ---------------------------------------------------------------------------------------------------- profiles
 from reliability_support import counts_writer, kernels_or_none, policies, profile  # noqa: E402
+from reliability_support import partial_policy_files  # noqa: E402
 from reliability_support import run_case as _run  # noqa: E402
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import oracle as stage1_oracle  # noqa: E402
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference  # noqa: E402
@@ -255,6 +256,31 @@ test_policy_json_round_trip = _policy_round_trip("fast", 200)
 test_policy_json_round_trip_slow = pytest.mark.slow(_policy_round_trip("slow", 5000))
 
 
+def _partial_file_read(profile_name: str, examples: int):
+    counter = f"partial_policy_file_read[{profile_name}]"
+
+    @profile(profile_name, examples)
+    @given(drawn=partial_policy_files(), indent=st.sampled_from([None, 2]))
+    def check(drawn, indent):
+        # a "base" file with some knobs and some sites of every operator means the base preset with exactly those
+        # fields replaced: every site it gives is honoured on read, every other field is the base's
+        data, expected = drawn
+        COUNTS[counter] += 1
+        note(json.dumps(data))
+        back = RoundingPolicy.from_json(json.dumps(data, indent=indent))
+        assert back == expected, back.diff(expected)
+        for op, given_sites in data.get("sites", {}).items():
+            for site, value in given_sites.items():
+                assert back.get(f"{op}.{site}") is value, (op, site)
+        assert RoundingPolicy.from_json(back.to_json()) == back
+
+    return check
+
+
+test_partial_policy_file_is_read_field_by_field = _partial_file_read("fast", 150)
+test_partial_policy_file_is_read_field_by_field_slow = pytest.mark.slow(_partial_file_read("slow", 3000))
+
+
 # ---------------------------------------------------------------------------------------------------- inference
 @st.composite
 def inference_specs(draw):
@@ -293,7 +319,12 @@ def _inference(profile_name: str, examples: int):
                 check_truth = inference.compare_to_truth(x, policy, result)
                 COUNTS[f"{counter}: recovered exactly"] += int(check_truth["exact"])
             else:
+                # a stall is a finding: only the pinned ones (each with its strict-xfail test) are accepted, so a new
+                # stall (another generator, MIMO_RELIABILITY_EXPLORE, a regression of the search) fails here
                 COUNTS[f"{counter}: search stalled (distance > 0)"] += 1
+                assert (spec.case_id, policy_seed) in KNOWN_STALLS, (
+                    f"infer_policy stalled at distance {result.distance:.3g} on {spec.case_id} with policy seed "
+                    f"{policy_seed} (a new stall: pin it as a counterexample test and in reports/reliability.md)")
 
     return check
 
@@ -395,6 +426,8 @@ def test_inference_quadruple_stall_counterexample():
 WIDE_STALL_SPEC = CaseSpec(formula="realistic", seqlen=6, state_dim=16, value_dim=8, rank=1, chunk_size=6,
                            has_d=True, seed=134217729)
 WIDE_STALL_POLICY_SEED = 36
+#: The stalls the consistency property accepts: ``(case_id, policy seed)`` of the pinned open findings (F11).
+KNOWN_STALLS = {(WIDE_STALL_SPEC.case_id, WIDE_STALL_POLICY_SEED)}
 
 
 @pytest.mark.xfail(strict=True, reason="infer_policy stalls above distance 0 on this tiny case even with restarts and "

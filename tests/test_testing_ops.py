@@ -43,7 +43,9 @@ def caught(report):
 # ---------------------------------------------------------------------------------------------------- correct fns
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("preset", ["upstream_sm90", "fp32", "upstream_sm90_fp16", "fp64"])
-def test_reference_passes_its_own_gate_bit_exactly(op, preset):
+def test_plumbing_reference_passes_its_own_gate_bit_exactly(op, preset):
+    """Plumbing: every operator's reference gated against itself passes bit-exactly (the gate's wiring per operator;
+    independent implementations: tests/test_gate_independent.py)."""
     report = testing.check(_operator.get(op).load("reference"), op=op, policy=preset, cases="smoke",
                            pass_policy=True, dtype_mismatch="adapt")
     assert report.passed, report.failure_message()
@@ -76,15 +78,15 @@ def test_permute_state_dim_changes_the_order_not_the_math(op):
     case = testing.resolve_cases("gate", op)[7]  # N = 32, rotary_dim_divisor 2: every column in a rotary pair
     inputs = testing.case_inputs(case, op)
     args, kwargs = spec.args(inputs), spec.kwargs(inputs)
-    oracle = testing._as_output_dict(spec.run_oracle(inputs), spec)
-    permuted = testing._as_output_dict(testing.permute_state_dim(spec.load("oracle"), seed=5, op=op)(*args, **kwargs),
+    oracle = testing.as_output_dict(spec.run_oracle(inputs), spec)
+    permuted = testing.as_output_dict(testing.permute_state_dim(spec.load("oracle"), seed=5, op=op)(*args, **kwargs),
                                        spec)
     for name, value in oracle.items():
         if value is not None:
             assert rel_rms(permuted[name], value) < 1e-13, name
     # and it is a real perturbation: the FP32 reference sums in another order
-    ref = testing._as_output_dict(testing.reference_outputs(case, SM90, op), spec)
-    moved = testing._as_output_dict(testing.permute_state_dim(ref_fn(op, SM90), seed=5, op=op)(*args, **kwargs),
+    ref = testing.as_output_dict(testing.reference_outputs(case, SM90, op), spec)
+    moved = testing.as_output_dict(testing.permute_state_dim(ref_fn(op, SM90), seed=5, op=op)(*args, **kwargs),
                                     spec)
     assert any(not torch.equal(moved[n], ref[n]) for n in ref if ref[n] is not None)
 
