@@ -7,7 +7,7 @@ passes to Triton besides the tensors and runtime sizes, in one place and in this
    (the one place the policy reaches Triton);
 2. ``plan(dims, backend, sm_count, tuning)``: tiles, grids, warps, pipeline stages and register caps;
 3. ``BackendSwitches``: the CUDA-only code forms (``native_lp``, ``state_one_dot``, ``rcp_approx``,
-   ``walk_psiv_from_v``) and ``kt_load``, each bit-identical on or off (``tests/test_kernels_gpu.py``);
+   ``walk_psiv_from_v``) and ``kt_load``, each bit-identical on or off (``tests/ops/mamba_mimo_bwd_fwd/test_kernels_gpu.py``);
 4. per kernel: its grid, constexprs and launch options (``KernelConfig``).
 
 ``tuning`` is a mapping of ``TUNING_KEYS`` to ints, checked by ``check_tuning``, for benchmarks and tests only: a
@@ -310,7 +310,7 @@ def plan(dims: Dims, backend: str, sm_count: Optional[int] = None,
 # ---------------------------------------------------------------------------------------------------- switches
 @dataclass(frozen=True)
 class BackendSwitches:
-    """Code forms that give the same bits on or off (``tests/test_kernels_gpu.py`` checks each on the H200).
+    """Code forms that give the same bits on or off (``tests/ops/mamba_mimo_bwd_fwd/test_kernels_gpu.py`` checks each on the H200).
 
     Attributes:
         native_lp (bool): CUDA: round with the hardware's lp instructions (``cvt.rn`` for every rounding, ``fma.rn``

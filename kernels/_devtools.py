@@ -4,7 +4,7 @@ Triton ships ptxas and cuobjdump with its NVIDIA backend, so ``triton.compile`` 
 machine. ``compile_launches`` compiles every launch of ``mimo_bwd_fwd.build_launches(..., backend="cuda")`` exactly
 as a real launch would: same constexprs and options, and the JIT's own argument binder for the specialization
 (integers equal to 1 become constexprs, 16-divisibility of integers and pointers). ``resource_usage`` reports
-registers, stack (spills), shared memory and the static SASS instruction count. Used by ``tests/test_kernels.py``
+registers, stack (spills), shared memory and the static SASS instruction count. Used by ``tests/ops/mamba_mimo_bwd_fwd/test_kernels.py``
 (the compiled path is checked in CI) and for cost estimates (``docs/kernels.md``). Tested with Triton 3.6 and 3.9
 (it uses the JIT's internal binder API).
 """

@@ -197,7 +197,7 @@ def build_launches(
     """Validate, allocate and describe the launches of ``mamba_mimo_bwd_fwd`` without running them.
 
     ``backend`` (default: from the tensors' device) and ``sm_count`` let tools plan a device launch from CPU
-    tensors, e.g. to compile the kernels for sm_90 without a GPU (``tests/test_kernels.py``) or for Ascend (the
+    tensors, e.g. to compile the kernels for sm_90 without a GPU (``tests/ops/mamba_mimo_bwd_fwd/test_kernels.py``) or for Ascend (the
     Ascend compile gate). The returned ``Prepared.config`` is the call's ``LaunchConfig``.
     """
     _require_triton()

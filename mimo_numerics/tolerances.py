@@ -30,27 +30,27 @@ TOLERANCES: Dict[str, Tolerance] = {
     # ------------------------------------------------------------------ reference vs oracle
     "fp64_reference_vs_oracle_rel_rms": Tolerance(
         1e-10,
-        "max 6.2e-16 over the 13 cases of tests/test_reference.py (gate grid + 3) on CPU (2026-11-29): FP64 summation order only",
-        "tests/test_reference.py::test_reference_fp64_matches_oracle"),
+        "max 6.2e-16 over the 13 cases of tests/ops/mamba_mimo_bwd_fwd/test_reference.py (gate grid + 3) on CPU (2026-11-29): FP64 summation order only",
+        "tests/ops/mamba_mimo_bwd_fwd/test_reference.py::test_reference_fp64_matches_oracle"),
     # ------------------------------------------------------------------ reference vs the real upstream kernel (H200)
     "golden_states_qk_dot_rel_rms": Tolerance(
         2e-4,
         "seed_bf16 and upstream_sm90 on the 15 golden H200 cases: states max 8.51e-5, qk_dot 0 (2026-11-29, CPU)",
-        "tests/test_golden.py"),
+        "tests/ops/mamba_mimo_bwd_fwd/test_golden.py"),
     "golden_states_qk_dot_bit_equal_min": Tolerance(
         0.999,
         "min 0.99976 bit-equal elements over states and qk_dot of the golden cases (2026-11-29, CPU)",
-        "tests/test_golden.py"),
+        "tests/ops/mamba_mimo_bwd_fwd/test_golden.py"),
     "golden_upstream_sm90_rel_rms": Tolerance(
         1e-3,
         "upstream_sm90 max per output over golden cases: dz 6.66e-4, dmimo_o 3.13e-4, dmimo_z 2.78e-4, "
         "states 8.5e-5, qk_dot 0 (2026-11-29, CPU)",
-        "tests/test_golden.py"),
+        "tests/ops/mamba_mimo_bwd_fwd/test_golden.py"),
     "golden_seed_over_sm90_mean_ratio_min": Tolerance(
         3.0,
         "mean rel RMS seed_bf16 / upstream_sm90 over golden cases: dz 9.0e-4/1.29e-4 = 7.0, dmimo_o 7.9e-4/4.4e-5 = "
         "17.8, dmimo_z 8.8e-4/8.0e-5 = 10.9 (2026-11-29, CPU)",
-        "tests/test_golden.py"),
+        "tests/ops/mamba_mimo_bwd_fwd/test_golden.py"),
     # ------------------------------------------------------------------ two implementations of one policy
     "same_policy_rel_rms": Tolerance(
         3e-4,
@@ -59,9 +59,9 @@ TOLERANCES: Dict[str, Tolerance] = {
         "(issue 3); see reports/ for the kernel's measured figure. Stage 1's figure: the forward and stage 2 have "
         "entries of their own (mamba_mimo_fwd.same_policy_rel_rms, mamba_mimo_bwd_bwd.same_policy_rel_rms: the "
         "real H200 outputs differ from their references by more)",
-        "tests/test_kernels.py"),
+        "tests/ops/mamba_mimo_bwd_fwd/test_kernels.py"),
     # The Triton kernels under the CPU interpreter vs the reference, same policy, on the 8 gate cases x policies of
-    # tests/test_kernels.py (24 pairs). Sweep: native CPU and emulated avx2 / scalar (reports/measurements/
+    # tests/ops/mamba_mimo_bwd_fwd/test_kernels.py (24 pairs). Sweep: native CPU and emulated avx2 / scalar (reports/measurements/
     # test_tolerances.json, group kernels): 6 pairs equal in every element; lp outputs at most 1 element differing,
     # by 1 lp ulp (states of the fp16 case: rel RMS 6.6e-6); fp32 outputs rel RMS <= 3.6e-6. On these small outputs
     # one flipped lp rounding is worth up to 4.0e-3 in rel RMS (qk_dot, 20 elements), so the lp outputs are bounded
@@ -71,18 +71,18 @@ TOLERANCES: Dict[str, Tolerance] = {
         "dmimo_o, dmimo_z: worst 3.59e-6 (dmimo_z of the fp16 case under seed_bf16@fp16, after the one flipped state; "
         "bf16 cases <= 2.3e-7). Margin 10x: FP32 sums that NumPy's and torch's BLAS order differently, on any CPU "
         "in another way, by the same FP32 size",
-        "tests/test_kernels.py::test_kernels_match_reference; scripts/measure_test_tolerances.py --groups kernels"),
+        "tests/ops/mamba_mimo_bwd_fwd/test_kernels.py::test_kernels_match_reference; scripts/measure_test_tolerances.py --groups kernels"),
     "kernels_interpreter_vs_reference_lp_differing_max": Tolerance(
         4,
         "number of elements of one lp output that differ: worst 1 (of 1536, states). Margin 4x: another CPU's BLAS "
         "order flips other roundings near a midpoint; the cross-CPU audit saw 1 to 3 flips per case on outputs of "
         "10^4-10^5 elements (stage 2 golden; docs/reproducibility.md), these have <= 8192",
-        "tests/test_kernels.py::test_kernels_match_reference; scripts/measure_test_tolerances.py --groups kernels"),
+        "tests/ops/mamba_mimo_bwd_fwd/test_kernels.py::test_kernels_match_reference; scripts/measure_test_tolerances.py --groups kernels"),
     "kernels_interpreter_vs_reference_lp_ulps_max": Tolerance(
         2,
         "largest lp ulp distance of a differing element: worst 1. Margin 2x: a flipped state rounding carried through "
         "the recurrence can move a later element by more than one ulp (docs/reproducibility.md)",
-        "tests/test_kernels.py::test_kernels_match_reference; scripts/measure_test_tolerances.py --groups kernels"),
+        "tests/ops/mamba_mimo_bwd_fwd/test_kernels.py::test_kernels_match_reference; scripts/measure_test_tolerances.py --groups kernels"),
     # ------------------------------------------------------------------ accuracy gates (mimo_numerics.testing)
     # Same-policy gate: rel_rms(fn, ref[P]) <= max(same_policy_rel_rms, factor · noise), noise = the case's own
     # max rel_rms(ref[P'], ref[P]) over FP32-level perturbations P' (fp64 math, other state_update, permuted N).
@@ -126,51 +126,51 @@ TOLERANCES: Dict[str, Tolerance] = {
         1.0,
         "preprocess.dacs_segsum(float32) vs golden pre: da_cs, da_cs_rev, segsum bit-equal in every element of the "
         "7 cases (max abs 0); pure fp32 additions in a fixed order, so bits are reproducible on any CPU",
-        "tests/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py"),
     "mamba3_mimo_pre_fp64_dacs_rel_rms": Tolerance(
         1e-7,
         "preprocess.dacs_segsum(float64) vs golden pre (upstream's fp32): max 4.84e-8 (da_cs_rev, "
         "g_B1_S96_H2_N128_P64_R2_C32); fp32 rounding of the sums",
-        "tests/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py"),
     "mamba3_mimo_pre_angles_rel_rms": Tolerance(
         5e-6,
         "preprocess.angle_cumsum vs golden pre angles_cumsum: max 2.47e-6 for both the float32 and the float64 "
         "form (seedformula case); dominated by upstream's tanh.approx.f32 (MUFU.TANH), which is not reproduced "
         "(fp32 form bit-equal on 1.8 % to 2.5 % of elements only)",
-        "tests/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py"),
     "mamba3_mimo_pre_angles_max_abs": Tolerance(
         7e-5,
         "preprocess.angle_cumsum vs golden pre, max |difference| on the circle: max 3.57e-5 (float64 form; float32 "
         "3.53e-5), seedformula case; no wrap-around mismatch (wrapped = plain max abs in all cases)",
-        "tests/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py"),
     "fwd_oracle_vs_fp64_model_rel_rms": Tolerance(
         1e-10,
         "mamba_mimo_fwd_oracle (given preprocess float64) vs mamba3_mimo_fp64's forward on cases.ORACLE_GRID (10 "
         "drawn cases, every branch, GQA, tails, R 1-8, N 32/64, positive ADT): max 4.0e-16, FP64 summation order",
-        "tests/test_fwd_oracle.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba_mimo_fwd/test_fwd_oracle.py; scripts/measure_fp64_vs_golden.py"),
     "golden_full_op_out_rel_rms": Tolerance(
         1.4e-2,
         "upstream's Out (= fwd.o) vs mamba3_mimo_fp64, and fwd.o vs mamba_mimo_fwd_oracle given the golden pre: "
         "5.98e-3 to 6.76e-3 (worst g_B2_S48_H4_G1_N64_P64_R4_C16_gqa), upstream's bf16 error",
-        "tests/test_fp64_model.py; tests/test_fwd_oracle.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_fp64_model.py; tests/ops/mamba_mimo_fwd/test_fwd_oracle.py; scripts/measure_fp64_vs_golden.py"),
     "golden_full_op_grad_rel_rms": Tolerance(
         1.8e-2,
         "upstream's autograd gradients vs mamba3_mimo_fp64's, all but dAngles and dD: 3.88e-3 to 8.99e-3 (worst "
         "dADT, g_B1_S64_H2_G2_N64_P64_R4_C16_gh)",
-        "tests/test_fp64_model.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_fp64_model.py; scripts/measure_fp64_vs_golden.py"),
     "golden_full_op_dangles_rel_rms": Tolerance(
         3.6e-2,
         "dAngles (a signed reverse cumulative sum over the sequence): 8.43e-3 to 1.81e-2 (seedformula case)",
-        "tests/test_fp64_model.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_fp64_model.py; scripts/measure_fp64_vs_golden.py"),
     "golden_full_op_dd_rel_rms": Tolerance(
         0.12,
         "dD ([H], a sum of B·S·R·P terms of both signs): 4.07e-3 to 5.92e-2 (g_B1_S64_H2_N64_P64_R4_C16_zdo)",
-        "tests/test_fp64_model.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_fp64_model.py; scripts/measure_fp64_vs_golden.py"),
     "golden_full_op_dd_over_abs_terms": Tolerance(
         8e-4,
         "max over heads of |dD_upstream - dD_fp64| / Σ|terms| (diagnostics.d_skip_terms): 1.78e-4 to 4.05e-4 over "
         "the 5 cases with D",
-        "tests/test_fp64_model.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_fp64_model.py; scripts/measure_fp64_vs_golden.py"),
     # ------------------------------------------------------------------ stage 2 (mamba_mimo_bwd_bwd) FP64 oracle
     # The oracle, given upstream's bf16 states/qk_dot, `pre` and the raw inputs of the 7 golden whole-op H200 cases
     # (tests/data/upstream_h200_full_op_cases.pt), against upstream's recorded bwd_bwd outputs.
@@ -180,17 +180,17 @@ TOLERANCES: Dict[str, Tolerance] = {
         "dv 7.6e-3, dSSdA 7.4e-3, dk 7.2e-3, dangles 7.0e-3, dq 7.0e-3, dfactor 6.2e-3, dgamma_diag 5.5e-3, "
         "ddA_cs 5.3e-3 (bf16-level: upstream's bf16 operands); dD excluded (see the next entry). Gates every "
         "output but dD",
-        "tests/test_bwd_bwd_oracle.py; scripts/measure_stage2_oracle.py"),
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_oracle.py; scripts/measure_stage2_oracle.py"),
     "bwd_bwd_oracle_vs_upstream_dD_abs_terms": Tolerance(
         1e-3,
         "dD is a sum over S·R·P products whose |terms| are up to ~300x the result: rel RMS up to 5.9e-2 (zdo), but "
         "max |Δ| / Σ|terms| <= 4.05e-4 over the 5 golden cases with D (2026-12-01, CPU; ddA's is <= 1.08e-4)",
-        "tests/test_bwd_bwd_oracle.py; scripts/measure_stage2_oracle.py"),
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_oracle.py; scripts/measure_stage2_oracle.py"),
     # ------------------------------------------------------------------ the FP32 epilogue after stage 2
     # mamba3_mimo_epilogue reference (fma=True), given upstream's recorded bwd_bwd, bwd_fwd, pre and raw inputs of
     # the 7 golden cases, against the golden post and autograd entries.
     # dQ, dK, dV, dZ, dQ_bias, dK_bias and the fp32 sums dMIMO_V, dMIMO_Z, dMIMO_Out, dD are asserted bit-equal to
-    # upstream (tests/test_epilogue.py::EXACT_OUTPUTS says why that holds on every machine); dTrap goes through
+    # upstream (tests/ops/mamba3_mimo_epilogue/test_epilogue.py::EXACT_OUTPUTS says why that holds on every machine); dTrap goes through
     # torch's vectorised sigmoid, which may differ by an ulp between CPUs, so it has a tolerance.
     "epilogue_reference_vs_upstream_dtrap_bit_equal_min": Tolerance(
         0.994,
@@ -200,39 +200,39 @@ TOLERANCES: Dict[str, Tolerance] = {
         "element of 192); margin: 8 ulps against torch's sigmoid differing by <= 1 ulp between CPUs "
         "(docs/reproducibility.md), so every element a CPU could flip may flip. (The earlier 0.999 allowed no flip "
         "in these small tensors.)",
-        "tests/test_epilogue.py; scripts/measure_test_tolerances.py --groups epilogue"),
+        "tests/ops/mamba3_mimo_epilogue/test_epilogue.py; scripts/measure_test_tolerances.py --groups epilogue"),
     "epilogue_reference_vs_upstream_exp_rel_rms": Tolerance(
         5e-7,
         "ddt_core 6.4e-8 (bit-equal >= 0.66), dADT 1.5e-7 (bit-equal >= 0.25; max abs 1.5e-5) (2026-12-01, CPU): "
         "Triton's ex2.approx exp and sigmoid and its scan orders, not modelled",
-        "tests/test_epilogue.py; scripts/measure_stage2_oracle.py"),
+        "tests/ops/mamba3_mimo_epilogue/test_epilogue.py; scripts/measure_stage2_oracle.py"),
     "epilogue_reference_vs_upstream_tanh_rel_rms": Tolerance(
         3e-5,
         "dAngles 1.16e-5, dDT_angle 5.4e-6, dDT 2.4e-6 (bit-equal <= 0.03; max abs 1.5e-3 on dDT) "
         "(2026-12-01, CPU): upstream's tanh.approx.f32 (rel. error ~2^-11) in tanh_approx/sech2_approx, not "
         "modelled",
-        "tests/test_epilogue.py; scripts/measure_stage2_oracle.py"),
+        "tests/ops/mamba3_mimo_epilogue/test_epilogue.py; scripts/measure_stage2_oracle.py"),
     "epilogue_reference_vs_oracle_rel_rms": Tolerance(
         1e-6,
         "FP32 reference vs FP64 oracle on the golden stage-2 outputs, lp outputs compared after rounding the "
         "oracle: max 3.3e-7 (dDT_angle; dAngles 2.8e-7, dADT 9.0e-8), lp outputs bit-equal (2026-12-01, CPU)",
-        "tests/test_epilogue.py"),
+        "tests/ops/mamba3_mimo_epilogue/test_epilogue.py"),
     # ------------------------------------------------------------------ the whole FP64 backward chain
     "fp64_chain_vs_autograd_rel_rms": Tolerance(
         2.8e-14,
         "FP64 preprocessing -> stage-1 oracle -> stage-2 oracle -> FP64 epilogue vs torch autograd of the FP64 "
         "forward model (ops/mamba3_mimo/fp64_model.py), every input gradient. Sweep: the 103 chain cases of "
-        "tests/test_epilogue.py (all in the default suite), its clamp case, and stage 2's tail-chunk oracle case of "
-        "tests/test_bwd_bwd_oracle.py; native CPU and emulated avx2: worst 2.7e-15 (dTrap of an fp16 N = 128 case; "
+        "tests/ops/mamba3_mimo_epilogue/test_epilogue.py (all in the default suite), its clamp case, and stage 2's tail-chunk oracle case of "
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_oracle.py; native CPU and emulated avx2: worst 2.7e-15 (dTrap of an fp16 N = 128 case; "
         "group fp64_chain). Margin 10x: FP64 summation order only; another CPU's BLAS and vector width sum in other orders, which moves such a result by about its own size (the stage-1 FP64 oracle moves by <= 5.5e-16 across the emulated CPUs, docs/reproducibility.md); 10x leaves room for orders the emulation cannot reach",
-        "tests/test_epilogue.py::test_fp64_chain_equals_autograd_of_fp64_forward; "
+        "tests/ops/mamba3_mimo_epilogue/test_epilogue.py::test_fp64_chain_equals_autograd_of_fp64_forward; "
         "scripts/measure_test_tolerances.py --groups fp64_chain"),
     "fp64_chain_vs_upstream_autograd_rel_rms": Tolerance(
         2.5e-2,
         "golden autograd gradients (BF16 upstream, H200) vs the FP64 chain from the raw inputs: max dAngles 1.81e-2 "
         "(seedformula), dADT 9.0e-3, dTrap 8.9e-3, dQ_bias 8.4e-3, others <= 8.5e-3 (2026-12-01, CPU); dD (up to "
         "5.9e-2, a cancelling sum) is gated against its terms by bwd_bwd_oracle_vs_upstream_dD_abs_terms",
-        "tests/test_epilogue.py::test_fp64_chain_vs_upstream_gradients; scripts/measure_stage2_oracle.py --chain"),
+        "tests/ops/mamba3_mimo_epilogue/test_epilogue.py::test_fp64_chain_vs_upstream_gradients; scripts/measure_stage2_oracle.py --chain"),
 }
 
 
@@ -306,34 +306,34 @@ TOLERANCES.update({
         "upstream_sm90 stand-in vs the H200 forward output fwd.o of the 7 whole-op golden cases: max 4.02e-4 "
         "(g_..._plain), others 2.2e-5 to 1.6e-4 (2026-12-01, CPU); half of the plain case's error is the FP32 "
         "state (upstream's own stage-1 states substituted for h: 1.9e-4)",
-        "tests/test_fwd_reference.py; scripts/measure_fwd_golden.py"),
+        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py; scripts/measure_fwd_golden.py"),
     "fwd_golden_bit_equal_min": Tolerance(
         0.98,
         "upstream_sm90 vs fwd.o, bf16: min 0.9939 bit-equal elements over the 7 shared golden cases, 0.9833 on the "
         "extra R=8 C=8 case (more lp roundings per element: 8 rank steps), 0.9983 to 0.9997 on the other extra "
         "cases (2026-12-01, CPU)",
-        "tests/test_fwd_reference.py; scripts/measure_fwd_golden.py"),
+        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py; scripts/measure_fwd_golden.py"),
     "fwd_golden_bit_equal_min_fp16": Tolerance(
         0.97,
         "upstream_sm90_fp16 vs fwd.o of the one fp16 H200 case: 0.9758 bit-equal (rel RMS 4.5e-5): fp16 resolves "
         "8x finer than bf16, so the same FP32-level differences flip more of its roundings (2026-12-01, CPU)",
-        "tests/test_fwd_reference.py"),
+        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py"),
     "fwd_golden_fp32_over_sm90_ratio_min": Tolerance(
         5.0,
         "rel RMS to fwd.o of the fp32 preset over that of upstream_sm90, per golden case: min 15.4 (g_..._plain: "
         "6.20e-3 / 4.02e-4), up to 294 (2026-12-01, CPU)",
-        "tests/test_fwd_reference.py; scripts/measure_fwd_golden.py"),
+        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py; scripts/measure_fwd_golden.py"),
     "fwd_golden_site_off_ratio_min": Tolerance(
         2.0,
         "rel RMS to fwd.o with one site of upstream_sm90 switched off over that with all on, min over the golden "
         "cases the site changes: 3.25 (diag_gamma), 3.78 (qk_dot), >= 4.0 for the other 19 sites; "
         "diag_mode=mul_then_add: min 3.33 (2026-12-01, CPU)",
-        "tests/test_fwd_reference.py; scripts/measure_fwd_golden.py"),
+        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py; scripts/measure_fwd_golden.py"),
     "fwd_fp64_identity_rel_rms": Tolerance(
         1e-12,
         "fp64 preset, identities without an oracle: chunk size 1..8 vs one chunk max 4.8e-16, one-token closed "
         "form 0, GQA vs expanded groups 0 (2026-12-01, CPU): FP64 summation order only",
-        "tests/test_fwd_reference.py"),
+        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py"),
 })
 
 # ------------------------------------------------------------------ stage 2 (mamba_mimo_bwd_bwd)
@@ -347,55 +347,55 @@ TOLERANCES.update({
         "g_..._seedformula, 6.06e-3 / 8.82e-4; that case's excess is one flipped dΦO rounding, docs/stage2.md), "
         "next 9.98, median 56.8 (2026-12-01, CPU). The same ratio of the errors / Σ|terms| of dD, ddA, dangles: "
         "min 9.98",
-        "tests/test_bwd_bwd_reference.py::test_bwd_bwd_golden_upstream_sm90_closer_than_fp32"),
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py::test_bwd_bwd_golden_upstream_sm90_closer_than_fp32"),
     "stage2_golden_lp_rel_rms": Tolerance(
         2e-3,
         "upstream_sm90 vs upstream on dq, dk, dv, dmimo_v: max 8.82e-4 (dk, seed-formula case), the other six "
         "cases <= 3.9e-4 (2026-12-01, CPU); fp32 preset 5.2e-3 to 8.6e-3",
-        "tests/test_bwd_bwd_reference.py::test_bwd_bwd_golden_dq_dk_dv_dmimo_v_within_gate"),
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py::test_bwd_bwd_golden_dq_dk_dv_dmimo_v_within_gate"),
     "stage2_golden_dv_unfused_over_fused_ratio_min": Tolerance(
         3.0,
         "dv rel RMS vs upstream, diag_mode mul_then_add / fma (upstream_sm90): min 8.4 over the 7 cases (fma "
         "1.25e-4 to 4.0e-4, mul_then_add 2.1e-3 to 3.8e-3; 2026-12-01, CPU): the DV rank sum is one rounding per "
         "step on the H200 (no SASS read for stage 2)",
-        "tests/test_bwd_bwd_reference.py::test_bwd_bwd_golden_dv_rank_sum_is_one_rounding_per_step"),
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py::test_bwd_bwd_golden_dv_rank_sum_is_one_rounding_per_step"),
     "stage2_golden_cancelling_rel_abs_terms": Tolerance(
         1e-3,
         "upstream_sm90 error vs upstream / ||Σ|terms|||: dangles max 2.55e-4 (seed-formula case; others <= "
         "1.3e-4), dD max 9.6e-6 (others <= 1.0e-6: FP32 reduction order), ddA max 3.2e-6; fp32 preset: dangles "
         ">= 2.3e-3, dD >= 1.6e-4, ddA >= 1.1e-4 (2026-12-01, CPU)",
-        "tests/test_bwd_bwd_reference.py::test_bwd_bwd_golden_table"),
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py::test_bwd_bwd_golden_table"),
     "stage2_golden_site_off_growth_min": Tolerance(
         3.0,
         "all-branch golden case g_B1_S64_H2_N64_P64_R4_C16_zdo: turning one site off from upstream_sm90 grows the "
         "largest per-output rel RMS vs upstream by 11.1x at least (dpsiv_diag_qk on dmimo_v; median site ~30x; "
         "2026-12-01, CPU)",
-        "tests/test_bwd_bwd_reference.py::test_bwd_bwd_golden_every_site_is_seen_in_the_upstream_outputs"),
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py::test_bwd_bwd_golden_every_site_is_seen_in_the_upstream_outputs"),
     "stage2_fp64_reference_vs_oracle_rel_rms": Tolerance(
         3.4e-14,
         "fp64 preset vs the independent FP64 oracle, every output. Sweep: the 11 golden and 5 drawn cases of the test "
         "(R = 1, 2, 4, 8, tails, 1 < G < H, fp16 inputs), native CPU and emulated avx2 / scalar: worst 3.4e-15 (ddA "
         "of g_..._plain; group stage2_fp64 of reports/measurements/test_tolerances.json). Margin 10x: FP64 summation order only; another CPU's BLAS and vector width sum in other orders, which moves such a result by about its own size (the stage-1 FP64 oracle moves by <= 5.5e-16 across the emulated CPUs, docs/reproducibility.md); 10x leaves room for orders the emulation cannot reach",
-        "tests/test_bwd_bwd_reference.py::test_bwd_bwd_fp64_matches_oracle; "
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py::test_bwd_bwd_fp64_matches_oracle; "
         "scripts/measure_test_tolerances.py --groups stage2_fp64"),
     "stage2_fp32_vs_fp64_lp_rel_rms": Tolerance(
         2.5e-3,
         "fp32 preset vs fp64 preset on dq, dk, dv of the drawn cases: max 1.82e-3, the lp output store (RN to bf16 "
         "is at most 2^-9 = 1.95e-3 relative; 2026-12-01, CPU)",
-        "tests/test_bwd_bwd_reference.py::test_bwd_bwd_fp32_preset_differs_from_fp64_only_by_fp32_math_and_lp_stores"),
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py::test_bwd_bwd_fp32_preset_differs_from_fp64_only_by_fp32_math_and_lp_stores"),
     "stage2_fp32_vs_fp64_fp32_rel_rms": Tolerance(
         1e-4,
         "fp32 preset vs fp64 preset on the fp32 outputs of the drawn cases: max 8.6e-6 (ddA, a cancelling sum; "
         "2026-12-01, CPU)",
-        "tests/test_bwd_bwd_reference.py::test_bwd_bwd_fp32_preset_differs_from_fp64_only_by_fp32_math_and_lp_stores"),
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py::test_bwd_bwd_fp32_preset_differs_from_fp64_only_by_fp32_math_and_lp_stores"),
     "stage2_state_update_orders_rel_rms": Tolerance(
         1e-6,
         "dstates under state_update accumulate_into vs separate (FP32 order of the dstates GEMM's two k16 steps). "
-        "Sweep: the 3 drawn cases of tests/test_bwd_bwd_reference.py with C·R > 16, native CPU and emulated avx2 / "
+        "Sweep: the 3 drawn cases of tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py with C·R > 16, native CPU and emulated avx2 / "
         "scalar: worst 9.0e-8 (reports/measurements/test_tolerances.json, group stage2_state_update). Margin 10x: "
         "both sides are FP32 GEMMs, which another CPU's BLAS sums in other orders, giving another difference of the "
         "same FP32 size; 10x covers orders the emulation cannot reach",
-        "tests/test_bwd_bwd_reference.py::test_bwd_bwd_knobs_act_where_documented; "
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py::test_bwd_bwd_knobs_act_where_documented; "
         "scripts/measure_test_tolerances.py --groups stage2_state_update"),
 })
 
@@ -458,11 +458,11 @@ TOLERANCES.update({
         1.6e-14,
         "mamba3_mimo(policy='fp64') backward (the recorded float64 epilogue outputs) vs torch autograd of "
         "fp64_model.mamba3_mimo_fp64, every gradient, and its forward vs the model. Sweep: the 5 + 32 cases of "
-        "tests/test_mamba3_mimo_autograd.py (all in the default suite; every branch, G = 1 and G = H, R in {1, 2, 4, "
-        "8}, N in {32, 64}, bf16 and fp16) and the 2 float64-leaf cases of tests/test_newcomer_float64_leaves.py, "
+        "tests/ops/mamba3_mimo/test_mamba3_mimo_autograd.py (all in the default suite; every branch, G = 1 and G = H, R in {1, 2, 4, "
+        "8}, N in {32, 64}, bf16 and fp16) and the 2 float64-leaf cases of tests/ops/mamba3_mimo/test_newcomer_float64_leaves.py, "
         "native CPU and emulated avx2: worst 1.6e-15 (group whole_op_fp64). "
         "Margin 10x: FP64 summation order only; another CPU's BLAS and vector width sum in other orders, which moves such a result by about its own size (the stage-1 FP64 oracle moves by <= 5.5e-16 across the emulated CPUs, docs/reproducibility.md); 10x leaves room for orders the emulation cannot reach",
-        "tests/test_mamba3_mimo_autograd.py::test_fp64_backward_equals_autograd_of_the_fp64_model; "
+        "tests/ops/mamba3_mimo/test_mamba3_mimo_autograd.py::test_fp64_backward_equals_autograd_of_the_fp64_model; "
         "scripts/measure_test_tolerances.py --groups whole_op_fp64"),
     "whole_op_golden_fp32_over_sm90_ratio_min": Tolerance(
         3.0,
@@ -470,7 +470,7 @@ TOLERANCES.update({
         "the 7 cases), fp32 preset / upstream_sm90, the op run from the raw inputs: min 3.5 (dK_bias of "
         "g_..._seedformula, 6.65e-3 / 1.90e-3), next 4.0 (dV of g_..._nored_z), median ~11 (2026-12-01, CPU; "
         "reports/mamba3_mimo_golden.md)",
-        "tests/test_mamba3_mimo_autograd.py::test_golden_upstream_sm90_is_closer_than_fp32; "
+        "tests/ops/mamba3_mimo/test_mamba3_mimo_autograd.py::test_golden_upstream_sm90_is_closer_than_fp32; "
         "scripts/measure_whole_op_golden.py"),
     "whole_op_golden_sm90_rel_rms": Tolerance(
         2e-3,
@@ -479,7 +479,7 @@ TOLERANCES.update({
         "g_..._seedformula: one flipped dPhiO rounding in stage 2, 1.9e-3 also on upstream's own preprocessing), "
         "next 1.54e-3 (dQ_bias, same case), 1.38e-3 (dV of g_..._nored_z); the other cases <= 1.1e-3. Upstream's "
         "own run-to-run spread (two H200 processes, device_runs/run2): <= 3.0e-4 (2026-12-01, CPU)",
-        "tests/test_mamba3_mimo_autograd.py::test_golden_upstream_sm90_within_gate; "
+        "tests/ops/mamba3_mimo/test_mamba3_mimo_autograd.py::test_golden_upstream_sm90_within_gate; "
         "scripts/measure_whole_op_golden.py"),
 })
 
@@ -512,14 +512,14 @@ TOLERANCES.update({
         "<= 2.9e-4 under the generic 1e-3). Margin 2x, as the other golden bounds; the remaining 1.0e-4 is 20x the "
         "largest cross-CPU change of a stage-1 upstream_sm90 output (4.7e-6, reference_cross_cpu_rel_rms). Before: "
         "gated with the bf16 entry (1e-3, measured on bf16 cases only)",
-        "tests/test_golden_realistic.py; scripts/measure_test_tolerances.py --groups golden_realistic"),
+        "tests/ops/mamba_mimo_bwd_fwd/test_golden_realistic.py; scripts/measure_test_tolerances.py --groups golden_realistic"),
     "fwd_sm90_vs_fp32_preset_rel_rms": Tolerance(
         2e-2,
         "forward o under upstream_sm90 (upstream_sm90_fp16) vs the fp32 preset (only the output store rounded), the 5 "
-        "BRANCH_SPECS of tests/test_fwd_reference.py: 7.4e-4 to 9.7e-3 (group fwd_branches): the sm90 model's lp "
+        "BRANCH_SPECS of tests/ops/mamba_mimo_fwd/test_fwd_reference.py: 7.4e-4 to 9.7e-3 (group fwd_branches): the sm90 model's lp "
         "roundings. Margin 2x: a bf16-level quantity, which another CPU moves by a flipped rounding at most "
         "(forward fp32 cross-CPU <= 1.0e-5)",
-        "tests/test_fwd_reference.py::test_fwd_branches_give_upstream_layout_and_finite_values; "
+        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py::test_fwd_branches_give_upstream_layout_and_finite_values; "
         "scripts/measure_test_tolerances.py --groups fwd_branches"),
     "drift_fp32_level_rel_rms": Tolerance(
         1e-6,
@@ -545,16 +545,16 @@ TOLERANCES.update({
     "mamba3_mimo_pre_fp32_dacs_vs_fp64_max_abs": Tolerance(
         2.3e-7,
         "preprocess.dacs_segsum float32 vs float64 (max |difference| of da_cs, da_cs_rev, segsum) on the 4 drawn "
-        "(seqlen, chunk) cases of tests/test_mamba3_mimo_preprocess.py: 1.1e-7 (group preprocess). Margin 2x; the "
+        "(seqlen, chunk) cases of tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py: 1.1e-7 (group preprocess). Margin 2x; the "
         "float32 form is fp32 additions in a fixed order, bit-identical on every CPU "
         "(mamba3_mimo_pre_fp32_dacs_bit_equal_min)",
-        "tests/test_mamba3_mimo_preprocess.py::test_dacs_segsum_fp32_agrees_with_fp64; "
+        "tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py::test_dacs_segsum_fp32_agrees_with_fp64; "
         "scripts/measure_test_tolerances.py --groups preprocess"),
     "mamba3_mimo_pre_fp32_angles_wrapped_max_abs": Tolerance(
         5.4e-6,
         "preprocess.angle_cumsum float32 (C = 8 and 16) vs float64 over 37 tokens, wrapped max |difference|: 1.8e-6 "
         "(group preprocess). Margin 3x: the float32 form uses torch's tanh, which may differ by an ulp between CPUs, "
         "and sums 37 such terms",
-        "tests/test_mamba3_mimo_preprocess.py::test_angle_cumsum_runs_over_the_whole_sequence; "
+        "tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py::test_angle_cumsum_runs_over_the_whole_sequence; "
         "scripts/measure_test_tolerances.py --groups preprocess"),
 })

@@ -13,11 +13,11 @@ no result of the package.
 
 Groups (each named after the test it measures):
 
-* ``kernels``: ``tests/test_kernels.py::test_kernels_match_reference``: the Triton kernels under the CPU interpreter
+* ``kernels``: ``tests/ops/mamba_mimo_bwd_fwd/test_kernels.py::test_kernels_match_reference``: the Triton kernels under the CPU interpreter
   vs the reference, same policy, on the 8 cases x policies of the test (24 pairs), per output: rel RMS, and for lp
   outputs the number of differing elements and the rel RMS one flipped lp rounding of the largest element gives
   (``one_flip``: how large a single flip, the kind of change another BLAS order makes, is on these small outputs).
-* ``stage2_paths``: ``tests/test_bwd_bwd_reference.py`` tail / groups / strided: differing elements (asserted 0).
+* ``stage2_paths``: ``tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py`` tail / groups / strided: differing elements (asserted 0).
 * ``stage2_state_update``: the two ``state_update`` orders of stage 2's dstates on the drawn cases with two k16
   steps (C·R > 16): rel RMS (``stage2_state_update_orders_rel_rms``).
 * ``stage2_fp64``: stage 2's fp64 preset vs its FP64 oracle on the 11 golden and 5 drawn cases of
@@ -26,15 +26,15 @@ Groups (each named after the test it measures):
   differing elements of the outputs asserted bit-equal; dTrap's bit-equal fraction and the fraction of its
   elements whose FP64 value lies within 8 fp32 ulps of an lp rounding midpoint (the elements an ulp-level change
   of torch's sigmoid could flip).
-* ``golden_realistic``: ``tests/test_golden_realistic.py``: the stage-1 reference under ``upstream_sm90`` /
+* ``golden_realistic``: ``tests/ops/mamba_mimo_bwd_fwd/test_golden_realistic.py``: the stage-1 reference under ``upstream_sm90`` /
   ``upstream_sm90_fp16`` vs the H200 outputs of the 6 realistic cases, per dtype (``golden_upstream_sm90_rel_rms``,
   ``float16.golden_upstream_sm90_rel_rms``).
 * ``fwd_branches``, ``drift``, ``preprocess``: thresholds the tests used to write themselves (issue 26, Tests 4):
   the forward's upstream_sm90 vs fp32 preset on ``BRANCH_SPECS``, the FP32-level and lp-level drift of
-  ``tests/test_drift.py``, the FP32 preprocessing vs its FP64 form (``tests/test_mamba3_mimo_preprocess.py``).
+  ``tests/test_drift.py``, the FP32 preprocessing vs its FP64 form (``tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py``).
 * ``fp64_chain``, ``whole_op_fp64``: the FP64 backward chain vs torch autograd of the FP64 model on the 103 chain
-  cases of ``tests/test_epilogue.py`` (and the clamp case), and ``mamba3_mimo(policy="fp64")`` on the 37 cases of
-  ``tests/test_mamba3_mimo_autograd.py`` and the 2 float64-leaf cases of ``tests/test_newcomer_float64_leaves.py`` (``fp64_chain_vs_autograd_rel_rms``, ``whole_op_fp64_vs_autograd_rel_rms``).
+  cases of ``tests/ops/mamba3_mimo_epilogue/test_epilogue.py`` (and the clamp case), and ``mamba3_mimo(policy="fp64")`` on the 37 cases of
+  ``tests/ops/mamba3_mimo/test_mamba3_mimo_autograd.py`` and the 2 float64-leaf cases of ``tests/ops/mamba3_mimo/test_newcomer_float64_leaves.py`` (``fp64_chain_vs_autograd_rel_rms``, ``whole_op_fp64_vs_autograd_rel_rms``).
 
 Usage (a few minutes per configuration on an idle 2-core machine; the kernels group is most of it)::
 
@@ -108,7 +108,7 @@ def _near_midpoint_fraction(x64: torch.Tensor, lp: torch.dtype, ulps: int = 8) -
 
 # ---------------------------------------------------------------------------------------------------- kernels
 def kernel_cases():
-    """The cases of tests/test_kernels.py (CASES) and the policies each is gated under (``_policies_for``)."""
+    """The cases of tests/ops/mamba_mimo_bwd_fwd/test_kernels.py (CASES) and the policies each is gated under (``_policies_for``)."""
     import mimo_numerics as mn
     from mimo_numerics.cases import CaseSpec
 
@@ -177,7 +177,7 @@ def measure_kernels() -> dict:
 
 # ---------------------------------------------------------------------------------------------------- stage 2
 def stage2_synthetic_specs():
-    """SYNTHETIC of tests/test_bwd_bwd_reference.py."""
+    """SYNTHETIC of tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py."""
     from mimo_numerics.cases import CaseSpec
 
     return [
@@ -278,7 +278,7 @@ def measure_stage2_fp64() -> dict:
 
 
 def measure_stage2_paths() -> dict:
-    """Differing elements of the three path comparisons of tests/test_bwd_bwd_reference.py (expected 0)."""
+    """Differing elements of the three path comparisons of tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py (expected 0)."""
     from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import OUTPUT_NAMES
 
     specs = stage2_synthetic_specs()
@@ -394,7 +394,7 @@ def measure_golden_realistic() -> dict:
 
 # ---------------------------------------------------------------------------------------------------- thresholds
 def measure_fwd_branches() -> dict:
-    """tests/test_fwd_reference.py::test_fwd_branches_give_upstream_layout_and_finite_values: rel RMS of the forward
+    """tests/ops/mamba_mimo_fwd/test_fwd_reference.py::test_fwd_branches_give_upstream_layout_and_finite_values: rel RMS of the forward
     under upstream_sm90 (upstream_sm90_fp16) against the fp32 preset on the 5 BRANCH_SPECS."""
     from mimo_numerics import presets
     from mimo_numerics.cases import CaseSpec
@@ -450,7 +450,7 @@ def measure_drift() -> dict:
 
 
 def measure_preprocess() -> dict:
-    """tests/test_mamba3_mimo_preprocess.py: dacs_segsum float32 vs float64 (the test's draws; worst |error| over
+    """tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py: dacs_segsum float32 vs float64 (the test's draws; worst |error| over
     (2e-7 + 2e-6 |fp64|), assert_close's measure), and the float32 angle_cumsum (C = 8, 16) vs the float64 one
     (wrapped max |error|)."""
     from mimo_numerics.studies import measure
@@ -490,7 +490,7 @@ def _chain_case(rank, n, dtype, ro, z, d, heads=2, groups=1, batch=1, chunk_size
 
 
 def chain_cases():
-    """CHAIN_CASES and SLOW_CHAIN_CASES of tests/test_epilogue.py, as OpCaseSpec (the tests' ``draw_inputs``)."""
+    """CHAIN_CASES and SLOW_CHAIN_CASES of tests/ops/mamba3_mimo_epilogue/test_epilogue.py, as OpCaseSpec (the tests' ``draw_inputs``)."""
     import itertools
 
     c = _chain_case
@@ -510,7 +510,7 @@ def chain_cases():
 
 
 def measure_fp64_chain() -> dict:
-    """tests/test_epilogue.py: the FP64 chain vs torch autograd of the FP64 model on the 103 chain cases, and on the
+    """tests/ops/mamba3_mimo_epilogue/test_epilogue.py: the FP64 chain vs torch autograd of the FP64 model on the 103 chain cases, and on the
     clamp case against the straight-through gradient (every gradient) and the exact one (all but dADT)."""
     from mimo_numerics.ops.mamba3_mimo import chain
     from mimo_numerics.ops.mamba3_mimo.cases import make_op_inputs
@@ -531,7 +531,7 @@ def measure_fp64_chain() -> dict:
     st, exact = chain.autograd_fp64(inputs, "upstream"), chain.autograd_fp64(inputs, "exact")
     clamp_worst = max([_rel_rms(got[g], st[g]) for g in GRAD_NAMES if st[g] is not None]
                       + [_rel_rms(got[g], exact[g]) for g in GRAD_NAMES if g != "dADT" and exact[g] is not None])
-    # tests/test_bwd_bwd_oracle.py::test_bwd_bwd_oracle_with_a_tail_chunk_gives_the_gradients (S = 10, C = 4)
+    # tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_oracle.py::test_bwd_bwd_oracle_with_a_tail_chunk_gives_the_gradients (S = 10, C = 4)
     from mimo_numerics.ops.mamba_mimo_bwd_bwd.oracle import mamba_mimo_bwd_bwd_oracle
 
     tail_spec = _chain_case(rank=2, n=32, dtype="bfloat16", ro=True, z=True, d=True, batch=2, seed=11)
@@ -554,7 +554,7 @@ def measure_fp64_chain() -> dict:
 
 
 def measure_whole_op_fp64() -> dict:
-    """tests/test_mamba3_mimo_autograd.py: mamba3_mimo(policy=fp64)'s recorded backward vs autograd of the FP64
+    """tests/ops/mamba3_mimo/test_mamba3_mimo_autograd.py: mamba3_mimo(policy=fp64)'s recorded backward vs autograd of the FP64
     model on FP64_CASES + SLOW_FP64_CASES (37), and its forward vs the model on the first case."""
     from mimo_numerics import presets
     from mimo_numerics.ops.mamba3_mimo import chain
@@ -593,7 +593,7 @@ def measure_whole_op_fp64() -> dict:
                 e = _rel_rms(record[f"mamba3_mimo_epilogue.{g}"], want[g])
                 if e > worst:
                     worst, at = e, f"{spec.case_id}:{g}"
-    # tests/test_newcomer_float64_leaves.py: float64 leaves off the lp grid (its two CASES, its perturbation)
+    # tests/ops/mamba3_mimo/test_newcomer_float64_leaves.py: float64 leaves off the lp grid (its two CASES, its perturbation)
     wide_cases = (small_case(seqlen=16, rank=2, value_dim=8, chunk_size=8, seed=21),
                   small_case(seqlen=8, heads=2, groups=2, value_dim=8, rank=1, chunk_size=4, reduce_o=False,
                              has_z=False, has_d=False, rotary_dim_divisor=2, dtype="float16", seed=22))

@@ -146,7 +146,7 @@ def test_golden_device_departs_from_upstream_only_at_fp32_level():
     device = table.pivot()["device"]
     # 0 for states, dz and qk_dot on this case on every CPU configuration measured (docs/reproducibility.md), but
     # the reference's bf16 outputs come from FP32 GEMMs through the CPU's BLAS, where another summation order can
-    # flip a rounding: gated with tests/test_golden.py's tolerances for the same comparison, not as bits
+    # flip a rounding: gated with tests/ops/mamba_mimo_bwd_fwd/test_golden.py's tolerances for the same comparison, not as bits
     assert device["output.states"] <= tolerances.get("golden_states_qk_dot_rel_rms")
     assert device["output.qk_dot"] <= tolerances.get("golden_states_qk_dot_rel_rms")
     assert device["output.dz"] <= tolerances.get("golden_upstream_sm90_rel_rms")

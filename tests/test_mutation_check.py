@@ -49,4 +49,4 @@ def test_mutation_check_on_a_tiny_repository(tool, tmp_path):
     report = tmp_path / "out" / "mc"
     tool.write_report([caught, survived, gone], tool.provenance.collect(["--only", "sub"]), report)
     text = report.with_suffix(".md").read_text()
-    assert "1 of 3 mutants caught" in text and "git describe --dirty" in text
+    assert "1 of 3 mutants caught" in text and "git describe --always --dirty" in text

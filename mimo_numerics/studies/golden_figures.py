@@ -1,4 +1,4 @@
-"""Figures of the whole op against the golden H200 data, shared by ``tests/test_mamba3_mimo_autograd.py`` and
+"""Figures of the whole op against the golden H200 data, shared by ``tests/ops/mamba3_mimo/test_mamba3_mimo_autograd.py`` and
 ``scripts/measure_whole_op_golden.py`` (which writes ``reports/mamba3_mimo_golden.md``).
 
 A golden case is one entry of ``upstream_h200_full_op_cases.pt`` (``tests/data/README.md``): ``inputs`` and

@@ -46,7 +46,7 @@ from .. import provenance
 
 #: The site the demo's fourth policy turns off: the switch ranked first by score in the one-site-off ranking of the
 #: whole op over the 11 bfloat16 golden cases (``reports/mamba3_mimo_site_ranking.json``, ``rows[0]``; its score
-#: and error drop are in ``reports/mamba3_mimo_site_ranking.md``). ``tests/test_mamba3_mimo_training.py`` checks
+#: and error drop are in ``reports/mamba3_mimo_site_ranking.md``). ``tests/studies/test_mamba3_mimo_training.py`` checks
 #: that it is still that report's first switch.
 DEFAULT_SITE_OFF = "mamba_mimo_bwd_bwd.z_zeta"
 #: Where :data:`DEFAULT_SITE_OFF` comes from (relative to the repository root).

@@ -11,7 +11,7 @@ epilogue's outputs (``mamba3_mimo_epilogue.<gradient>``). The generic drift tool
   only each step's outputs; :func:`fp64_run` fills the internal stages by running each operator's reference under
   the ``fp64`` preset on the fp64 chain's own float64 tensors (its preprocessing, stage 1's float64 ``states`` and
   ``qk_dot``), so every stage of a policy run has an FP64 counterpart. The outputs stay the oracles'
-  (the references agree with them to ~1e-15, FP64 summation order: ``tests/test_mamba3_mimo_report.py``).
+  (the references agree with them to ~1e-15, FP64 summation order: ``tests/studies/test_mamba3_mimo_report.py``).
 * :func:`upstream_run`: a golden case's upstream tensors (the H200's kernel outputs and autograd gradients) under
   the same keys: outputs only.
 * :func:`op_outputs`: ``Out`` and the 14 gradients of a run, by golden ``autograd`` names, unrounded (under ``fp64``

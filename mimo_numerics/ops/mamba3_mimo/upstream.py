@@ -26,7 +26,7 @@ Two runners launch one kernel each, with the arguments of the operator specs (te
 ``chunk_size``, ``rotary_dim_divisor``), for ``mimo-numerics run --backend upstream`` on the forward and stage 2:
 :func:`run_forward` calls upstream's ``mamba_mimo_forward`` and :func:`run_stage2` launches the ``mamba_mimo_bwd_bwd``
 TileLang kernel with the output allocation of ``mamba_mimo_bwd_combined``. Both were written against the upstream
-source and tested on the CPU with stand-in modules (``tests/test_upstream_runners.py``); this change did not run them
+source and tested on the CPU with stand-in modules (``tests/ops/mamba3_mimo/test_upstream_runners.py``); this change did not run them
 on a GPU.
 """
 
@@ -292,7 +292,7 @@ def run_forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, d
     ``mamba3_mimo`` calls it (``return_state=False``, upstream's launch defaults: 128 threads, 0 stages).
 
     On an H200 it reproduces the kernel outputs upstream's own ``mamba3_mimo`` recorded, bit for bit
-    (``tests/test_upstream_runners_gpu.py``); its argument handling is also tested with a stand-in module on CPU.
+    (``tests/ops/mamba3_mimo/test_upstream_runners_gpu.py``); its argument handling is also tested with a stand-in module on CPU.
 
     Args:
         q..segsum, chunk_size, rotary_dim_divisor: as the forward reference
@@ -359,7 +359,7 @@ def run_stage2(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     before the wrapper's sums (which refuse 1 < G < H; the kernel itself does not).
 
     On an H200 it reproduces the kernel outputs upstream's own ``mamba3_mimo`` recorded, bit for bit
-    (``tests/test_upstream_runners_gpu.py``); its argument handling is also tested with a stand-in module on CPU.
+    (``tests/ops/mamba3_mimo/test_upstream_runners_gpu.py``); its argument handling is also tested with a stand-in module on CPU.
 
     Args:
         dout..segsum, chunk_size, rotary_dim_divisor: as the stage-2 reference

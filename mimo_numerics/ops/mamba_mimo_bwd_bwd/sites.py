@@ -94,10 +94,10 @@ PRESET_SITES = {
 
 #: Evidence for each preset on stage 2.
 PRESET_EVIDENCE = {
-    "fp64": "definition; tests/test_bwd_bwd_reference.py checks it against the independent FP64 oracle",
+    "fp64": "definition; tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py checks it against the independent FP64 oracle",
     "fp32": "definition: FP32 math, only the output stores rounded",
     "upstream_sm80": "the sites of the source with the DV rank sum unfused (two roundings); unverified on a GPU",
-    "upstream_sm90": "the sites read from mamba3_mimo_bwd.py (docs/stage2.md); tests/test_bwd_bwd_reference.py "
+    "upstream_sm90": "the sites read from mamba3_mimo_bwd.py (docs/stage2.md); tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py "
                      "against the H200 golden bwd_bwd: dq, dk, dv, dmimo_v <= 8.8e-4 rel RMS, every raw output "
                      ">= 6.9x closer than fp32; the fused DV sum is supported by the data (mul_then_add >= 8.4x "
                      "further)",

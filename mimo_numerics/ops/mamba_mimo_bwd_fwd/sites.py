@@ -42,11 +42,11 @@ PRESET_SITES = {
 
 #: Evidence for each preset on this operator (the catalog's sections, the golden tests).
 PRESET_EVIDENCE = {
-    "fp64": "definition; tests/test_reference.py checks it against the independent oracle",
+    "fp64": "definition; tests/ops/mamba_mimo_bwd_fwd/test_reference.py checks it against the independent oracle",
     "fp32": "catalog §2.1 column 'Seed FP32 ref'",
     "seed_bf16": "the seed PR's BF16 reference: catalog §2.1 (site by site), D1 and D4",
     "upstream_sm80": "catalog §1.5 (SASS for sm_86); not run on such a GPU",
-    "upstream_sm90": "catalog §1.5 (SASS for sm_90a), §2.2 D1; tests/test_golden.py against the H200 outputs",
-    "upstream_sm90_fp16": "catalog §1.5 (SASS for sm_86 and sm_90a); tests/test_golden_realistic.py (H200 fp16 case)",
+    "upstream_sm90": "catalog §1.5 (SASS for sm_90a), §2.2 D1; tests/ops/mamba_mimo_bwd_fwd/test_golden.py against the H200 outputs",
+    "upstream_sm90_fp16": "catalog §1.5 (SASS for sm_86 and sm_90a); tests/ops/mamba_mimo_bwd_fwd/test_golden_realistic.py (H200 fp16 case)",
     "upstream_sm80_fp16": "catalog §1.5; no GPU run",
 }

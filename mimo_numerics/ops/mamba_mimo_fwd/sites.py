@@ -57,12 +57,12 @@ PRESET_SITES = {
 
 #: Evidence for each preset on the forward.
 PRESET_EVIDENCE = {
-    "fp64": "definition; tests/test_fwd_reference.py checks it against the independent FP64 oracle",
+    "fp64": "definition; tests/ops/mamba_mimo_fwd/test_fwd_reference.py checks it against the independent FP64 oracle",
     "fp32": "definition: FP32 math, only the output store rounded",
     "upstream_sm80": "the sites of the source with unfused bf16 mul+add pairs (two roundings in the diagonal); "
                      "unverified on a GPU (no sm_80 run, no sm_80 SASS read)",
-    "upstream_sm90": "the sites read from mamba3_mimo_fwd.py (docs/forward.md); tests/test_fwd_reference.py against "
+    "upstream_sm90": "the sites read from mamba3_mimo_fwd.py (docs/forward.md); tests/ops/mamba_mimo_fwd/test_fwd_reference.py against "
                      "the H200 golden fwd.o: <= 4.0e-4 rel RMS, >= 15x closer than fp32",
-    "upstream_sm90_fp16": "the same sites in fp16; tests/test_fwd_reference.py against the H200 fp16 golden case",
+    "upstream_sm90_fp16": "the same sites in fp16; tests/ops/mamba_mimo_fwd/test_fwd_reference.py against the H200 fp16 golden case",
     "upstream_sm80_fp16": "fp16 mul+add pairs are fused on sm_80 too; no sm_80 run",
 }

@@ -1,4 +1,5 @@
-"""Helpers of the stage-2 (``mamba_mimo_bwd_bwd``) tests and scripts: golden path, policies, inputs."""
+"""Helpers of the stage-2 (``mamba_mimo_bwd_bwd``) tests, its oracle's and the epilogue's: golden path and file, policies,
+inputs, argument builders."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Dict, Optional
 import torch
 
 from mimo_numerics import golden_data, presets
+from mimo_numerics.ops.mamba3_mimo import chain
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 from mimo_numerics.cases import CaseSpec
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import make_inputs
@@ -69,3 +71,27 @@ def run_reference(inputs: dict, policy, record=None):
     if isinstance(policy, str):
         policy = stage2_policy(policy)
     return mamba_mimo_bwd_bwd(*args_of(inputs), **kwargs_of(inputs), policy=policy, record=record)
+
+
+# --- the stage-2 oracle's and the epilogue's helpers (the golden whole-op file, argument builders) ---
+
+GOLDEN_FULL_OP_SHA256 = golden_data.FILES["full_op"].sha256
+
+
+def load_full_op() -> dict:
+    """The golden whole-op cases, ``name -> case`` (``tests/data/README.md``); cached by ``golden_data``."""
+    return golden_data.load("full_op")
+
+
+def case_names() -> list:
+    return sorted(load_full_op())
+
+
+# The argument builders and the FP64 stage-1 helper live in the package (``mimo_numerics.ops.mamba3_mimo.chain``),
+# where ``mamba3_mimo``'s autograd function uses them; re-exported here for the tests and scripts that import them.
+stage1_args = chain.stage1_args
+stage2_args = chain.stage2_args
+stage2_kwargs = chain.stage2_kwargs
+epilogue_args = chain.epilogue_args
+epilogue_kwargs = chain.epilogue_kwargs
+stage1_oracle_fp64 = chain.stage1_oracle_fp64

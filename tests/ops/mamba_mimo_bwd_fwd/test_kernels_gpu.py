@@ -3,8 +3,8 @@
 Run on an H200 (``-s`` shows the compact tables; the JIT compiles dominate the time, so it is split in two
 commands of a few minutes each; the Triton cache carries over when the machine stays warm)::
 
-    python -m pytest tests/test_kernels_gpu.py -m gpu -s -q -k golden
-    python -m pytest tests/test_kernels_gpu.py -m gpu -s -q -k "not golden"
+    python -m pytest tests/ops/mamba_mimo_bwd_fwd/test_kernels_gpu.py -m gpu -s -q -k golden
+    python -m pytest tests/ops/mamba_mimo_bwd_fwd/test_kernels_gpu.py -m gpu -s -q -k "not golden"
 
 Gates (issue acceptance 2):
 * the CPU gates of ``test_kernels.py`` on the ``sweep`` grid of ``mimo_numerics.cases`` (S up to 2048) and three
@@ -39,7 +39,7 @@ from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 GATE_RTOL = tolerances.get("same_policy_rel_rms")
 GOLDEN_RTOL = tolerances.get("golden_upstream_sm90_rel_rms")
 GOLDEN_RATIO = tolerances.get("golden_seed_over_sm90_mean_ratio_min")
-GOLDEN_PATH = os.path.join(os.path.dirname(__file__), "data", "upstream_h200_seed_cases.pt")
+GOLDEN_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "upstream_h200_seed_cases.pt")
 
 _cuda = torch.cuda.is_available() and kernels.triton_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _cuda, reason="needs a CUDA GPU and triton")]

@@ -11,7 +11,7 @@ import hashlib
 import pytest
 import torch
 
-import stage2_support as support
+import bwd_bwd_support as support
 from mimo_numerics import tolerances
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba_mimo_bwd_bwd.oracle import (

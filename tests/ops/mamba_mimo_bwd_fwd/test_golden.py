@@ -11,7 +11,7 @@ from mimo_numerics import tolerances
 from mimo_numerics.metrics import bit_equal_fraction, rel_rms
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
-DATA = Path(__file__).parent / "data" / "upstream_h200_seed_cases.pt"
+DATA = Path(__file__).resolve().parents[2] / "data" / "upstream_h200_seed_cases.pt"
 SHA256 = "238ee4f20fb30e7ad78efb6e71ea10cc104b543bedd2e35400538fa613680f52"
 GOLDEN = torch.load(DATA, weights_only=True)
 NAMES = sorted(GOLDEN)

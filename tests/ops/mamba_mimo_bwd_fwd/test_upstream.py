@@ -19,7 +19,7 @@ from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES, OUTPUT_NAM
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.validation import validate_inputs
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
 
-GOLDEN = Path(__file__).parent / "data" / "upstream_h200_seed_cases.pt"
+GOLDEN = Path(__file__).resolve().parents[2] / "data" / "upstream_h200_seed_cases.pt"
 
 _RAISING_INIT = "raise RuntimeError('package __init__ executed: {}')\n"
 _UTILS = "def bwd_dadt_fused_triton():\n    return 'utils'\n\ndef bwd_dtrap_ddt_triton():\n    return 'utils'\n"
@@ -202,13 +202,13 @@ def test_upstream_reproduces_the_golden_outputs_bit_for_bit():
 def test_plumbing_make_golden_flow_with_a_stand_in_kernel(tmp_path, monkeypatch, capsys):
     """Plumbing: golden/make_golden.py end to end on CPU: the kernel is replaced by a stand-in that returns the golden
     outputs for golden inputs (found by digest) and the reference's otherwise, so its golden check agrees by
-    construction; this tests the pipeline's wiring, not a kernel (the real kernel's run: tests/test_golden.py)."""
+    construction; this tests the pipeline's wiring, not a kernel (the real kernel's run: tests/ops/mamba_mimo_bwd_fwd/test_golden.py)."""
     import importlib.util
 
     from mimo_numerics import bundles
     from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference
 
-    spec = importlib.util.spec_from_file_location("make_golden", Path(__file__).parent.parent / "golden" /
+    spec = importlib.util.spec_from_file_location("make_golden", Path(__file__).resolve().parents[3] / "golden" /
                                                   "make_golden.py")
     make_golden = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make_golden)

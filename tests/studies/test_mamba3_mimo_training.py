@@ -93,7 +93,7 @@ def test_reading_of_two_seeds_pairs_runs_by_seed():
 
 def test_default_site_off_is_the_first_switch_of_the_committed_ranking():
     """DEFAULT_SITE_OFF comes from the 11-case site ranking report, not from a one-case ranking."""
-    ranking = json.loads((Path(__file__).resolve().parents[1] / training.SITE_RANKING_REPORT).read_text())
+    ranking = json.loads((Path(__file__).resolve().parents[2] / training.SITE_RANKING_REPORT).read_text())
     assert len(ranking["cases"]) >= 11
     first_switch = next(row for row in ranking["rows"] if row["kind"] == "switch")
     assert first_switch["label"] == training.DEFAULT_SITE_OFF

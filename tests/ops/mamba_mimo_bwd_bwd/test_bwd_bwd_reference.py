@@ -362,7 +362,7 @@ def test_bwd_bwd_round_outputs_false_returns_the_math_dtype(synthetic_inputs):
 
 
 def test_bwd_bwd_sites_are_described_with_line_numbers_and_documented():
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "stage2.md").read_text(encoding="utf-8")
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "stage2.md").read_text(encoding="utf-8")
     assert len(SITES) == len(set(SITES)) >= 30
     for site, text in SITES.items():
         assert site == site.lower() and text.startswith("L") and "round" in text, site

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import chain_support as chain
-import stage2_support as support
+import bwd_bwd_support as support
 from mimo_numerics import tolerances
 from mimo_numerics.metrics import bit_equal_fraction, rel_rms
 from mimo_numerics.ops.mamba3_mimo_epilogue.oracle import mamba3_mimo_epilogue_oracle

@@ -106,5 +106,5 @@ def test_float64_inputs_come_all_at_once():
 def test_readme_says_float64_leaves_under_fp64():
     from pathlib import Path
 
-    text = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8").split())
+    text = " ".join((Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8").split())
     assert "float64 leaves" in text and 'policy="fp64"' in text

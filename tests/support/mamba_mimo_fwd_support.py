@@ -1,4 +1,4 @@
-"""Shared set-up of tests/test_fwd_reference.py and scripts/measure_fwd_golden.py: policies, the golden file's
+"""Shared set-up of tests/ops/mamba_mimo_fwd/test_fwd_reference.py and scripts/measure_fwd_golden.py: policies, the golden file's
 path, and calls of the forward reference on golden cases and on ``mimo_numerics.cases`` inputs (the golden-case
 arguments and table live in the package: ``mimo_numerics.ops.mamba_mimo_fwd.golden``)."""
 

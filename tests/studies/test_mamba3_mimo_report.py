@@ -197,7 +197,7 @@ def test_golden_ranking_script_writes_its_report(tmp_path):
     out = tmp_path / "ranking.md"
     done = subprocess.run([sys.executable, "scripts/rank_whole_op_sites.py", "--quiet", "--cases",
                            "g_B1_S64_H2_N64_P64_R4_C16_zdo,x_B1_S56_H2_N64_P64_R4_C16_zdo_tail", "--out", str(out)],
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
     text = out.read_text()
     assert "Not run" in text and "x_B1_S56_H2_N64_P64_R4_C16_zdo_tail" in text  # S % C != 0: upstream's limit

@@ -16,7 +16,7 @@ from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
-DATA = torch.load(Path(__file__).parent / "data" / "upstream_h200_realistic_outputs.pt", weights_only=True)
+DATA = torch.load(Path(__file__).resolve().parents[2] / "data" / "upstream_h200_realistic_outputs.pt", weights_only=True)
 CASES = DATA["cases"]
 UPSTREAM_POLICY = {"bfloat16": "upstream_sm90", "float16": "upstream_sm90_fp16"}
 
