@@ -32,7 +32,9 @@ it (``<baseline>.values/<target>/``) so that ``compare`` can count the differing
 
 ``compare`` runs the current code on the same cases and policies and reports every mismatch as
 ``target  case  policy  entry: N of M elements differ`` (a missing or extra stage name, a changed input, an
-exception raised or no longer raised are reported too), then the tensors compared per target. ``vs-generic`` needs
+exception raised or no longer raised are reported too), then the tensors compared per target. ``--rest`` runs the
+cases ``--quick`` leaves out, so a full compare can be split into two processes. ``diff`` compares two baseline
+files without running anything (two saves of one commit must agree). ``vs-generic`` needs
 no baseline: it runs each case with stage 1's CPU fast path (``CPU_FAST_PATH`` of stage 1's reference module) and
 with the generic whole-tensor path and compares them the same way (and the outputs' strides); by default only stage
 1, ``--op`` picks others (stage 2's inputs and the whole op's chain run stage 1 too). Exit status 0 when everything
@@ -49,6 +51,8 @@ an old commit to save the baseline there.
     python scripts/check_reference_bits.py compare --quick --baseline out/reference_bits_quick.json  # minutes
     python scripts/check_reference_bits.py compare --op mamba_mimo_bwd_bwd --op mamba3_mimo   # some targets only
     python scripts/check_reference_bits.py vs-generic --quick
+    python scripts/check_reference_bits.py compare --rest --baseline out/reference_bits.json  # the non-quick cases
+    python scripts/check_reference_bits.py diff --baseline out/reference_bits.json --other out/reference_bits_quick.json
 
 Across a change of an input generator (issue 15 made it machine-independent), give both runs the same inputs:
 ``save --inputs-dir DIR`` with the new code writes them, the old commit's reference (this script copied into a
@@ -149,7 +153,7 @@ def _epilogue_policies() -> Dict[str, Tuple[str, bool, bool]]:
 
 
 # ---------------------------------------------------------------------------------------------------- tensors
-def _digest(t: torch.Tensor) -> str:
+def digest(t: torch.Tensor) -> str:
     t = t.detach().contiguous().cpu()
     h = hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|".encode())
     h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
@@ -161,7 +165,7 @@ def _layout(t: torch.Tensor) -> tuple:
     return tuple(st for n, st in zip(t.shape, t.stride()) if n > 1)
 
 
-def _count_differences(a: torch.Tensor, b: torch.Tensor) -> str:
+def count_differences(a: torch.Tensor, b: torch.Tensor) -> str:
     if a.dtype != b.dtype or a.shape != b.shape:
         return f"dtype/shape {a.dtype}{tuple(a.shape)} -> {b.dtype}{tuple(b.shape)}"
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
@@ -170,7 +174,7 @@ def _count_differences(a: torch.Tensor, b: torch.Tensor) -> str:
 
 
 def _input_digests(inputs: dict) -> Dict[str, Optional[str]]:
-    return {k: (_digest(v) if isinstance(v, torch.Tensor) else (None if v is None else repr(v)))
+    return {k: (digest(v) if isinstance(v, torch.Tensor) else (None if v is None else repr(v)))
             for k, v in inputs.items()}
 
 
@@ -345,7 +349,7 @@ class EpilogueTarget(Target):
         return dict(mamba3_mimo_epilogue_reference(**inputs, fma=fma, bias_sums_in_lp=bias_lp))
 
 
-def _targets() -> Dict[str, Callable[[], Target]]:
+def all_targets() -> Dict[str, Callable[[], Target]]:
     out: Dict[str, Callable[[], Target]] = {name: (lambda n=name: OperatorTarget(n)) for name in registry.OPERATORS}
     out.setdefault(EPILOGUE, EpilogueTarget)
     out[WHOLE_OP] = WholeOpTarget
@@ -397,12 +401,12 @@ def _run(target: Target, case: Case, policies: Dict[str, Any],
         yield Result(pname, lp, entries, list(record) if record is not None else [])
 
 
-def _values_dir(baseline: Path) -> Path:
+def values_dir(baseline: Path) -> Path:
     return baseline.with_name(baseline.name + ".values")
 
 
 def _value_file(baseline: Path, target: str, label: str, pname: str) -> Path:
-    return _values_dir(baseline) / target / f"{_safe(label + '__' + pname)}.pt"
+    return values_dir(baseline) / target / f"{_safe(label + '__' + pname)}.pt"
 
 
 def _report_skips(skips: Dict[Tuple[str, str], Tuple[str, int]], errors: List[str]) -> None:
@@ -441,7 +445,7 @@ def save(args, plan) -> int:
                 _note(result, target.name, case.label, skips, errors)
                 per_case["policies"][result.policy] = {
                     "lp": result.lp, "error": result.error, "record_names": result.record_names,
-                    "digests": {k: (None if v is None else _digest(v)) for k, v in result.entries.items()}}
+                    "digests": {k: (None if v is None else digest(v)) for k, v in result.entries.items()}}
                 stored += len(result.entries)
                 if not args.no_values and result.entries:
                     path = _value_file(baseline, target.name, case.label, result.policy)
@@ -508,7 +512,7 @@ def compare(args, plan) -> int:
                     count[0] += 1
                     old = saved["digests"].get(key, "absent")
                     value = result.entries.get(key, "absent")
-                    new = value if isinstance(value, str) else (None if value is None else _digest(value))
+                    new = value if isinstance(value, str) else (None if value is None else digest(value))
                     if old == new:
                         continue
                     detail = f"{old!r:.12} -> {new!r:.12}"
@@ -516,7 +520,7 @@ def compare(args, plan) -> int:
                         path = _value_file(baseline, target.name, case.label, result.policy)
                         if stored is None and path.exists():
                             stored = torch.load(path)
-                        detail = (_count_differences(stored[key], value) if stored is not None and key in stored
+                        detail = (count_differences(stored[key], value) if stored is not None and key in stored
                                   else "digest differs (no stored values to count)")
                     here.append(f"{where}  {key}: {detail}")
             for lp, inputs in drawn.items():
@@ -540,6 +544,37 @@ def compare(args, plan) -> int:
         print(f"{not_in_baseline} cases not in the baseline (skipped)")
     tensors = sum(c[0] for c in counts.values())
     print(f"{tensors} tensors compared, {len(mismatches)} mismatches ({time.perf_counter() - total_start:.1f} s)")
+    return 1 if mismatches else 0
+
+
+def diff(args, plan) -> int:
+    """Compare two baseline files entry by entry, running nothing: every (target, case, policy) both hold must have
+    the same digests, exception type and record names (e.g. a quick and a full baseline of the same commit)."""
+    a, b = (json.loads(Path(p).read_text()) for p in (args.baseline, args.other))
+    mismatches, checked, only = [], 0, 0
+    for target in sorted(set(a["operators"]) | set(b["operators"])):
+        ca, cb = a["operators"].get(target, {}).get("cases", {}), b["operators"].get(target, {}).get("cases", {})
+        only += len(set(ca) ^ set(cb))
+        for label in sorted(set(ca) & set(cb)):
+            pa, pb = ca[label]["policies"], cb[label]["policies"]
+            only += len(set(pa) ^ set(pb))
+            for lp in sorted(set(ca[label].get("inputs", {})) & set(cb[label].get("inputs", {}))):
+                if ca[label]["inputs"][lp] != cb[label]["inputs"][lp]:
+                    mismatches.append(f"{target}  {label}  inputs[{lp}] differ")
+            for pname in sorted(set(pa) & set(pb)):
+                ra, rb = pa[pname], pb[pname]
+                where = f"{target}  {label}  {pname}"
+                if (ra["error"] or "").split(":", 1)[0] != (rb["error"] or "").split(":", 1)[0]:
+                    mismatches.append(f"{where}  exception: {ra['error']!r:.80} vs {rb['error']!r:.80}")
+                if ra["record_names"] != rb["record_names"]:
+                    mismatches.append(f"{where}  record names differ")
+                for key in sorted(set(ra["digests"]) | set(rb["digests"])):
+                    checked += 1
+                    if ra["digests"].get(key, "absent") != rb["digests"].get(key, "absent"):
+                        mismatches.append(f"{where}  {key}: digests differ")
+    for line in mismatches:
+        print("MISMATCH", line)
+    print(f"{checked} tensors compared, {len(mismatches)} mismatches ({only} cases or policies in one file only)")
     return 1 if mismatches else 0
 
 
@@ -582,8 +617,8 @@ def vs_generic(args, plan) -> int:
                         continue
                     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
                         mismatches.append(f"{where}  {key}: {type(a).__name__} -> {type(b).__name__}")
-                    elif _digest(a) != _digest(b):
-                        mismatches.append(f"{where}  {key}: {_count_differences(a, b)}")
+                    elif digest(a) != digest(b):
+                        mismatches.append(f"{where}  {key}: {count_differences(a, b)}")
                     elif not key.startswith("record.") and _layout(a) != _layout(b):
                         mismatches.append(f"{where}  {key}: strides {a.stride()} -> {b.stride()}")
             print(f"checked {target.name} {case.label} ({time.perf_counter() - start:.1f} s)", flush=True)
@@ -594,10 +629,11 @@ def vs_generic(args, plan) -> int:
 
 
 def build_plan(targets: List[str], quick: bool, sweep: Optional[Tuple[int, ...]], headline: bool,
-               policy_names: Optional[List[str]] = None, case_filter: Optional[str] = None):
+               policy_names: Optional[List[str]] = None, case_filter: Optional[str] = None, rest: bool = False):
     """[(target, cases, policies)] for the named targets; ``policy_names`` restricts the policies of every target
-    (names a target does not have are left out for it), ``case_filter`` keeps the cases whose label contains it."""
-    makers = _targets()
+    (names a target does not have are left out for it), ``case_filter`` keeps the cases whose label contains it,
+    ``rest`` keeps only the cases that ``quick`` leaves out (a full run split in two: ``--quick``, then ``--rest``)."""
+    makers = all_targets()
     all_policies = _policies()
     plan = []
     for name in targets:
@@ -606,6 +642,9 @@ def build_plan(targets: List[str], quick: bool, sweep: Optional[Tuple[int, ...]]
         if policy_names is not None:
             policies = {p: policies[p] for p in policy_names if p in policies}
         cases = target.cases(quick, sweep, headline)
+        if rest:
+            in_quick = {c.label for c in target.cases(True, sweep, headline)}
+            cases = [c for c in cases if c.label not in in_quick]
         if case_filter:
             cases = [c for c in cases if case_filter in c.label]
         plan.append((target, cases, policies))
@@ -614,17 +653,22 @@ def build_plan(targets: List[str], quick: bool, sweep: Optional[Tuple[int, ...]]
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=("save", "compare", "vs-generic"),
-                        help="save a baseline, compare against one, or compare stage 1's CPU fast path with the "
-                             "generic whole-tensor path of the current code (no baseline needed)")
+    parser.add_argument("mode", choices=("save", "compare", "vs-generic", "diff"),
+                        help="save a baseline, compare against one, compare stage 1's CPU fast path with the "
+                             "generic whole-tensor path of the current code (no baseline needed), or diff two "
+                             "baseline files (--baseline and --other; runs nothing)")
     parser.add_argument("--baseline", default=str(DEFAULT_BASELINE),
                         help=f"digest JSON file (default {DEFAULT_BASELINE.relative_to(ROOT)}, git-ignored)")
-    known = list(_targets())
+    known = list(all_targets())
+    parser.add_argument("--other", default=None, help="diff: the second baseline file")
     parser.add_argument("--op", action="append", choices=known, default=None,
                         help="run only this target (repeatable; default all: the registered operators, "
                              f"{EPILOGUE} and {WHOLE_OP}; vs-generic: mamba_mimo_bwd_fwd)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke, gate and stress cases and the small whole-op cases only (minutes)")
+    parser.add_argument("--rest", action="store_true",
+                        help="only the cases --quick leaves out (sweep, headline, the larger whole-op cases): a full "
+                             "compare split into a --quick run and a --rest run, e.g. in two processes")
     parser.add_argument("--no-headline", action="store_true", help="leave out the headline shape (the slow case)")
     parser.add_argument("--sweep", default=None,
                         help="comma-separated indices into the sweep grid for every operator ('' for none; default "
@@ -647,6 +691,10 @@ def main(argv=None) -> int:
                              "save the inputs with the current code, then run the old commit's reference on them")
     parser.add_argument("--list", action="store_true", help="print the targets, cases and policies and exit")
     args = parser.parse_args(argv)
+    if args.mode == "diff":
+        if args.other is None:
+            parser.error("diff needs --other (the second baseline file)")
+        return diff(args, None)
     if args.inputs_dir is not None:
         global INPUTS_DIR
         INPUTS_DIR = args.inputs_dir
@@ -665,7 +713,9 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"--policies: unknown name(s) {unknown}; known: {sorted(everything)}")
     sweep = None if args.sweep is None else tuple(int(i) for i in args.sweep.split(",") if i.strip())
-    plan = build_plan(targets, args.quick, sweep, not args.no_headline, policy_names, args.cases)
+    if args.quick and args.rest:
+        parser.error("--quick and --rest exclude each other (--rest runs the cases --quick leaves out)")
+    plan = build_plan(targets, args.quick, sweep, not args.no_headline, policy_names, args.cases, args.rest)
     if args.list:
         for target, cases, policies in plan:
             print(f"{target.name}: {len(cases)} cases x {len(policies)} policies")

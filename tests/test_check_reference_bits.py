@@ -28,7 +28,7 @@ def tool():
 
 def _tiny_plan(tool):
     """The first (smallest) case of every target, under ``upstream_sm90`` and ``seed_bf16`` (bf16 only)."""
-    plan = tool.build_plan(list(tool._targets()), quick=True, sweep=None, headline=False,
+    plan = tool.build_plan(list(tool.all_targets()), quick=True, sweep=None, headline=False,
                            policy_names=["upstream_sm90", "seed_bf16", "bfloat16:fma=1:bias_sums_in_lp=1",
                                          "bfloat16:fma=0:bias_sums_in_lp=0"])
     return [(target, cases[:1], policies) for target, cases, policies in plan]
@@ -82,20 +82,24 @@ def test_compare_reports_changes(tool, saved, tmp_path, capsys):
     fwd[next(iter(fwd))]["policies"]["seed_bf16"]["error"] = None                   # no longer raises
     changed = tmp_path / "changed.json"
     changed.write_text(json.dumps(data))
-    tool._values_dir(changed).symlink_to(tool._values_dir(path), target_is_directory=True)
+    tool.values_dir(changed).symlink_to(tool.values_dir(path), target_is_directory=True)
     capsys.readouterr()
     assert tool.compare(_args(changed), plan) == 1
     out = capsys.readouterr().out
     assert f"mamba_mimo_bwd_fwd  {label}  upstream_sm90  dz: 0 of" in out  # the stored values are equal
     assert "mamba_mimo_fwd  " in out and "seed_bf16  exception: None -> \"PolicyUndefined: " in out
     assert ", 2 mismatches" in out
+    assert tool.main(["diff", "--baseline", str(path), "--other", str(changed)]) == 1
+    out = capsys.readouterr().out
+    assert f"{label}  upstream_sm90  dz: digests differ" in out and ", 2 mismatches" in out
+    assert tool.main(["diff", "--baseline", str(path), "--other", str(path)]) == 0
 
 
 def test_count_differences(tool):
     a = torch.tensor([1.0, float("nan"), 3.0], dtype=torch.bfloat16)
     b = a.clone()
     b[2] = 4.0
-    assert tool._count_differences(a, a.clone()) == "0 of 3 elements differ"
-    assert tool._count_differences(a, b) == "1 of 3 elements differ"
-    assert tool._count_differences(a, b.float()).startswith("dtype/shape")
-    assert tool._digest(a) == tool._digest(a.clone()) != tool._digest(b)
+    assert tool.count_differences(a, a.clone()) == "0 of 3 elements differ"
+    assert tool.count_differences(a, b) == "1 of 3 elements differ"
+    assert tool.count_differences(a, b.float()).startswith("dtype/shape")
+    assert tool.digest(a) == tool.digest(a.clone()) != tool.digest(b)
