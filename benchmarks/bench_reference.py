@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -84,28 +83,6 @@ def worker(args) -> int:
     return 0
 
 
-def _git(*cmd) -> str:
-    return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def _commit() -> str:
-    try:
-        dirty = "+changes" if _git("status", "--porcelain", "--untracked-files=no") else ""
-        return _git("rev-parse", "--short", "HEAD") + dirty
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def _export(rev: str, into: Path) -> Path:
     """``mimo_numerics`` of commit ``rev`` extracted under ``into``."""
     archive = into / "src.tar"
@@ -128,6 +105,17 @@ def _run_worker(path: Path, args) -> dict:
         raise RuntimeError(f"benchmark worker for {path} failed:\n{out.stderr[-3000:]}")
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
+
+
+def provenance(commit=None) -> dict:
+    """``mimo_numerics.provenance.collect()`` of this checkout (commit, ``git describe --dirty``, clean or not, the
+    command, versions, machine); ``commit`` (``--commit``, for a machine without ``.git``) replaces the commit."""
+    from mimo_numerics import provenance as _provenance
+
+    prov = _provenance.collect()
+    if commit:
+        prov.update(commit=commit, describe=commit)
+    return prov
 
 
 def main(argv=None) -> int:
@@ -171,21 +159,27 @@ def main(argv=None) -> int:
                 "calls": len(wall)}
 
     first = runs["current"][0]
-    device_name = (f"{_cpu_model()}, {os.cpu_count()} cores, {first['threads']} torch threads"
+    prov = provenance(args.commit)
+    device_name = (f"{prov['machine']['cpu']}, {os.cpu_count()} cores, {first['threads']} torch threads"
                    if args.device == "cpu" else args.device)
     rows = [{"policy": p, **{name: summary(name, p) for name in impls}} for p in args.policies.split(",")]
-    meta = {"commit": args.commit or _commit(), "baseline": args.baseline, "device": device_name,
+    from mimo_numerics.benchmark_cases import HEADLINE_FIELDS
+
+    meta = {"commit": prov["describe"], "provenance": prov, "baseline": args.baseline, "device": device_name,
             "torch": first["torch"], "python": sys.version.split()[0],
-            "shape": _headline().to_dict(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "shape": dict(HEADLINE_FIELDS), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "load_average_before": load_before, "load_average_after": load_after,
             "warmup": args.warmup, "repeats": args.repeats, "rounds": args.rounds, "results": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"reference_{torch_device_type(args.device)}"
     (out / f"{stem}.json").write_text(json.dumps(meta, indent=2))
+    from mimo_numerics.provenance import markdown_header
+
     lines = [f"# Reference benchmark on {device_name}", "",
-             f"commit `{meta['commit']}`, torch {meta['torch']}, python {meta['python']}, {meta['date']}; "
-             f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after", "",
+             markdown_header(prov) + f" {meta['date']}; load average {load_before[0]:.2f} before, "
+             f"{load_after[0]:.2f} after (a timing on a loaded machine is not comparable with one on a quiet one).",
+             "",
              "Shape (a): B=1, S=8192, H=16, G=1, N=P=64, R=4, C=16, D, Z and reduced DOUT (realistic inputs). "
              f"Median of {args.rounds * args.repeats} calls ({args.rounds} worker process(es) x {args.repeats}, each "
              f"after {args.warmup} warm-up call(s)); `cpu` is the process CPU time (all threads).", ""]

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from mimo_numerics import provenance
+
 
 from mimo_numerics import presets
 from mimo_numerics.ops.mamba3_mimo.golden import load as load_whole_op
@@ -92,12 +94,18 @@ def site_table(golden: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sites", action="store_true", help="also print the one-site-off sensitivity table")
+    parser.add_argument("--record-dir", type=Path, default=provenance.MEASUREMENTS,
+                        help="write the printed tables with the provenance header to DIR/measure_fwd_golden.md and .json "
+                             "(default: reports/measurements)")
+    parser.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args(argv)
     golden = load_golden()
-    print(case_table(golden))
-    if args.sites:
-        print()
-        print(site_table(golden))
+    with provenance.record_measurement("measure_fwd_golden", "Forward reference against the H200 forward output "
+                                       "(docs/forward.md)", None if args.no_record else args.record_dir):
+        print(case_table(golden))
+        if args.sites:
+            print()
+            print(site_table(golden))
     return 0
 
 
