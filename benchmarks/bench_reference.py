@@ -12,6 +12,10 @@ temporary directory) in the same session, in alternating worker processes, and p
 
     python benchmarks/bench_reference.py --device cpu --repeats 5 --baseline 97b53fc
     python benchmarks/bench_reference.py --device cuda --repeats 20
+    python benchmarks/bench_reference.py --smoke --out /tmp/bench   # seconds: a tiny shape, fp32, one call
+
+``--smoke`` checks that the script runs (:data:`SMOKE_FIELDS`, not the headline shape); its figures are not a
+benchmark, and its report says so.
 """
 
 from __future__ import annotations
@@ -29,6 +33,16 @@ from pathlib import Path
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 ROOT = Path(__file__).resolve().parents[1]
+#: ``--smoke``: the headline fields with these replaced (a tiny shape).
+SMOKE_FIELDS = dict(seqlen=32, heads=2, state_dim=16, value_dim=16)
+
+
+def shape_fields(smoke: bool = False) -> dict:
+    """The fields of the timed ``CaseSpec``: ``benchmark_cases.HEADLINE_FIELDS`` (``smoke``: with
+    :data:`SMOKE_FIELDS`)."""
+    from mimo_numerics.benchmark_cases import HEADLINE_FIELDS
+
+    return {**HEADLINE_FIELDS, **(SMOKE_FIELDS if smoke else {})}
 
 
 def _headline(fields_json: str):
@@ -94,10 +108,8 @@ def _export(rev: str, into: Path) -> Path:
 
 
 def _run_worker(path: Path, args) -> dict:
-    from mimo_numerics.benchmark_cases import HEADLINE_FIELDS
-
     env = dict(os.environ, PYTHONPATH=str(path))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", json.dumps(HEADLINE_FIELDS),
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", json.dumps(shape_fields(args.smoke)),
            "--device", args.device,
            "--policies", args.policies, "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(path))
@@ -130,11 +142,15 @@ def main(argv=None) -> int:
                         help="also time the mimo_numerics of this commit, side by side")
     parser.add_argument("--out", default=str(ROOT / "reports" / "bench"))
     parser.add_argument("--commit", default=None, help="commit to record (default: git rev-parse of the checkout)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny shape, fp32 only, one call without warm-up: checks that the script runs")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)  # the worker's shape fields (JSON)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.smoke:
+        args.policies, args.warmup, args.repeats, args.rounds = "fp32", 0, 1, 1
 
     load_before = os.getloadavg()
     impls = {"current": ROOT}
@@ -163,11 +179,9 @@ def main(argv=None) -> int:
     device_name = (f"{prov['machine']['cpu']}, {os.cpu_count()} cores, {first['threads']} torch threads"
                    if args.device == "cpu" else args.device)
     rows = [{"policy": p, **{name: summary(name, p) for name in impls}} for p in args.policies.split(",")]
-    from mimo_numerics.benchmark_cases import HEADLINE_FIELDS
-
     meta = {"commit": prov["describe"], "provenance": prov, "baseline": args.baseline, "device": device_name,
             "torch": first["torch"], "python": sys.version.split()[0],
-            "shape": dict(HEADLINE_FIELDS), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "shape": shape_fields(args.smoke), "smoke": args.smoke, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "load_average_before": load_before, "load_average_after": load_after,
             "warmup": args.warmup, "repeats": args.repeats, "rounds": args.rounds, "results": rows}
     out = Path(args.out)
@@ -180,8 +194,10 @@ def main(argv=None) -> int:
              markdown_header(prov) + f" {meta['date']}; load average {load_before[0]:.2f} before, "
              f"{load_after[0]:.2f} after (a timing on a loaded machine is not comparable with one on a quiet one).",
              "",
-             "Shape (a): B=1, S=8192, H=16, G=1, N=P=64, R=4, C=16, D, Z and reduced DOUT (realistic inputs). "
-             f"Median of {args.rounds * args.repeats} calls ({args.rounds} worker process(es) x {args.repeats}, each "
+             (f"**Smoke run (S={SMOKE_FIELDS['seqlen']}, H={SMOKE_FIELDS['heads']}, N=P={SMOKE_FIELDS['state_dim']}, "
+              "otherwise the headline fields): checks that the script runs; not a benchmark.** " if args.smoke else
+              "Shape (a): B=1, S=8192, H=16, G=1, N=P=64, R=4, C=16, D, Z and reduced DOUT (realistic inputs). ")
+             + f"Median of {args.rounds * args.repeats} calls ({args.rounds} worker process(es) x {args.repeats}, each "
              f"after {args.warmup} warm-up call(s)); `cpu` is the process CPU time (all threads).", ""]
     if args.baseline:
         lines += [f"`current` is this checkout; `baseline` is `mimo_numerics` of commit `{args.baseline}`, timed in "

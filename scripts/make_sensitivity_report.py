@@ -24,8 +24,8 @@ dtype (fp16 cases are studied under the ``*_fp16`` presets); its header carries 
 the measured run time (so two runs differ there; fp32-level digits can differ across machines, fp32 GEMMs go through
 BLAS). Measured on 2 loaded cores: the forward about 2 minutes, stage 2 about 8 (of which inference 6).
 ``--cases``/``--limit`` restrict the cases (every section), ``--inference-limit`` only the inference's.
-``--smoke`` (what the test suite runs): the first case only (or the ``--cases`` given) and a single descent of the
-inference (:data:`SMOKE_INFERENCE`: no pair moves, restarts or escapes); the header says it is a smoke run.
+``--smoke`` (what the test suite runs): the smallest case only (or the ``--cases`` given) and no inference search (the
+two policies compared and their single-field neighbours are ranked); the header says it is a smoke run.
 """
 
 from __future__ import annotations
@@ -74,9 +74,10 @@ SEE_ALSO = {
 #: Presets compared with upstream's outputs (section 3), in their bfloat16 form.
 COMPARED = ("fp64", "fp32", "upstream_sm80", "upstream_sm90")
 TOP = 5
-#: ``infer_policy`` keywords of ``--smoke``: one descent, no pair moves, restarts or escapes.
-SMOKE_INFERENCE = dict(pair_moves=False, restarts=(), escapes=(), max_rounds=2)
-SMOKE_NOTE = " **Smoke run (first case, one inference descent): not the report's figures.**"
+#: ``--smoke``: no inference search; ``infer_policy`` ranks the start and the studied policy and their single-field
+#: neighbours (its ``candidates`` mode).
+SMOKE_NOTE = (" **Smoke run (the smallest case; the inference ranks two candidates and their neighbours, no search): "
+              "not the report's figures.**")
 
 
 def default_out(op_name: str) -> Path:
@@ -114,6 +115,8 @@ def build_stage1(names: Optional[Sequence[str]] = None, limit: Optional[int] = N
     ``command``: the command line for the header (default: this process's)."""
     started = time.perf_counter()
     data = golden.load_golden()
+    if smoke and not names:
+        names = [min(data, key=lambda n: sum(t.numel() for t in data[n][0].values() if isinstance(t, torch.Tensor)))]
     names = select_names(list(data), names, limit)
     inputs = [data[n][0] for n in names]
     device = [data[n][1] for n in names]
@@ -122,7 +125,8 @@ def build_stage1(names: Optional[Sequence[str]] = None, limit: Optional[int] = N
     gap_policy = sensitivity.attribute_gap(inputs, "seed_bf16", "upstream_sm90")
     gap_device = sensitivity.attribute_gap(inputs, "seed_bf16", "upstream_sm90", target=device)
     agreement = sensitivity.output_errors(inputs, ["fp32", "seed_bf16", "upstream_sm80", "upstream_sm90"], device)
-    result = inference.infer_policy(inputs, device, start="seed_bf16", **(SMOKE_INFERENCE if smoke else {}))
+    result = inference.infer_policy(inputs, device, start="seed_bf16",
+                                    **({"candidates": ("seed_bf16", "upstream_sm90")} if smoke else {}))
     seed_distance = result.start_distance
     elapsed = time.perf_counter() - started
     ratio = seed_distance / result.distance if result.distance > 0 else float("inf")
@@ -295,7 +299,9 @@ def _group_report(op, names: List[str], inputs: List[dict], targets: List[dict],
                                                                    op=op.name))
     n_inf = len(inputs) if inference_limit is None else min(inference_limit, len(inputs))
     result = timed("infer_policy", lambda: inference.infer_policy(inputs[:n_inf], targets[:n_inf], start=start,
-                                                                  op=op.name, **(SMOKE_INFERENCE if smoke else {})))
+                                                                  op=op.name,
+                                                                  **({"candidates": (start, studied)} if smoke
+                                                                     else {})))
     outputs = table_fp64.outputs
     knob_through = "; ".join(f"`{k}` also turns {', '.join(f'`{s}`' for s in v)} on"
                              for k, v in op.knob_sites.items())
@@ -409,6 +415,9 @@ def build_operator(op_name: str, names: Optional[Sequence[str]] = None, limit: O
     op = _operator.get(op_name)
     upstream_of = importlib.import_module(f"mimo_numerics.ops.{op.name}.golden").upstream_outputs
     stored = {c.source: c for c in op.load("golden")()}
+    if smoke and not names:  # the smallest case
+        names = [min(stored, key=lambda n: math.prod(getattr(stored[n], f) for f in (
+            "batch", "seqlen", "heads", "state_dim", "value_dim", "rank")))]
     chosen = select_names(list(stored), names, limit)
     cases, targets, refused = [], [], []
     for name in chosen:
@@ -484,7 +493,7 @@ def main(argv=None) -> int:
     parser.add_argument("--inference-limit", type=int, default=None,
                         help="infer the policy from the first K cases of each lp dtype only (not for stage 1)")
     parser.add_argument("--smoke", action="store_true",
-                        help="first case only (unless --cases), one inference descent: checks that the report runs")
+                        help="the smallest case only (unless --cases), no inference search: checks that the report runs")
     args = parser.parse_args(argv)
     names = [n for part in args.cases for n in part.split(",") if n] if args.cases else None
     if args.smoke and args.limit is None:
