@@ -3,8 +3,8 @@
     python benchmarks/bench_kernels.py                 # shapes a-d, writes reports/bench/<date>_<sha>_kernels.{md,json}
     python benchmarks/bench_kernels.py --shapes a --variants default,emulated,rbk2,k3w4,bp3_32,k2w4s3,k2s8
 
-For every shape it first checks correctness (kernel vs reference under the same policy, rel RMS <= 3e-4 on every
-output, no NaN after a poisoned launch) and refuses to time a configuration whose gate is red. Then it reports the
+For every shape it first checks correctness (kernel vs reference under the same policy, rel RMS <=
+``tolerances.same_policy_rel_rms`` on every output, no NaN after a poisoned launch) and refuses to time a configuration whose gate is red. Then it reports the
 median of ``triton.testing.do_bench`` for: the Triton kernels under ``upstream_sm90`` (each tuning variant) and
 ``seed_bf16``, the PyTorch reference on CUDA under ``upstream_sm90``, and the upstream TileLang kernel
 (``mimo_numerics.upstream``, timed in the same run when TileLang and the mamba-ssm source are available, e.g. after
@@ -24,7 +24,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 
 import torch
@@ -32,7 +31,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 import mimo_numerics as mn
-from mimo_numerics import kernels, tolerances
+from mimo_numerics import kernels, provenance, tolerances
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import upstream
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.benchmark_cases import KERNEL_SHAPES, kernel_shape
@@ -151,14 +150,6 @@ def ok(errs: dict) -> bool:
     return all(v == v and v <= GATE_RTOL for v in errs.values())
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip() or "uncommitted"
-    except Exception:
-        return "uncommitted"
-
-
 def main(argv=None) -> int:
     import triton
     from triton.testing import do_bench
@@ -204,7 +195,10 @@ def main(argv=None) -> int:
     up_ok, up_why = (False, "--no-upstream") if args.no_upstream or dev.type != "cuda" else upstream.availability()
     print(f"upstream TileLang: {'timed in this run' if up_ok else 'not run: ' + up_why}")
     rows, breakdown, failures = [], [], []
-    commit = args.commit or git_commit()
+    prov = provenance.collect()
+    if args.commit:  # a machine without .git
+        prov.update(commit=args.commit, describe=args.commit)
+    commit = prov["commit"]
     print(f"GPU {gpu} | torch {torch.__version__} | triton {triton.__version__} | commit {commit}")
     for shape in args.shapes.split(","):
         spec = spec_of(shape)
@@ -266,13 +260,15 @@ def main(argv=None) -> int:
     # ---- report
     stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
     os.makedirs(args.out, exist_ok=True)
-    meta = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "commit": commit,
+    meta = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "commit": commit, "provenance": prov,
             "peak_bw_tb_s": PEAK_BW / 1e12, "gate_rtol": GATE_RTOL, "date": stamp, "variants": variants}
     ukeys = [k for k in rows[0] if k.startswith("triton_") and k.endswith("_ms")]
     lines = [f"# Triton mamba_mimo_bwd_fwd benchmark ({stamp})", "",
+             provenance.markdown_header(prov), "",
              f"GPU: {gpu}; torch {torch.__version__}; triton {triton.__version__}; commit {meta['commit']}. "
              "Median of triton.testing.do_bench (ms), kernels only (outputs allocated once per call inside "
-             "build_launches is excluded). Gate: kernel vs reference rel RMS <= 3e-4 before timing.", "",
+             f"build_launches is excluded). Gate: kernel vs reference rel RMS <= {GATE_RTOL:g} "
+             "(`tolerances.same_policy_rel_rms`) before timing.", "",
              "| shape | MB moved | " + " | ".join(k[:-3] for k in ukeys) + " | reference (CUDA, upstream_sm90) | "
              "upstream TileLang | best BW (of ~4.3 TB/s) |",
              "|---|---|" + "---|" * len(ukeys) + "---|---|---|"]

@@ -12,6 +12,10 @@ temporary directory) in the same session, in alternating worker processes, and p
 
     python benchmarks/bench_reference.py --device cpu --repeats 5 --baseline 97b53fc
     python benchmarks/bench_reference.py --device cuda --repeats 20
+    python benchmarks/bench_reference.py --smoke --out /tmp/bench   # seconds: a tiny shape, fp32, one call
+
+``--smoke`` checks that the script runs (:data:`SMOKE_FIELDS`, not the headline shape); its figures are not a
+benchmark, and its report says so.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,6 +33,16 @@ from pathlib import Path
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 ROOT = Path(__file__).resolve().parents[1]
+#: ``--smoke``: the headline fields with these replaced (a tiny shape).
+SMOKE_FIELDS = dict(seqlen=32, heads=2, state_dim=16, value_dim=16)
+
+
+def shape_fields(smoke: bool = False) -> dict:
+    """The fields of the timed ``CaseSpec``: ``benchmark_cases.HEADLINE_FIELDS`` (``smoke``: with
+    :data:`SMOKE_FIELDS`)."""
+    from mimo_numerics.benchmark_cases import HEADLINE_FIELDS
+
+    return {**HEADLINE_FIELDS, **(SMOKE_FIELDS if smoke else {})}
 
 
 def _headline(fields_json: str):
@@ -84,28 +97,6 @@ def worker(args) -> int:
     return 0
 
 
-def _git(*cmd) -> str:
-    return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def _commit() -> str:
-    try:
-        dirty = "+changes" if _git("status", "--porcelain", "--untracked-files=no") else ""
-        return _git("rev-parse", "--short", "HEAD") + dirty
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def _export(rev: str, into: Path) -> Path:
     """``mimo_numerics`` of commit ``rev`` extracted under ``into``."""
     archive = into / "src.tar"
@@ -117,10 +108,8 @@ def _export(rev: str, into: Path) -> Path:
 
 
 def _run_worker(path: Path, args) -> dict:
-    from mimo_numerics.benchmark_cases import HEADLINE_FIELDS
-
     env = dict(os.environ, PYTHONPATH=str(path))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", json.dumps(HEADLINE_FIELDS),
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", json.dumps(shape_fields(args.smoke)),
            "--device", args.device,
            "--policies", args.policies, "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(path))
@@ -128,6 +117,17 @@ def _run_worker(path: Path, args) -> dict:
         raise RuntimeError(f"benchmark worker for {path} failed:\n{out.stderr[-3000:]}")
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
+
+
+def provenance(commit=None) -> dict:
+    """``mimo_numerics.provenance.collect()`` of this checkout (commit, ``git describe --dirty``, clean or not, the
+    command, versions, machine); ``commit`` (``--commit``, for a machine without ``.git``) replaces the commit."""
+    from mimo_numerics import provenance as _provenance
+
+    prov = _provenance.collect()
+    if commit:
+        prov.update(commit=commit, describe=commit)
+    return prov
 
 
 def main(argv=None) -> int:
@@ -142,11 +142,15 @@ def main(argv=None) -> int:
                         help="also time the mimo_numerics of this commit, side by side")
     parser.add_argument("--out", default=str(ROOT / "reports" / "bench"))
     parser.add_argument("--commit", default=None, help="commit to record (default: git rev-parse of the checkout)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny shape, fp32 only, one call without warm-up: checks that the script runs")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)  # the worker's shape fields (JSON)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.smoke:
+        args.policies, args.warmup, args.repeats, args.rounds = "fp32", 0, 1, 1
 
     load_before = os.getloadavg()
     impls = {"current": ROOT}
@@ -171,23 +175,29 @@ def main(argv=None) -> int:
                 "calls": len(wall)}
 
     first = runs["current"][0]
-    device_name = (f"{_cpu_model()}, {os.cpu_count()} cores, {first['threads']} torch threads"
+    prov = provenance(args.commit)
+    device_name = (f"{prov['machine']['cpu']}, {os.cpu_count()} cores, {first['threads']} torch threads"
                    if args.device == "cpu" else args.device)
     rows = [{"policy": p, **{name: summary(name, p) for name in impls}} for p in args.policies.split(",")]
-    meta = {"commit": args.commit or _commit(), "baseline": args.baseline, "device": device_name,
+    meta = {"commit": prov["describe"], "provenance": prov, "baseline": args.baseline, "device": device_name,
             "torch": first["torch"], "python": sys.version.split()[0],
-            "shape": _headline().to_dict(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "shape": shape_fields(args.smoke), "smoke": args.smoke, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "load_average_before": load_before, "load_average_after": load_after,
             "warmup": args.warmup, "repeats": args.repeats, "rounds": args.rounds, "results": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"reference_{torch_device_type(args.device)}"
     (out / f"{stem}.json").write_text(json.dumps(meta, indent=2))
+    from mimo_numerics.provenance import markdown_header
+
     lines = [f"# Reference benchmark on {device_name}", "",
-             f"commit `{meta['commit']}`, torch {meta['torch']}, python {meta['python']}, {meta['date']}; "
-             f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after", "",
-             "Shape (a): B=1, S=8192, H=16, G=1, N=P=64, R=4, C=16, D, Z and reduced DOUT (realistic inputs). "
-             f"Median of {args.rounds * args.repeats} calls ({args.rounds} worker process(es) x {args.repeats}, each "
+             markdown_header(prov) + f" {meta['date']}; load average {load_before[0]:.2f} before, "
+             f"{load_after[0]:.2f} after (a timing on a loaded machine is not comparable with one on a quiet one).",
+             "",
+             (f"**Smoke run (S={SMOKE_FIELDS['seqlen']}, H={SMOKE_FIELDS['heads']}, N=P={SMOKE_FIELDS['state_dim']}, "
+              "otherwise the headline fields): checks that the script runs; not a benchmark.** " if args.smoke else
+              "Shape (a): B=1, S=8192, H=16, G=1, N=P=64, R=4, C=16, D, Z and reduced DOUT (realistic inputs). ")
+             + f"Median of {args.rounds * args.repeats} calls ({args.rounds} worker process(es) x {args.repeats}, each "
              f"after {args.warmup} warm-up call(s)); `cpu` is the process CPU time (all threads).", ""]
     if args.baseline:
         lines += [f"`current` is this checkout; `baseline` is `mimo_numerics` of commit `{args.baseline}`, timed in "

@@ -10,13 +10,12 @@ each device's rel RMS against the real upstream outputs. Writes ``reports/refere
 from __future__ import annotations
 
 import argparse
-import subprocess
-import time
 from pathlib import Path
 
 import torch
 
 import mimo_numerics as mn
+from mimo_numerics import provenance
 from mimo_numerics.cases import CaseSpec
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 from mimo_numerics.metrics import bit_equal_fraction, rel_rms
@@ -54,8 +53,7 @@ def main(argv=None) -> int:
     cases = [(name, case["inputs"], case["upstream"]) for name, case in sorted(golden.items())]
     cases += [(spec.case_id, make_inputs(spec), None) for spec in LONG_CASES]
     lines = [f"# Reference on CPU vs {device_name}, policy {args.policy}", "",
-             f"commit `{subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}`, "
-             f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}. rel RMS (bit-equal fraction for lp outputs).", "",
+             provenance.markdown_header() + " rel RMS (bit-equal fraction for lp outputs).", "",
              "| case | output | CPU vs device | CPU vs upstream | device vs upstream |", "|---|---|---|---|---|"]
     worst = 0.0
     for name, inputs, upstream in cases:

@@ -39,7 +39,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 import mimo_numerics as mn
-from mimo_numerics import nonfinite
+from mimo_numerics import nonfinite, provenance
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import golden
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES, OUTPUT_NAMES
@@ -129,7 +129,7 @@ def run(args) -> dict:
     values = {k: VALUES[k] for k in args.values}
     gen = torch.Generator().manual_seed(args.seed)
     report = {"impl": args.impl, "device": args.device, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-              "torch": torch.__version__, "cases": {}, "device_name": None}
+              "torch": torch.__version__, "cases": {}, "device_name": None, "provenance": provenance.collect()}
     if args.device.startswith("cuda") and torch.cuda.is_available():
         report["device_name"] = torch.cuda.get_device_name(torch.device(args.device))
     start = time.perf_counter()
@@ -171,7 +171,10 @@ def run(args) -> dict:
 
 
 def render(report: dict) -> str:
-    lines = [f"# Non-finite propagation: `{report['impl']}` vs the reference", "",
+    lines = [f"# Non-finite propagation: `{report['impl']}` vs the reference", ""]
+    if report.get("provenance"):  # runs before the provenance module recorded none
+        lines += [provenance.markdown_header(report["provenance"]), ""]
+    lines += [
              f"Device: {report['device']} ({report['device_name'] or 'n/a'}), torch {report['torch']}, "
              f"{report['date']}, {report['seconds']} s. Made by `scripts/gpu_nonfinite_upstream.py`; rules in "
              "`docs/nonfinite.md`. Counts are output elements; `extra` = non-finite only in the implementation, "

@@ -31,6 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 import mimo_numerics as mn
+from mimo_numerics import provenance
 from mimo_numerics.cases import CaseSpec
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 from mimo_numerics.metrics import bit_equal_fraction, rel_rms
@@ -123,9 +124,9 @@ def _configuration(threads: int) -> dict:
 def _compare(paths) -> None:
     loaded = [torch.load(p, weights_only=False) for p in paths]
     base = loaded[0]
-    print(f"baseline: {paths[0]} {base['configuration']}")
+    print(f"baseline: {Path(paths[0]).name} {base['configuration']}")
     for path, other in zip(paths[1:], loaded[1:]):
-        print(f"\n{path}: {other['configuration']}")
+        print(f"\n{Path(path).name}: {other['configuration']}")
         groups: Dict[str, list] = {}
         for key, want in base["results"].items():
             got = other["results"][key]
@@ -151,9 +152,17 @@ def main(argv=None) -> int:
     run.add_argument("--threads", type=int, default=0, help="torch.set_num_threads first (0: torch's default)")
     compare = sub.add_parser("compare", help="compare saved results with the first file's")
     compare.add_argument("paths", nargs="+", type=Path)
+    compare.add_argument("--record-dir", type=Path, default=provenance.MEASUREMENTS,
+                         help="write the comparison with the provenance header to DIR/measure_cpu_variation.md and "
+                              ".json (default: reports/measurements)")
+    compare.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args(argv)
     if args.command == "compare":
-        _compare(args.paths)
+        with provenance.record_measurement("measure_cpu_variation", "CPU results across CPUs, BLAS code paths and "
+                                           "thread counts (docs/reproducibility.md)",
+                                           None if args.no_record else args.record_dir) as data:
+            data["configurations"] = {p.name: torch.load(p, weights_only=False)["configuration"] for p in args.paths}
+            _compare(args.paths)
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from mimo_numerics import golden_data
+from mimo_numerics import golden_data, provenance
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba3_mimo import cases
 from mimo_numerics.studies import measure
@@ -106,13 +106,21 @@ def _grid_table() -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--golden", type=Path, default=GOLDEN_FULL_OP, help="upstream_h200_full_op_cases.pt")
+    parser.add_argument("--record-dir", type=Path, default=provenance.MEASUREMENTS,
+                        help="write the printed tables with the provenance header to DIR/measure_fp64_vs_golden.md and .json "
+                             "(default: reports/measurements)")
+    parser.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args(argv)
     golden = torch.load(args.golden, weights_only=True)
-    print(f"torch {torch.__version__}, golden {args.golden}\n")
-    _preprocess_table(golden)
-    _tanh_table(golden)
-    _golden_tables(golden)
-    _grid_table()
+    shown = args.golden.resolve()
+    shown = shown.relative_to(provenance.ROOT) if shown.is_relative_to(provenance.ROOT) else shown.name
+    with provenance.record_measurement("measure_fp64_vs_golden", "FP64 side of the whole op against the golden H200 "
+                                       "data (docs/fp64_model.md)", None if args.no_record else args.record_dir):
+        print(f"torch {torch.__version__}, golden `{shown}`\n")
+        _preprocess_table(golden)
+        _tanh_table(golden)
+        _golden_tables(golden)
+        _grid_table()
 
 
 if __name__ == "__main__":

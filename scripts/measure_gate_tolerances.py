@@ -27,12 +27,13 @@ import functools
 import importlib
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
 from mimo_numerics import operator as _operator
 from mimo_numerics import policy as _policy
-from mimo_numerics import presets, testing, tolerances
+from mimo_numerics import presets, provenance, testing, tolerances
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops import registry
 
@@ -176,15 +177,21 @@ def main(argv=None) -> None:
     parser.add_argument("--wrong-policy", default="upstream_sm90", help="the claimed policy of --wrong")
     parser.add_argument("--reorder", action="store_true",
                         help="also the FP32-level variants over several permutation seeds (smoke + gate grids)")
+    parser.add_argument("--record-dir", type=Path, default=provenance.MEASUREMENTS,
+                        help="write the printed tables with the provenance header to DIR/measure_gate_tolerances.md and .json "
+                             "(default: reports/measurements)")
+    parser.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args(argv)
-    for name in args.op:
-        op = _operator.get(name)
-        cpu_noise(op, args.grid)
-        h200(op)
-        if args.reorder:
-            reorder_excess(op)
-        if args.wrong:
-            wrong_policies(op, args.grid, args.wrong_policy)
+    with provenance.record_measurement("measure_gate_tolerances", "The accuracy gates' tolerances of the forward "
+                                       "and stage 2 (docs/gating.md)", None if args.no_record else args.record_dir):
+        for name in args.op:
+            op = _operator.get(name)
+            cpu_noise(op, args.grid)
+            h200(op)
+            if args.reorder:
+                reorder_excess(op)
+            if args.wrong:
+                wrong_policies(op, args.grid, args.wrong_policy)
 
 
 if __name__ == "__main__":

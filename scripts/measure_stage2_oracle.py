@@ -29,7 +29,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from mimo_numerics import golden_data
+from mimo_numerics import golden_data, provenance
 from mimo_numerics.ops.mamba3_mimo import chain
 from mimo_numerics.metrics import bit_equal_fraction, max_abs, rel_rms
 from mimo_numerics.ops.mamba3_mimo_epilogue.oracle import mamba3_mimo_epilogue_oracle
@@ -156,13 +156,20 @@ def chain_table() -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--chain", action="store_true", help="also measure the whole FP64 chain")
+    parser.add_argument("--record-dir", type=Path, default=provenance.MEASUREMENTS,
+                        help="write the printed tables with the provenance header to DIR/measure_stage2_oracle.md and .json "
+                             "(default: reports/measurements)")
+    parser.add_argument("--no-record", action="store_true", help="print only")
     args = parser.parse_args(argv)
-    print(stage2_table())
-    print()
-    print(epilogue_table())
-    if args.chain:
+    with provenance.record_measurement("measure_stage2_oracle", "Stage-2 FP64 oracle and the epilogue against the "
+                                       "golden H200 data (docs/stage2_oracle.md)",
+                                       None if args.no_record else args.record_dir):
+        print(stage2_table())
         print()
-        print(chain_table())
+        print(epilogue_table())
+        if args.chain:
+            print()
+            print(chain_table())
     return 0
 
 

@@ -93,7 +93,7 @@ def set_commits(names: List[str], commit: str, index: Path = INDEX) -> None:
     """Set the commit column of the rows ``names`` to ``commit``."""
     lines = index.read_text(encoding="utf-8").splitlines(keepends=True)
     for i, line in enumerate(lines):
-        cells = line.strip().strip("|").split(" | ")
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
         if line.startswith("| ") and len(cells) == 6 and _cell(cells[0]) in names:
             cells[5] = commit
             lines[i] = "| " + " | ".join(cells) + " |\n"

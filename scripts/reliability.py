@@ -247,11 +247,12 @@ def collect(profile: str, explore, extra, gpu: bool) -> dict:
         for f in sorted((tmp / "stats").glob("*.json")) if (tmp / "stats").exists() else []:
             counts[f.stem] = json.loads(f.read_text())
         tests = _junit(tmp / "junit.xml")
+    command = ("python scripts/reliability.py --profile " + profile + (" --gpu" if gpu else "")
+               + (f" --explore {explore}" if explore is not None else ""))
     return {
         "profile": "gpu" if gpu else profile, "exit_code": code, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
         "load_avg_1min": [load, load_after],
-        "command": "python scripts/reliability.py --profile " + profile + (" --gpu" if gpu else "")
-                   + (f" --explore {explore}" if explore is not None else ""),
+        "command": command, "provenance": provenance.collect(command=command),
         "pytest": " ".join((c if " " not in c else repr(c)) if not c.startswith("--junitxml") else "--junitxml=<tmp>"
                            for c in cmd[1:]),
         "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
