@@ -126,51 +126,51 @@ TOLERANCES: Dict[str, Tolerance] = {
         1.0,
         "preprocess.dacs_segsum(float32) vs golden pre: da_cs, da_cs_rev, segsum bit-equal in every element of the "
         "7 cases (max abs 0); pure fp32 additions in a fixed order, so bits are reproducible on any CPU",
-        "tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py -> reports/measurements/measure_fp64_vs_golden.md"),
     "mamba3_mimo_pre_fp64_dacs_rel_rms": Tolerance(
         1e-7,
         "preprocess.dacs_segsum(float64) vs golden pre (upstream's fp32): max 4.84e-8 (da_cs_rev, "
         "g_B1_S96_H2_N128_P64_R2_C32); fp32 rounding of the sums",
-        "tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py -> reports/measurements/measure_fp64_vs_golden.md"),
     "mamba3_mimo_pre_angles_rel_rms": Tolerance(
         5e-6,
         "preprocess.angle_cumsum vs golden pre angles_cumsum: max 2.47e-6 for both the float32 and the float64 "
         "form (seedformula case); dominated by upstream's tanh.approx.f32 (MUFU.TANH), which is not reproduced "
         "(fp32 form bit-equal on 1.8 % to 2.5 % of elements only)",
-        "tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py -> reports/measurements/measure_fp64_vs_golden.md"),
     "mamba3_mimo_pre_angles_max_abs": Tolerance(
         7e-5,
         "preprocess.angle_cumsum vs golden pre, max |difference| on the circle: max 3.57e-5 (float64 form; float32 "
         "3.53e-5), seedformula case; no wrap-around mismatch (wrapped = plain max abs in all cases)",
-        "tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py; scripts/measure_fp64_vs_golden.py -> reports/measurements/measure_fp64_vs_golden.md"),
     "fwd_oracle_vs_fp64_model_rel_rms": Tolerance(
         1e-10,
         "mamba_mimo_fwd_oracle (given preprocess float64) vs mamba3_mimo_fp64's forward on cases.ORACLE_GRID (10 "
         "drawn cases, every branch, GQA, tails, R 1-8, N 32/64, positive ADT): max 4.0e-16, FP64 summation order",
-        "tests/ops/mamba_mimo_fwd/test_fwd_oracle.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba_mimo_fwd/test_fwd_oracle.py; scripts/measure_fp64_vs_golden.py -> reports/measurements/measure_fp64_vs_golden.md"),
     "golden_full_op_out_rel_rms": Tolerance(
         1.4e-2,
         "upstream's Out (= fwd.o) vs mamba3_mimo_fp64, and fwd.o vs mamba_mimo_fwd_oracle given the golden pre: "
         "5.98e-3 to 6.76e-3 (worst g_B2_S48_H4_G1_N64_P64_R4_C16_gqa), upstream's bf16 error",
-        "tests/ops/mamba3_mimo/test_fp64_model.py; tests/ops/mamba_mimo_fwd/test_fwd_oracle.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_fp64_model.py; tests/ops/mamba_mimo_fwd/test_fwd_oracle.py; scripts/measure_fp64_vs_golden.py -> reports/measurements/measure_fp64_vs_golden.md"),
     "golden_full_op_grad_rel_rms": Tolerance(
         1.8e-2,
         "upstream's autograd gradients vs mamba3_mimo_fp64's, all but dAngles and dD: 3.88e-3 to 8.99e-3 (worst "
         "dADT, g_B1_S64_H2_G2_N64_P64_R4_C16_gh)",
-        "tests/ops/mamba3_mimo/test_fp64_model.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_fp64_model.py; scripts/measure_fp64_vs_golden.py -> reports/measurements/measure_fp64_vs_golden.md"),
     "golden_full_op_dangles_rel_rms": Tolerance(
         3.6e-2,
         "dAngles (a signed reverse cumulative sum over the sequence): 8.43e-3 to 1.81e-2 (seedformula case)",
-        "tests/ops/mamba3_mimo/test_fp64_model.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_fp64_model.py; scripts/measure_fp64_vs_golden.py -> reports/measurements/measure_fp64_vs_golden.md"),
     "golden_full_op_dd_rel_rms": Tolerance(
         0.12,
         "dD ([H], a sum of B·S·R·P terms of both signs): 4.07e-3 to 5.92e-2 (g_B1_S64_H2_N64_P64_R4_C16_zdo)",
-        "tests/ops/mamba3_mimo/test_fp64_model.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_fp64_model.py; scripts/measure_fp64_vs_golden.py -> reports/measurements/measure_fp64_vs_golden.md"),
     "golden_full_op_dd_over_abs_terms": Tolerance(
         8e-4,
         "max over heads of |dD_upstream - dD_fp64| / Σ|terms| (diagnostics.d_skip_terms): 1.78e-4 to 4.05e-4 over "
         "the 5 cases with D",
-        "tests/ops/mamba3_mimo/test_fp64_model.py; scripts/measure_fp64_vs_golden.py"),
+        "tests/ops/mamba3_mimo/test_fp64_model.py; scripts/measure_fp64_vs_golden.py -> reports/measurements/measure_fp64_vs_golden.md"),
     # ------------------------------------------------------------------ stage 2 (mamba_mimo_bwd_bwd) FP64 oracle
     # The oracle, given upstream's bf16 states/qk_dot, `pre` and the raw inputs of the 7 golden whole-op H200 cases
     # (tests/data/upstream_h200_full_op_cases.pt), against upstream's recorded bwd_bwd outputs.
@@ -180,12 +180,12 @@ TOLERANCES: Dict[str, Tolerance] = {
         "dv 7.6e-3, dSSdA 7.4e-3, dk 7.2e-3, dangles 7.0e-3, dq 7.0e-3, dfactor 6.2e-3, dgamma_diag 5.5e-3, "
         "ddA_cs 5.3e-3 (bf16-level: upstream's bf16 operands); dD excluded (see the next entry). Gates every "
         "output but dD",
-        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_oracle.py; scripts/measure_stage2_oracle.py"),
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_oracle.py; scripts/measure_stage2_oracle.py -> reports/measurements/measure_stage2_oracle.md"),
     "bwd_bwd_oracle_vs_upstream_dD_abs_terms": Tolerance(
         1e-3,
         "dD is a sum over S·R·P products whose |terms| are up to ~300x the result: rel RMS up to 5.9e-2 (zdo), but "
         "max |Δ| / Σ|terms| <= 4.05e-4 over the 5 golden cases with D (2026-12-01, CPU; ddA's is <= 1.08e-4)",
-        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_oracle.py; scripts/measure_stage2_oracle.py"),
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_oracle.py; scripts/measure_stage2_oracle.py -> reports/measurements/measure_stage2_oracle.md"),
     # ------------------------------------------------------------------ the FP32 epilogue after stage 2
     # mamba3_mimo_epilogue reference (fma=True), given upstream's recorded bwd_bwd, bwd_fwd, pre and raw inputs of
     # the 7 golden cases, against the golden post and autograd entries.
@@ -205,13 +205,13 @@ TOLERANCES: Dict[str, Tolerance] = {
         5e-7,
         "ddt_core 6.4e-8 (bit-equal >= 0.66), dADT 1.5e-7 (bit-equal >= 0.25; max abs 1.5e-5) (2026-12-01, CPU): "
         "Triton's ex2.approx exp and sigmoid and its scan orders, not modelled",
-        "tests/ops/mamba3_mimo_epilogue/test_epilogue.py; scripts/measure_stage2_oracle.py"),
+        "tests/ops/mamba3_mimo_epilogue/test_epilogue.py; scripts/measure_stage2_oracle.py -> reports/measurements/measure_stage2_oracle.md"),
     "epilogue_reference_vs_upstream_tanh_rel_rms": Tolerance(
         3e-5,
         "dAngles 1.16e-5, dDT_angle 5.4e-6, dDT 2.4e-6 (bit-equal <= 0.03; max abs 1.5e-3 on dDT) "
         "(2026-12-01, CPU): upstream's tanh.approx.f32 (rel. error ~2^-11) in tanh_approx/sech2_approx, not "
         "modelled",
-        "tests/ops/mamba3_mimo_epilogue/test_epilogue.py; scripts/measure_stage2_oracle.py"),
+        "tests/ops/mamba3_mimo_epilogue/test_epilogue.py; scripts/measure_stage2_oracle.py -> reports/measurements/measure_stage2_oracle.md"),
     "epilogue_reference_vs_oracle_rel_rms": Tolerance(
         1e-6,
         "FP32 reference vs FP64 oracle on the golden stage-2 outputs, lp outputs compared after rounding the "
@@ -232,7 +232,7 @@ TOLERANCES: Dict[str, Tolerance] = {
         "golden autograd gradients (BF16 upstream, H200) vs the FP64 chain from the raw inputs: max dAngles 1.81e-2 "
         "(seedformula), dADT 9.0e-3, dTrap 8.9e-3, dQ_bias 8.4e-3, others <= 8.5e-3 (2026-12-01, CPU); dD (up to "
         "5.9e-2, a cancelling sum) is gated against its terms by bwd_bwd_oracle_vs_upstream_dD_abs_terms",
-        "tests/ops/mamba3_mimo_epilogue/test_epilogue.py::test_fp64_chain_vs_upstream_gradients; scripts/measure_stage2_oracle.py --chain"),
+        "tests/ops/mamba3_mimo_epilogue/test_epilogue.py::test_fp64_chain_vs_upstream_gradients; scripts/measure_stage2_oracle.py --chain -> reports/measurements/measure_stage2_oracle.md"),
 }
 
 
@@ -306,13 +306,13 @@ TOLERANCES.update({
         "upstream_sm90 stand-in vs the H200 forward output fwd.o of the 7 whole-op golden cases: max 4.02e-4 "
         "(g_..._plain), others 2.2e-5 to 1.6e-4 (2026-12-01, CPU); half of the plain case's error is the FP32 "
         "state (upstream's own stage-1 states substituted for h: 1.9e-4)",
-        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py; scripts/measure_fwd_golden.py"),
+        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py; scripts/measure_fwd_golden.py -> reports/measurements/measure_fwd_golden.md"),
     "fwd_golden_bit_equal_min": Tolerance(
         0.98,
         "upstream_sm90 vs fwd.o, bf16: min 0.9939 bit-equal elements over the 7 shared golden cases, 0.9833 on the "
         "extra R=8 C=8 case (more lp roundings per element: 8 rank steps), 0.9983 to 0.9997 on the other extra "
         "cases (2026-12-01, CPU)",
-        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py; scripts/measure_fwd_golden.py"),
+        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py; scripts/measure_fwd_golden.py -> reports/measurements/measure_fwd_golden.md"),
     "fwd_golden_bit_equal_min_fp16": Tolerance(
         0.97,
         "upstream_sm90_fp16 vs fwd.o of the one fp16 H200 case: 0.9758 bit-equal (rel RMS 4.5e-5): fp16 resolves "
@@ -322,13 +322,13 @@ TOLERANCES.update({
         5.0,
         "rel RMS to fwd.o of the fp32 preset over that of upstream_sm90, per golden case: min 15.4 (g_..._plain: "
         "6.20e-3 / 4.02e-4), up to 294 (2026-12-01, CPU)",
-        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py; scripts/measure_fwd_golden.py"),
+        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py; scripts/measure_fwd_golden.py -> reports/measurements/measure_fwd_golden.md"),
     "fwd_golden_site_off_ratio_min": Tolerance(
         2.0,
         "rel RMS to fwd.o with one site of upstream_sm90 switched off over that with all on, min over the golden "
         "cases the site changes: 3.25 (diag_gamma), 3.78 (qk_dot), >= 4.0 for the other 19 sites; "
         "diag_mode=mul_then_add: min 3.33 (2026-12-01, CPU)",
-        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py; scripts/measure_fwd_golden.py"),
+        "tests/ops/mamba_mimo_fwd/test_fwd_reference.py; scripts/measure_fwd_golden.py -> reports/measurements/measure_fwd_golden.md"),
     "fwd_fp64_identity_rel_rms": Tolerance(
         1e-12,
         "fp64 preset, identities without an oracle: chunk size 1..8 vs one chunk max 4.8e-16, one-token closed "
@@ -415,7 +415,7 @@ TOLERANCES.update({
         "(diag_gamma=False, fo-- R = 1); at 6e-4 every single-site-off policy that changes o, mul_then_add and "
         "fp32 fail every case they change but diag_gamma and qk_dot off (8 of 9). float16 (one H200 case 4.5e-5, "
         "CPU noise <= 4.0e-5, wrong 1.0e-4 to 4.4e-4) is loosely gated, as for stage 1",
-        "scripts/measure_gate_tolerances.py; tests/test_testing_ops.py::test_gates_accept_the_real_h200_outputs"),
+        "scripts/measure_gate_tolerances.py -> reports/measurements/measure_gate_tolerances.md; tests/test_testing_ops.py::test_gates_accept_the_real_h200_outputs"),
     "mamba_mimo_bwd_bwd.same_policy_rel_rms": Tolerance(
         1e-3,
         "H200 stage-2 outputs vs ref[upstream_sm90]: max per output dk 8.82e-4 (own entry), dD 6.51e-4, dfactor "
@@ -426,19 +426,19 @@ TOLERANCES.update({
         "wrong policy that changes the outputs still fails >= 2 of the 9 cases, each every case it changes but "
         "dpsiv_diag_gamma off (2 of 9), gamma_diag off (4), dd_term off (4 of its 5) and dpsiv_diag_qk off (6). "
         "float16 (one H200 case <= 8.6e-5, CPU noise <= 2.1e-5, wrong 8.6e-5 to 3.3e-4) is loosely gated",
-        "scripts/measure_gate_tolerances.py; tests/test_testing_ops.py::test_gates_accept_the_real_h200_outputs"),
+        "scripts/measure_gate_tolerances.py -> reports/measurements/measure_gate_tolerances.md; tests/test_testing_ops.py::test_gates_accept_the_real_h200_outputs"),
     "mamba_mimo_bwd_bwd.dk.same_policy_rel_rms": Tolerance(
         1.4e-3,
         "dk of the H200 seed-formula golden case: 8.82e-4 vs ref[upstream_sm90] (the flipped dΦO rounding reaches "
         "dk most); 1.6x headroom. Against 1e-3 for dk too, no verdict of the wrong policies on the 9 gate cases "
         "changes (each is caught at least as often through the other outputs)",
-        "scripts/measure_gate_tolerances.py; tests/test_testing_ops.py::test_gates_accept_the_real_h200_outputs"),
+        "scripts/measure_gate_tolerances.py -> reports/measurements/measure_gate_tolerances.md; tests/test_testing_ops.py::test_gates_accept_the_real_h200_outputs"),
     "mamba_mimo_bwd_bwd.dD.gate_oracle_alpha": Tolerance(
         1.06,
         "dD ([B, H], a cancelling sum over S·R·P terms) of the H200 seed-formula case: rel RMS vs fp64 1.97e-2 = "
         "1.031 x ref[upstream_sm90]'s 1.91e-2 (the generic 1.02 fails it); the other H200 outputs <= 1.0081, CPU "
         "noise on dD <= 1.0006. 1.06 = 2x the measured excess",
-        "scripts/measure_gate_tolerances.py; tests/test_testing_ops.py::test_gates_accept_the_real_h200_outputs"),
+        "scripts/measure_gate_tolerances.py -> reports/measurements/measure_gate_tolerances.md; tests/test_testing_ops.py::test_gates_accept_the_real_h200_outputs"),
     "mamba_mimo_bwd_bwd.ddA.gate_oracle_floor": Tolerance(
         4e-6,
         "ddA (partial w.r.t. a chunk's total decay, a cancelling sum) under the fp32 preset, where its error vs "
