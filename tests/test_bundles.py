@@ -640,7 +640,7 @@ def test_output_layouts_follow_the_operator_and_its_branches(tmp_path):
     wrong = stage2.outputs._replace(dSSdA=stage2.outputs.dSSdA[..., :2])
     with pytest.raises(BundleError, match=r"output dSSdA of case .* has shape .* but the case implies \[1, 1, 3, 4, 4\]"):
         save_bundle(tmp_path / "x", [stage2.replace(outputs=wrong)])
-    with pytest.raises(BundleError, match="must be a MimoBwdBwdOutputs .*, got MambaMimoFwdOutputs"):
+    with pytest.raises(BundleError, match="must be a MimoBwdBwdOutputs .*, got MimoFwdOutputs"):
         save_bundle(tmp_path / "x", [stage2.replace(outputs=fwd_full.outputs)])
 
 

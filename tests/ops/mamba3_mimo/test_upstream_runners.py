@@ -74,7 +74,7 @@ def test_run_forward_passes_upstreams_arguments(monkeypatch, no_cuda_check, spec
         assert bit_identical(given, inputs[name]), name
         assert given is None or given.is_contiguous(), name
     assert (call["chunk_size"], call["rotary_dim_divisor"], call["dtype"]) == (4, 4, torch.bfloat16)
-    assert out._fields == ("o",) and type(out).__name__ == "MambaMimoFwdOutputs"
+    assert out._fields == ("o",) and type(out).__name__ == "MimoFwdOutputs"
     expected = FWD.run_reference(inputs, presets.get("upstream_sm90")).o
     assert bit_identical(out.o, expected)
     assert runners.last_launch == {"kernel": "mamba_mimo_forward", "dtype": "bfloat16"}
