@@ -17,6 +17,8 @@ from typing import Dict, Optional, Union
 
 import torch
 
+from .provenance import cpu_model
+
 #: Distributions whose versions are recorded when installed: key in the result -> distribution names tried in order.
 DISTRIBUTIONS = {
     "mimo_numerics": ("mimo_numerics", "mimo-numerics"),
@@ -100,15 +102,6 @@ def versions() -> Dict[str, str]:
     return out
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
 
 
 def device_name(device: Union[str, torch.device]) -> str:
@@ -120,7 +113,7 @@ def device_name(device: Union[str, torch.device]) -> str:
     dev = torch.device(device)
     try:
         if dev.type == "cpu":
-            return f"cpu: {_cpu_name()}"
+            return f"cpu: {cpu_model()}"
         if dev.type == "cuda":
             index = dev.index if dev.index is not None else torch.cuda.current_device()
             major, minor = torch.cuda.get_device_capability(index)

@@ -98,7 +98,8 @@ def command_line(argv: Optional[Sequence[str]] = None) -> str:
     return " ".join([Path(first).name] + [shlex.quote(a) for a in argv[1:]])
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; else what ``platform`` knows)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             for line in fh:
@@ -128,7 +129,7 @@ def _gpus() -> List[str]:
 
 def machine() -> Dict[str, object]:
     """``{"cpu": model name, "cores": logical cores, "platform": "linux-x86_64", "gpus": [names]}``."""
-    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "platform": f"{sys.platform}-{platform.machine()}",
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": f"{sys.platform}-{platform.machine()}",
             "gpus": _gpus()}
 
 
