@@ -17,11 +17,12 @@ Groups (each named after the test it measures):
   vs the reference, same policy, on the 8 cases x policies of the test (24 pairs), per output: rel RMS, and for lp
   outputs the number of differing elements and the rel RMS one flipped lp rounding of the largest element gives
   (``one_flip``: how large a single flip, the kind of change another BLAS order makes, is on these small outputs).
-* ``stage2_paths``: ``tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py`` tail / groups / strided: differing elements (asserted 0).
+* ``stage2_paths``: ``tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py`` tail / groups / strided, run as they
+  are: each asserts its outputs bit-equal (``failed`` 0).
 * ``stage2_state_update``: the two ``state_update`` orders of stage 2's dstates on the drawn cases with two k16
   steps (C·R > 16): rel RMS (``stage2_state_update_orders_rel_rms``).
-* ``stage2_fp64``: stage 2's fp64 preset vs its FP64 oracle on the 11 golden and 5 drawn cases of
-  ``test_bwd_bwd_fp64_matches_oracle`` (``stage2_fp64_reference_vs_oracle_rel_rms``).
+* ``stage2_fp64``: ``test_bwd_bwd_fp64_matches_oracle`` (stage 2's fp64 preset vs its FP64 oracle on the 11 golden and
+  5 drawn cases), run with the recorder (``stage2_fp64_reference_vs_oracle_rel_rms``).
 * ``epilogue``: the FP32 epilogue vs the golden upstream post/autograd entries on the 7 whole-op golden cases:
   differing elements of the outputs asserted bit-equal; dTrap's bit-equal fraction and the fraction of its
   elements whose FP64 value lies within 8 fp32 ulps of an lp rounding midpoint (the elements an ulp-level change
@@ -32,9 +33,19 @@ Groups (each named after the test it measures):
 * ``fwd_branches``, ``drift``, ``preprocess``: thresholds the tests used to write themselves (issue 26, Tests 4):
   the forward's upstream_sm90 vs fp32 preset on ``BRANCH_SPECS``, the FP32-level and lp-level drift of
   ``tests/test_drift.py``, the FP32 preprocessing vs its FP64 form (``tests/ops/mamba3_mimo/test_mamba3_mimo_preprocess.py``).
-* ``fp64_chain``, ``whole_op_fp64``: the FP64 backward chain vs torch autograd of the FP64 model on the 103 chain
-  cases of ``tests/ops/mamba3_mimo_epilogue/test_epilogue.py`` (and the clamp case), and ``mamba3_mimo(policy="fp64")`` on the 37 cases of
-  ``tests/ops/mamba3_mimo/test_mamba3_mimo_autograd.py`` and the 2 float64-leaf cases of ``tests/ops/mamba3_mimo/test_newcomer_float64_leaves.py`` (``fp64_chain_vs_autograd_rel_rms``, ``whole_op_fp64_vs_autograd_rel_rms``).
+* ``training``: ``tests/studies/test_mamba3_mimo_training.py``: the fp64 policy's step against the FP64 layer and the
+  smoke run's first step (the ``training_*`` entries).
+* ``fp64_entries``: the FP64 reference/oracle entries of stage 1 and the forward, measured by running their tests
+  with ``scripts/rel_rms_recorder.py`` (every rel RMS they compute is recorded; no set-up is copied here).
+* ``fp64_chain``, ``whole_op_fp64``: the FP64 backward chain vs torch autograd of the FP64 model (the chain cases of
+  ``tests/ops/mamba3_mimo_epilogue/test_epilogue.py``, slow ones included, its clamp case and stage 2's tail-chunk
+  oracle case), and ``mamba3_mimo(policy="fp64")`` (``tests/ops/mamba3_mimo/test_mamba3_mimo_autograd.py`` and the
+  float64-leaf cases of ``tests/ops/mamba3_mimo/test_newcomer_float64_leaves.py``), run with the recorder
+  (``fp64_chain_vs_autograd_rel_rms``, ``whole_op_fp64_vs_autograd_rel_rms``).
+
+The groups ``stage2_paths``, ``stage2_fp64``, ``fp64_chain``, ``whole_op_fp64`` and ``fp64_entries`` run the tests
+themselves (``RECORDED``, ``BIT_EQUAL_TESTS``): pytest in a subprocess with ``scripts/rel_rms_recorder.py``, which
+records every rel RMS a test computes. The others recompute their quantity here, on the tests' cases.
 
 Usage (a few minutes per configuration on an idle 2-core machine; the kernels group is most of it)::
 
@@ -46,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -211,21 +223,6 @@ def _stage2_inputs(spec) -> dict:
     return out
 
 
-def _stage2_golden_inputs() -> Dict[str, dict]:
-    """The golden whole-op cases with a stage-2 output, as stage-2 arguments (the tests' ``golden_stage2_inputs``)."""
-    from mimo_numerics.ops.mamba3_mimo.chain import stage2_args, stage2_kwargs
-    from mimo_numerics.ops.mamba3_mimo.golden import load
-    from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES
-
-    out = {}
-    for name, case in load().items():
-        if case.get("bwd_bwd") is None:
-            continue
-        args = stage2_args(case["inputs"], case["pre"], case["bwd_fwd"])
-        out[name] = dict(zip(INPUT_NAMES, args), **stage2_kwargs(case["inputs"]))
-    return out
-
-
 def _stage2_policy(name: str, inputs: dict, **knobs):
     from mimo_numerics import presets
 
@@ -256,82 +253,6 @@ def measure_stage2_state_update() -> dict:
         rows.append({"case": spec.case_id, "rel_rms": _rel_rms(rec_a["dstates"], rec_b["dstates"]),
                      "differing": _differing(rec_a["dstates"], rec_b["dstates"])})
     return {"cases": [r["case"] for r in rows], "rows": rows, "worst_rel_rms": max(r["rel_rms"] for r in rows)}
-
-
-def measure_stage2_fp64() -> dict:
-    from mimo_numerics.ops.mamba_mimo_bwd_bwd.oracle import mamba_mimo_bwd_bwd_oracle
-    from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES, OUTPUT_NAMES
-
-    cases = dict(_stage2_golden_inputs())
-    cases.update({spec.case_id: _stage2_inputs(spec) for spec in stage2_synthetic_specs()})
-    rows = []
-    for name, inputs in cases.items():
-        got = _stage2_run(inputs, _stage2_policy("fp64", inputs))
-        want = mamba_mimo_bwd_bwd_oracle(*[inputs[n] for n in INPUT_NAMES], chunk_size=inputs["chunk_size"],
-                                         rotary_dim_divisor=inputs["rotary_dim_divisor"])
-        for o in OUTPUT_NAMES:
-            if want[o] is not None:
-                rows.append({"case": name, "output": o, "rel_rms": _rel_rms(got[o], want[o])})
-    worst = max(rows, key=lambda r: r["rel_rms"])
-    return {"cases": sorted(cases), "rows": rows, "worst_rel_rms": worst["rel_rms"],
-            "worst_at": f"{worst['case']}:{worst['output']}"}
-
-
-def measure_stage2_paths() -> dict:
-    """Differing elements of the three path comparisons of tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py (expected 0)."""
-    from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import OUTPUT_NAMES
-
-    specs = stage2_synthetic_specs()
-    out = {}
-    # tail chunk vs the padded sequence (test_bwd_bwd_tail_chunk_equals_the_padded_sequence, the R = 4 fp16 case)
-    inputs = _stage2_inputs(specs[2])
-    S, C = inputs["q"].shape[1], inputs["chunk_size"]
-    Sp = -(-S // C) * C
-
-    def pad(x, dim, mode="zeros"):
-        if x is None:
-            return None
-        shape = list(x.shape)
-        shape[dim] = Sp - S
-        fill = x.narrow(dim, S - 1, 1).expand(shape) if mode == "edge" else torch.zeros(shape, dtype=x.dtype)
-        return torch.cat((x, fill), dim=dim)
-
-    padded = dict(inputs)
-    for key in ("dout", "q", "k", "v", "z", "angles"):
-        padded[key] = pad(inputs[key], 1)
-    for key in ("da_cs_rev", "dt", "trap", "qk_dot"):
-        padded[key] = pad(inputs[key], 2)
-    padded["da_cs"] = pad(inputs["da_cs"], 2, mode="edge")
-    pol = _stage2_policy("upstream_sm90", inputs)
-    tail, full = _stage2_run(inputs, pol), _stage2_run(padded, pol)
-    n = 0
-    for o in OUTPUT_NAMES:
-        if tail[o] is None:
-            continue
-        want = full[o]
-        if o in ("dq", "dk", "dv", "dangles"):
-            want = want[:, :S]
-        elif o in ("dfactor", "dgamma_diag", "ddA", "ddA_cs_rev", "ddA_cs"):
-            want = want[..., :S]
-        n += _differing(tail[o], want)
-    out["tail_differing"] = n
-    # 1 < G < H vs expanded groups (test_bwd_bwd_groups_map_heads_as_expanded_heads)
-    inputs = _stage2_inputs(specs[3])
-    heads, groups = inputs["v"].shape[2], inputs["q"].shape[3]
-    expanded = dict(inputs)
-    for key in ("q", "k"):
-        expanded[key] = inputs[key].repeat_interleave(heads // groups, dim=3)
-    pol = _stage2_policy("upstream_sm90", inputs)
-    got, want = _stage2_run(inputs, pol), _stage2_run(expanded, pol)
-    out["groups_differing"] = sum(_differing(got[o], want[o]) for o in OUTPUT_NAMES if want[o] is not None)
-    # strided inputs (test_bwd_bwd_strided_inputs_give_the_same_outputs)
-    inputs = _stage2_inputs(specs[1])
-    strided = {k: (v.transpose(0, -1).contiguous().transpose(0, -1) if isinstance(v, torch.Tensor) and v.dim() > 1
-                   else v) for k, v in inputs.items()}
-    pol = _stage2_policy("upstream_sm90", inputs)
-    got, want = _stage2_run(strided, pol), _stage2_run(inputs, pol)
-    out["strided_differing"] = sum(_differing(got[o], want[o]) for o in OUTPUT_NAMES if want[o] is not None)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------- epilogue
@@ -478,175 +399,151 @@ def measure_preprocess() -> dict:
             "angle_cumsum_fp32_wrapped_max_abs": float(wrapped)}
 
 
-# ---------------------------------------------------------------------------------------------------- FP64 chains
-def _chain_case(rank, n, dtype, ro, z, d, heads=2, groups=1, batch=1, chunk_size=4, nchunks=3,
-                rotary_dim_divisor=4, seed=0, positive_adt=False):
-    """The tests' ``ChainCase`` (chain_support.py) as the OpCaseSpec its ``draw_inputs`` builds."""
-    from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec
+def measure_training() -> dict:
+    """tests/studies/test_mamba3_mimo_training.py: under ``fp64`` the op's gradients against the independent FP64
+    layer (``training.TINY_LAYER``/``TINY_TASK``, seeds 0-5: loss, the bf16-stored ``in_proj`` gradient and the
+    float32 parameters), and the smoke run's first step (default layer and task, seeds 0-4): the spread of the
+    first losses over its three policies and ``upstream_sm90``'s first ``MIMO_V`` gradient error over ``fp64``'s."""
+    from mimo_numerics.studies import training
 
-    return OpCaseSpec(batch=batch, seqlen=nchunks * chunk_size, heads=heads, groups=groups, state_dim=n, value_dim=8,
-                      rank=rank, chunk_size=chunk_size, reduce_o=ro, has_z=z, has_d=d, dtype=dtype, seed=seed,
-                      rotary_dim_divisor=rotary_dim_divisor, positive_adt=positive_adt)
-
-
-def chain_cases():
-    """CHAIN_CASES and SLOW_CHAIN_CASES of tests/ops/mamba3_mimo_epilogue/test_epilogue.py, as OpCaseSpec (the tests' ``draw_inputs``)."""
-    import itertools
-
-    c = _chain_case
-    fast = [c(1, 32, "bfloat16", True, True, True, chunk_size=8, seed=1),
-            c(2, 64, "float16", False, True, False, groups=2, batch=2, rotary_dim_divisor=2, seed=2),
-            c(4, 128, "bfloat16", True, False, False, groups=2, seed=3),
-            c(8, 32, "float16", True, False, True, heads=3, rotary_dim_divisor=2, seed=4),
-            c(4, 64, "bfloat16", False, False, True, heads=1, chunk_size=8, seed=5),
-            c(8, 128, "float16", False, True, True, groups=2, seed=6),
-            c(2, 32, "bfloat16", True, True, False, heads=4, batch=2, nchunks=4, seed=7)]
-    slow = [c(r, n, dt, ro, z, d, groups=1 + (i % 2), seed=100 + i)
-            for i, (r, n, dt, (ro, z, d)) in enumerate(itertools.product(
-                (1, 2, 4, 8), (32, 64, 128), ("bfloat16", "float16"),
-                ((True, True, True), (False, False, False), (True, False, True), (False, True, False))))]
-    clamp = c(2, 32, "bfloat16", True, True, True, positive_adt=True, seed=3)
-    return fast + slow, clamp
-
-
-def measure_fp64_chain() -> dict:
-    """tests/ops/mamba3_mimo_epilogue/test_epilogue.py: the FP64 chain vs torch autograd of the FP64 model on the 103 chain cases, and on the
-    clamp case against the straight-through gradient (every gradient) and the exact one (all but dADT)."""
-    from mimo_numerics.ops.mamba3_mimo import chain
-    from mimo_numerics.ops.mamba3_mimo.cases import make_op_inputs
-    from mimo_numerics.ops.mamba3_mimo_epilogue.spec import GRAD_NAMES
-
-    cases, clamp = chain_cases()
-    worst, at = 0.0, ""
-    for spec in cases:
-        inputs = make_op_inputs(spec)
-        got, want = chain.fp64_chain(inputs), chain.autograd_fp64(inputs)
-        for g in GRAD_NAMES:
-            if want[g] is not None:
-                e = _rel_rms(got[g], want[g])
-                if e > worst:
-                    worst, at = e, f"{spec.case_id}:{g}"
-    inputs = make_op_inputs(clamp)
-    got = chain.fp64_chain(inputs)
-    st, exact = chain.autograd_fp64(inputs, "upstream"), chain.autograd_fp64(inputs, "exact")
-    clamp_worst = max([_rel_rms(got[g], st[g]) for g in GRAD_NAMES if st[g] is not None]
-                      + [_rel_rms(got[g], exact[g]) for g in GRAD_NAMES if g != "dADT" and exact[g] is not None])
-    # tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_oracle.py::test_bwd_bwd_oracle_with_a_tail_chunk_gives_the_gradients (S = 10, C = 4)
-    from mimo_numerics.ops.mamba_mimo_bwd_bwd.oracle import mamba_mimo_bwd_bwd_oracle
-
-    tail_spec = _chain_case(rank=2, n=32, dtype="bfloat16", ro=True, z=True, d=True, batch=2, seed=11)
-    inputs = make_op_inputs(tail_spec)
-    for name in ("Q", "K", "V", "Z", "dout", "Angles"):
-        inputs[name] = inputs[name][:, :10].contiguous()
-    for name in ("ADT", "DT", "Trap"):
-        inputs[name] = inputs[name][..., :10].contiguous()
-    pre = chain.preprocess(inputs, torch.float64)
-    stage1 = chain.stage1_oracle_fp64(*chain.stage1_args(inputs, pre), chunk_size=4, rotary_dim_divisor=4)
-    s2 = mamba_mimo_bwd_bwd_oracle(*chain.stage2_args(inputs, pre, stage1.as_dict()), chunk_size=4,
-                                   rotary_dim_divisor=4)
-    want = chain.autograd_fp64(inputs)
-    pairs = {"dQ": s2["dq"].sum(dim=3, keepdim=True), "dK": s2["dk"].sum(dim=3, keepdim=True), "dV": s2["dv"],
-             "dMIMO_V": s2["dmimo_v"].sum(dim=0), "dD": s2["dD"].sum(dim=0)}
-    tail_worst = max(_rel_rms(v, want[n]) for n, v in pairs.items())
-    return {"cases": [s.case_id for s in cases] + [clamp.case_id, tail_spec.case_id + "_S10"],
-            "worst_rel_rms": max(worst, clamp_worst, tail_worst), "worst_at": at, "clamp_case_rel_rms": clamp_worst,
-            "stage2_tail_case_rel_rms": tail_worst}
+    out = {"fp64_loss_rel": 0.0, "fp64_in_proj_min": math.inf, "fp64_in_proj_max": 0.0, "fp64_fp32_params_max": 0.0,
+           "smoke_first_loss_spread_max": 0.0, "smoke_first_mimo_v_ratio_min": math.inf}
+    layer, task = training.TINY_LAYER, training.TINY_TASK
+    for seed in range(6):
+        params = training.init_params(layer, seed=seed)
+        x, y = training.make_batch(layer, task, training.teacher(layer, task, seed), seed, step=0)
+        loss, grads, values = training.policy_step(params, x, y, layer, "fp64")
+        loss64, grads64 = training.fp64_step(params, x, y, layer, op_values=values)
+        out["fp64_loss_rel"] = max(out["fp64_loss_rel"], abs(loss - loss64) / abs(loss64))
+        for name in training.PARAM_NAMES:
+            err = _rel_rms(grads[name], grads64[name])
+            if name == "in_proj":
+                out["fp64_in_proj_min"] = min(out["fp64_in_proj_min"], err)
+                out["fp64_in_proj_max"] = max(out["fp64_in_proj_max"], err)
+            else:
+                out["fp64_fp32_params_max"] = max(out["fp64_fp32_params_max"], err)
+    layer, task = training.LayerConfig(), training.TaskConfig()
+    for seed in range(5):
+        first = {label: training.train(layer, task, label, seed, 1) for label in training.SMOKE_POLICIES}
+        losses = [run["loss"][0] for run in first.values()]
+        out["smoke_first_loss_spread_max"] = max(out["smoke_first_loss_spread_max"], max(losses) / min(losses) - 1)
+        ratio = first["upstream_sm90"]["grad_rel_rms"]["MIMO_V"][0] / first["fp64"]["grad_rel_rms"]["MIMO_V"][0]
+        out["smoke_first_mimo_v_ratio_min"] = min(out["smoke_first_mimo_v_ratio_min"], ratio)
+    return out
 
 
-def measure_whole_op_fp64() -> dict:
-    """tests/ops/mamba3_mimo/test_mamba3_mimo_autograd.py: mamba3_mimo(policy=fp64)'s recorded backward vs autograd of the FP64
-    model on FP64_CASES + SLOW_FP64_CASES (37), and its forward vs the model on the first case."""
-    from mimo_numerics import presets
-    from mimo_numerics.ops.mamba3_mimo import chain
-    from mimo_numerics.ops.mamba3_mimo.autograd import mamba3_mimo
-    from mimo_numerics.ops.mamba3_mimo.cases import OP_GRAD_NAMES, OP_INPUT_NAMES, make_op_inputs, small_case
-    from mimo_numerics.ops.mamba3_mimo.fp64_model import mamba3_mimo_fp64
+# ---------------------------------------------------------------------------------------------------- the tests' own values
+# These groups measure by running the tests themselves: pytest with scripts/rel_rms_recorder.py records every rel RMS
+# a test computes (the values its assertions bound), so no test set-up is copied here.
+_TESTS = "tests/ops/"
+#: per group, per quantity: the tests whose rel RMS values it is the worst of (each test is a node id prefix; a
+#: parametrized test counts with all its cases; slow-marked ones included)
+RECORDED = {
+    "stage2_fp64": {"worst_rel_rms": [
+        _TESTS + "mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py::test_bwd_bwd_fp64_matches_oracle"]},
+    "fp64_chain": {"worst_rel_rms": [
+        _TESTS + "mamba3_mimo_epilogue/test_epilogue.py::test_fp64_chain_equals_autograd_of_fp64_forward",
+        _TESTS + "mamba3_mimo_epilogue/test_epilogue.py::test_fp64_chain_equals_autograd_of_fp64_forward_slow",
+        _TESTS + "mamba3_mimo_epilogue/test_epilogue.py::test_fp64_chain_follows_upstream_through_the_clamp",
+        _TESTS + "mamba_mimo_bwd_bwd/test_bwd_bwd_oracle.py::test_bwd_bwd_oracle_with_a_tail_chunk_gives_the_gradients"]},
+    "whole_op_fp64": {"worst_rel_rms": [
+        _TESTS + "mamba3_mimo/test_mamba3_mimo_autograd.py::test_fp64_backward_equals_autograd_of_the_fp64_model",
+        _TESTS + "mamba3_mimo/test_mamba3_mimo_autograd.py::test_fp64_backward_equals_autograd_of_the_fp64_model_slow",
+        _TESTS + "mamba3_mimo/test_mamba3_mimo_autograd.py::test_fp64_forward_equals_the_fp64_model",
+        _TESTS + "mamba3_mimo/test_newcomer_float64_leaves.py::test_float64_leaves_off_the_lp_grid_match_the_fp64_model"]},
+    "fp64_entries": {
+        "fp64_reference_vs_oracle_rel_rms": [
+            _TESTS + "mamba_mimo_bwd_fwd/test_reference.py::test_reference_fp64_matches_oracle",
+            "tests/test_reliability_properties.py::test_fp64_reference_matches_oracle",
+            "tests/studies/test_mamba3_mimo_report.py::test_fp64_stages_agree_with_the_fp64_oracles"],
+        "fwd_oracle_vs_fp64_model_rel_rms": [
+            _TESTS + "mamba_mimo_fwd/test_fwd_oracle.py::test_fwd_oracle_matches_the_fp64_model"],
+        "fwd_fp64_identity_rel_rms": [
+            _TESTS + "mamba_mimo_fwd/test_fwd_reference.py::test_fwd_fp64_output_does_not_depend_on_the_chunk_size",
+            _TESTS + "mamba_mimo_fwd/test_fwd_reference.py::test_fwd_fp64_one_token_closed_form",
+            _TESTS + "mamba_mimo_fwd/test_fwd_reference.py::test_fwd_fp64_gqa_equals_the_expanded_groups"]},
+}
+#: tests that assert bit-equality (``torch.equal``) of two paths: passing means 0 differing elements
+BIT_EQUAL_TESTS = {"stage2_paths": [
+    _TESTS + "mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py::test_bwd_bwd_tail_chunk_equals_the_padded_sequence",
+    _TESTS + "mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py::test_bwd_bwd_groups_map_heads_as_expanded_heads",
+    _TESTS + "mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py::test_bwd_bwd_strided_inputs_give_the_same_outputs"]}
 
-    fast = (
-        small_case(seqlen=24, rank=1, chunk_size=8, seed=11),
-        small_case(batch=2, seqlen=12, heads=2, groups=2, state_dim=64, value_dim=8, rank=2, chunk_size=4,
-                   reduce_o=False, has_d=False, rotary_dim_divisor=2, dtype="float16", seed=12),
-        small_case(seqlen=12, heads=3, value_dim=8, rank=4, chunk_size=4, has_z=False, has_d=False, seed=13),
-        small_case(seqlen=8, heads=2, groups=2, value_dim=8, rank=8, chunk_size=4, reduce_o=False, has_z=False,
-                   seed=14),
-        small_case(seqlen=16, heads=4, value_dim=8, rank=2, chunk_size=8, reduce_o=True, has_z=True, has_d=False,
-                   rotary_dim_divisor=2, seed=15),
-    )
-    slow = tuple(
-        small_case(batch=1 + i % 2, seqlen=16, heads=2, groups=1 + i % 2, state_dim=n, value_dim=8, rank=r,
-                   chunk_size=4 if r == 8 else 8, reduce_o=ro, has_z=z, has_d=d, seed=100 + i)
-        for i, (r, n, (ro, z, d)) in enumerate(
-            (r, n, b) for r in (1, 2, 4, 8) for n in (32, 64)
-            for b in ((True, True, True), (False, False, False), (True, False, True), (False, True, False))))
-    worst, at = 0.0, ""
-    for spec in fast + slow:
-        inputs = make_op_inputs(spec)
-        leaves = {n: (None if inputs[n] is None else inputs[n].detach().clone().requires_grad_(True))
-                  for n in OP_INPUT_NAMES}
-        record = {}
-        out = mamba3_mimo(*leaves.values(), spec.chunk_size, spec.rotary_dim_divisor,
-                          policy=presets.get("fp64").replace(lp_dtype=spec.dtype), record=record)
-        out.backward(inputs["dout"].to(torch.float64))
-        want = chain.autograd_fp64(inputs)
-        for g in OP_GRAD_NAMES:
-            if want[g] is not None:
-                e = _rel_rms(record[f"mamba3_mimo_epilogue.{g}"], want[g])
-                if e > worst:
-                    worst, at = e, f"{spec.case_id}:{g}"
-    # tests/ops/mamba3_mimo/test_newcomer_float64_leaves.py: float64 leaves off the lp grid (its two CASES, its perturbation)
-    wide_cases = (small_case(seqlen=16, rank=2, value_dim=8, chunk_size=8, seed=21),
-                  small_case(seqlen=8, heads=2, groups=2, value_dim=8, rank=1, chunk_size=4, reduce_o=False,
-                             has_z=False, has_d=False, rotary_dim_divisor=2, dtype="float16", seed=22))
-    for spec in wide_cases:
-        inputs = make_op_inputs(spec)
-        gen = torch.Generator().manual_seed(5)
-        wide = dict(inputs)
-        for n in OP_INPUT_NAMES + ("dout",):
-            if inputs[n] is not None:
-                x = inputs[n].to(torch.float64)
-                wide[n] = x * (1 + 1e-3 * torch.rand(x.shape, generator=gen, dtype=torch.float64))
-        leaves = {n: None if wide[n] is None else wide[n].detach().requires_grad_(True) for n in OP_INPUT_NAMES}
-        out = mamba3_mimo(*leaves.values(), spec.chunk_size, spec.rotary_dim_divisor,
-                          policy=presets.get("fp64").replace(lp_dtype=spec.dtype))
-        out.backward(wide["dout"])
-        want = chain.autograd_fp64(wide)
-        for g in OP_GRAD_NAMES:
-            if want[g] is not None:
-                e = _rel_rms(leaves[g[1:]].grad, want[g])
-                if e > worst:
-                    worst, at = e, f"{spec.case_id}_float64_leaves:{g}"
-    spec = fast[0]
-    inputs = make_op_inputs(spec)
-    out = mamba3_mimo(*[inputs[n] for n in OP_INPUT_NAMES], spec.chunk_size, spec.rotary_dim_divisor, policy="fp64")
-    with torch.no_grad():
-        fwd = _rel_rms(out, mamba3_mimo_fp64(*[inputs[n] for n in OP_INPUT_NAMES], spec.chunk_size,
-                                             spec.rotary_dim_divisor))
-    return {"cases": [s.case_id for s in fast + slow] + [s.case_id + "_float64_leaves" for s in wide_cases],
-            "worst_rel_rms": max(worst, fwd), "worst_at": at,
-            "forward_rel_rms": fwd}
+
+def _run_tests(tests: List[str], record: bool = True) -> dict:
+    """Run ``tests`` (node ids: ``path::test`` runs every case of a parametrized test; ``slow`` ones too) with pytest in a subprocess, the recorder
+    loaded; ``{nodeid: {"calls", "max", "nan"}}`` of the rel RMS values, and ``"__returncode__"``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rel_rms.json"
+        env = dict(os.environ, MIMO_REL_RMS_RECORD=str(out),
+                   PYTHONPATH=os.pathsep.join([str(ROOT / "scripts"), os.environ.get("PYTHONPATH", "")]))
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "rel_rms_recorder", "-p",
+                               "no:cacheprovider", "-m", "slow or not slow", *tests],
+                              env=env, cwd=ROOT)
+        values = json.loads(out.read_text()) if out.is_file() else {}
+    values["__returncode__"] = done.returncode
+    return values
+
+
+def _matches(node: str, test: str) -> bool:
+    return node == test or node.startswith(test + "[")
+
+
+def measure_recorded(group: str) -> dict:
+    """The worst rel RMS each quantity of ``RECORDED[group]`` bounds, over the tests named for it, with the number of
+    values and the worst test case (a test whose values the recorder did not see, or that fails, is an error)."""
+    quantities = RECORDED[group]
+    values = _run_tests([t for tests in quantities.values() for t in tests])
+    if values.pop("__returncode__"):
+        raise RuntimeError(f"{group}: a measured test failed (see its output above)")
+    out = {}
+    for quantity, tests in quantities.items():
+        worst, calls, worst_at = 0.0, 0, None
+        for test in tests:
+            hits = {node: v for node, v in values.items() if _matches(node, test)}
+            if not sum(v["calls"] for v in hits.values()):
+                raise RuntimeError(f"{test}: the recorder saw no rel RMS (renamed test, or rel_rms bound otherwise)")
+            if any(v["nan"] for v in hits.values()):
+                raise RuntimeError(f"{test}: a NaN rel RMS")
+            for node, v in hits.items():
+                calls += v["calls"]
+                if v["max"] > worst:
+                    worst, worst_at = v["max"], node
+        out[quantity], out[quantity + "_values"], out[quantity + "_worst_at"] = worst, calls, worst_at
+    return out
+
+
+def measure_bit_equal(group: str) -> dict:
+    """``failed``: how many of ``BIT_EQUAL_TESTS[group]`` fail (0: every compared output bit-equal)."""
+    tests = BIT_EQUAL_TESTS[group]
+    values = _run_tests(tests)
+    ran = {node.split("[")[0] for node in values if node != "__returncode__"}
+    return {"tests": len(tests), "failed": 0 if values["__returncode__"] == 0 else len(tests),
+            "tests_with_values_seen": sum(t in ran for t in tests)}
 
 
 GROUPS: Dict[str, Callable[[], dict]] = {
     "kernels": measure_kernels,
-    "stage2_paths": measure_stage2_paths,
+    "stage2_paths": lambda: measure_bit_equal("stage2_paths"),
     "stage2_state_update": measure_stage2_state_update,
-    "stage2_fp64": measure_stage2_fp64,
+    "stage2_fp64": lambda: measure_recorded("stage2_fp64"),
     "epilogue": measure_epilogue,
     "golden_realistic": measure_golden_realistic,
     "fwd_branches": measure_fwd_branches,
     "drift": measure_drift,
     "preprocess": measure_preprocess,
-    "fp64_chain": measure_fp64_chain,
-    "whole_op_fp64": measure_whole_op_fp64,
+    "fp64_chain": lambda: measure_recorded("fp64_chain"),
+    "whole_op_fp64": lambda: measure_recorded("whole_op_fp64"),
+    "training": measure_training,
+    "fp64_entries": lambda: measure_recorded("fp64_entries"),
 }
 
 #: per group, the summary keys to take the worst of over the configurations, and whether worst means max or min
 SUMMARY = {
     "kernels": {"worst_rel_rms": max, "worst_lp_rel_rms": max, "worst_fp32_rel_rms": max, "max_lp_differing": max,
                 "max_lp_ulps": max, "max_one_flip": max, "pairs_exactly_equal": min},
-    "stage2_paths": {"tail_differing": max, "groups_differing": max, "strided_differing": max},
+    "stage2_paths": {"failed": max},
     "stage2_state_update": {"worst_rel_rms": max},
-    "stage2_fp64": {"worst_rel_rms": max},
     "epilogue": {"max_exact_differing": max, "min_dTrap_bit_equal": min, "max_dTrap_near_midpoint_8ulp": max},
     "golden_realistic": {"worst_bfloat16_rel_rms": max, "worst_float16_rel_rms": max},
     "fwd_branches": {"worst_rel_rms": max, "least_rel_rms": min},
@@ -654,8 +551,10 @@ SUMMARY = {
               "fp32_output_states": min, "fp32_output_dmimo_o": max, "kernel_vs_reference_max": max,
               "device_output_dmimo_o": max},
     "preprocess": {"dacs_fp32_max_abs": max, "dacs_fp32_max_rel": max, "angle_cumsum_fp32_wrapped_max_abs": max},
-    "fp64_chain": {"worst_rel_rms": max},
-    "whole_op_fp64": {"worst_rel_rms": max},
+    "training": {"fp64_loss_rel": max, "fp64_in_proj_min": min, "fp64_in_proj_max": max, "fp64_fp32_params_max": max,
+                 "smoke_first_loss_spread_max": max, "smoke_first_mimo_v_ratio_min": min},
+    **{group: {**{q: max for q in quantities}, **{q + "_values": min for q in quantities}}
+       for group, quantities in RECORDED.items()},
 }
 
 
@@ -702,7 +601,7 @@ def _markdown(by_group: dict) -> str:
         p = r["provenance"]
         runs.setdefault((p["command"], p["describe"], p["machine"]["cpu"], p["versions"]["torch"]), []).append(g)
     for (command, describe, cpu, torch_version), groups in runs.items():
-        lines.append(f"* `{command}` at `{describe}`, {cpu}, torch {torch_version}: {', '.join(groups)}")
+        lines.append(f"* `{command}` at commit `{describe}`, {cpu}, torch {torch_version}: {', '.join(groups)}")
     lines += ["", "| group | quantity | worst over the configurations | per configuration |", "|---|---|---|---|"]
     for g, r in by_group.items():
         for k, v in r["worst"].items():

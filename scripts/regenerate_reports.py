@@ -137,7 +137,8 @@ def main(argv=None) -> int:
         done.add(e.command)
         print(f"{e.name}: {times[e.name]:.0f} s", flush=True)
     commit = provenance.git("rev-parse", "--short", "HEAD") or "unknown"
-    regenerated = [e.name for e in chosen if e.kind == "cpu" and e.command in done]
+    # every row a command wrote, also the companions (.json, .png) of a row chosen with --only
+    regenerated = [e.name for e in entries if e.kind == "cpu" and e.command in done]
     set_commits(regenerated, commit)
     TIMES.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(TIMES.read_text()) if TIMES.is_file() else {}

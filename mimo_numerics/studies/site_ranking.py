@@ -99,8 +99,9 @@ def reading(result: OneOffRanking, n: int = READING_ROWS) -> List[str]:
 
 
 def write_report(result: OneOffRanking, out: Path, *, dtype: str, skipped: Dict[str, str], seconds: float,
-                 command: str) -> Path:
-    """The Markdown report (+ ``.json`` and ``.png`` next to it) of ``result``."""
+                 command: str, smoke: bool = False) -> Path:
+    """The Markdown report (+ ``.json`` and ``.png`` next to it) of ``result``; ``smoke``: say that it is the
+    generator's smoke run (one small drawn case), whose figures are not the report's."""
     out.parent.mkdir(parents=True, exist_ok=True)
     figure = out.with_suffix(".png")
     heat = {r.label: {o: result.fraction(r, o) for o in result.outputs} for r in result.ranked()[:HEATMAP_ROWS]}
@@ -115,6 +116,8 @@ def write_report(result: OneOffRanking, out: Path, *, dtype: str, skipped: Dict[
     out.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
     lines = [
         f"# mamba3_mimo: which roundings make each gradient wrong ({dtype} cases)", "",
+        *(["**Smoke run** (one small drawn case: a check of the generator; its figures are not the report's.)", ""]
+          if smoke else []),
         provenance.markdown_header(prov) + f" CPU, 1 thread, {seconds:.0f} s: {len(result.rows)} one-off variants of "
         f"`{result.policy.name}` x {result.n_cases} case(s), the whole op (`mn.mamba3_mimo`, forward and "
         "`backward(dout)`) run from each case's raw inputs, errors against the op's `fp64` run (relative RMS), "
@@ -169,6 +172,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         op=registry.WHOLE_OP, progress=not args.quiet, names=list(chosen))
     seconds = time.monotonic() - started
     dtype = str(next(iter(chosen.values()))[0]["Q"].dtype).replace("torch.", "")
-    write_report(result, args.out, dtype=dtype, skipped=skipped, seconds=seconds, command=command)
+    write_report(result, args.out, dtype=dtype, skipped=skipped, seconds=seconds, command=command,
+                 smoke=args.smoke)
     print(f"wrote {args.out} ({seconds:.0f} s)")
     return 0

@@ -92,6 +92,13 @@ class TaskConfig:
     decays: Tuple[float, float] = (0.7, 0.95)
 
 
+#: The smallest layer and task the tests and their measurement (scripts/measure_test_tolerances.py) train.
+TINY_LAYER = LayerConfig(d_model=8, d_out=4, heads=2, state_dim=16, value_dim=8, rank=2, chunk_size=8)
+TINY_TASK = TaskConfig(batch=2, seqlen=16, channels=4)
+#: The policies of the smoke run (``--smoke`` of :func:`main`, tests/studies/test_mamba3_mimo_training.py).
+SMOKE_POLICIES = ("fp64", "upstream_sm90", "upstream_sm90 - mamba_mimo_bwd_bwd.dphio_gate")
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     """One demo: sizes, steps, learning rate, seeds, the policies to train and the device."""
@@ -425,7 +432,7 @@ def train_demo(out_dir: Union[str, Path] = "reports/training_under_policy", *, s
                seeds: Sequence[int] = (0, 1, 2), policies: Optional[Sequence[str]] = None, device: str = "cpu",
                realistic: bool = False, lr: float = 2e-2, threads: Optional[int] = 1, plots: bool = True,
                progress: Optional[Callable[[str], None]] = None,
-               command: str = "mimo-numerics train-demo") -> dict:
+               command: str = "mimo-numerics train-demo", smoke: bool = False) -> dict:
     """The training experiment from one call (the CLI's ``train-demo``).
 
     Args:
@@ -441,6 +448,7 @@ def train_demo(out_dir: Union[str, Path] = "reports/training_under_policy", *, s
             Results depend on it only through FP32 summation order.
         plots: write the PNGs and the README.
         command: how the run was started, for the README.
+        smoke: the run is the generator's smoke check (recorded; the README says its figures are not the report's).
 
     Returns:
         dict: ``config``, ``runs``, ``summary`` and ``files`` (the paths written).
@@ -463,6 +471,7 @@ def train_demo(out_dir: Union[str, Path] = "reports/training_under_policy", *, s
     results["cpu_seconds"] = time.process_time() - cpu_start
     results["threads"] = threads
     results["command"] = command
+    results["smoke"] = smoke
     results["provenance"] = recorded
     try:
         results["load_average"] = list(os.getloadavg())  # the machine may be shared: say how busy it was
@@ -680,9 +689,11 @@ def write_readme(results: dict, out_dir: Path, command: str = "mimo-numerics tra
     table_head = ("| policy | gradient error, median over steps | held-out loss at step 0 | held-out loss at the end "
                   "| training loss, last 10 steps | seconds (all seeds) |")
     bullets = "\n".join(reading(results))
+    smoke = ("**Smoke run** (a few steps, one seed: a check of the generator; its figures are not the report's.)\n\n"
+             if results.get("smoke") else "")
     text = f"""# Training one Mamba-3 MIMO layer under a rounding policy
 
-{provenance.markdown_header(results.get("provenance") or provenance.collect(command=command))} Code: `mimo_numerics/studies/training.py`; device `{config['device']}`,
+{smoke}{provenance.markdown_header(results.get("provenance") or provenance.collect(command=command))} Code: `mimo_numerics/studies/training.py`; device `{config['device']}`,
 {results.get('threads')} torch thread(s); {wall:.0f} s wall, {cpu:.0f} s of CPU time for the
 {len(labels) * len(seeds)} runs (machine {load} at the end; on a shared machine the wall time grows with the load).
 
@@ -770,6 +781,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--lr", type=float, default=2e-2, help="Adam's learning rate")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads while training (0: leave as is)")
     parser.add_argument("--no-plots", action="store_true", help="write results.json only")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"a few seconds' check of the generator: 3 steps, seed 0, lr 1e-2, the policies "
+                             f"{', '.join(SMOKE_POLICIES)}; the README says it is a smoke run")
     parser.add_argument("--from-results", action="store_true",
                         help="train nothing: rewrite the PNGs and README.md from --out's results.json")
     args = parser.parse_args(argv)
@@ -788,8 +802,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("wrote " + ", ".join(str(f) for f in files))
         return 0
     command = "mimo-numerics train-demo" + ("" if not argv else " " + " ".join(argv))
+    if args.smoke:
+        args.steps, args.seeds, args.policies, args.lr = 3, [0], list(SMOKE_POLICIES), 1e-2
     result = train_demo(args.out, steps=args.steps, seeds=args.seeds, policies=args.policies, device=args.device,
-                        realistic=args.realistic, lr=args.lr, threads=args.threads or None,
+                        realistic=args.realistic, lr=args.lr, threads=args.threads or None, smoke=args.smoke,
                         plots=not args.no_plots, progress=lambda line: print(line, flush=True), command=command)
     print("wrote " + ", ".join(result["files"]))
     return 0

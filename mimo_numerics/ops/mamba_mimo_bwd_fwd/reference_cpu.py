@@ -123,8 +123,30 @@ class _LayoutLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@functools.lru_cache(maxsize=64)
+def layout_policy(policy: RoundingPolicy) -> RoundingPolicy:
+    """The part of ``policy`` the generic path's operand layouts depend on: every knob, and of stage 1's switches
+    only ``diag_accum`` (it decides whether the diagonal is a bmm); the other switches off, the other operators'
+    sections dropped.
+
+    A switch rounds a tensor in place of itself with ``x.to(lp).to(math)``, which keeps the strides of the dense
+    tensors the sites round, so it cannot change a later GEMM's operand layout; ``tests/ops/mamba_mimo_bwd_fwd/
+    test_reference_cpu_layouts.py`` checks that on drawn policies and shapes. It makes :func:`generic_layouts` one
+    meta run per shape and structure, not per policy (the policy inference evaluates hundreds of policies).
+    """
+    sites = policy.section(OPERATOR_NAME)
+    switches = {name: (name == "diag_accum" and value) for name, value in sites.to_dict().items()}
+    others = {op: None for op in policy.sites if op != OPERATOR_NAME}
+    return policy.replace(**{OPERATOR_NAME: switches}, **others)
+
+
 def generic_layouts(dims: Dims, policy: RoundingPolicy):
+    """The generic path's per-matrix bmm operand strides (in call order) and the strides of its sums' operands,
+    for ``layout_policy(policy)`` (the same layouts as ``policy``'s; see there)."""
+    return _generic_layouts(dims, layout_policy(policy))
+
+
+@functools.lru_cache(maxsize=256)
+def _generic_layouts(dims: Dims, policy: RoundingPolicy):
     """The generic path's per-matrix bmm operand strides (in call order) and the strides of its sums' operands.
 
     Found by running ``reference_generic.reference_generic`` on meta tensors of the call's shapes (no data, no compute):
