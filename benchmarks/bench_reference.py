@@ -30,7 +30,6 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 #: ``--smoke``: the headline fields with these replaced (a tiny shape).
@@ -80,7 +79,10 @@ def worker(args) -> int:
     import torch
 
     import mimo_numerics as mn
-    from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
+    # the old public paths: a --baseline worker runs another commit's package, and every commit has these
+    # (tests/test_layout.py ALIAS_ALLOWED)
+    from mimo_numerics import reference as stage1_reference
+    from mimo_numerics.cases import as_args, as_kwargs, make_inputs
 
     device = torch.device(args.device)
     if device.type == "cuda":

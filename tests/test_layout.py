@@ -257,6 +257,13 @@ ALIAS_MODULES = ("reference", "reference_cpu", "oracle", "outputs", "upstream", 
 ALIAS_NAMES = {"cases": "_STAGE1_NAMES", "validation": "_STAGE1_NAMES"}
 #: Test files that test the aliases themselves (they may import them).
 ALIAS_TESTS = ("test_layout.py", "test_public_aliases.py")
+#: Alias imports outside the tests, with the reason: (file, module imported).
+ALIAS_ALLOWED = {
+    ("benchmarks/bench_reference.py", "mimo_numerics.reference"):
+        "the --baseline worker times another commit's package: the old public paths are the ones every commit has",
+    ("benchmarks/bench_reference.py", "mimo_numerics.cases"):
+        "as above (make_inputs, as_args, as_kwargs at their old public path)",
+}
 #: The only private names that may cross modules, with the reason.
 PRIVATE_ALLOWED = {
     ("scripts/measure_gate_tolerances.py", "_as_output_dict"):
@@ -346,6 +353,8 @@ def _imports(path: Path):
 
 def _alias_hits(path: Path):
     for line, module, name in _imports(path):
+        if (str(path.relative_to(ROOT)), module) in ALIAS_ALLOWED:
+            continue
         short = module[len("mimo_numerics."):] if module.startswith("mimo_numerics.") else None
         if short in ALIAS_MODULES:
             yield f"{path.relative_to(ROOT)}:{line}: {module}" + (f".{name}" if name else "")
