@@ -426,8 +426,27 @@ def test_inference_quadruple_stall_counterexample():
 WIDE_STALL_SPEC = CaseSpec(formula="realistic", seqlen=6, state_dim=16, value_dim=8, rank=1, chunk_size=6,
                            has_d=True, seed=134217729)
 WIDE_STALL_POLICY_SEED = 36
-#: The stalls the consistency property accepts: ``(case_id, policy seed)`` of the pinned open findings (F11).
-KNOWN_STALLS = {(WIDE_STALL_SPEC.case_id, WIDE_STALL_POLICY_SEED)}
+# Finding F12: a case the slow profile of the consistency property drew (seed S4 N8 P8 R2 C8, reduced DOUT, no Z, no
+# D, seed 101; policy seed 2) stalls at 0.121 with restarts and escapes. Its inputs come from make_inputs (the
+# generator is machine-independent since the counterexamples above were stored).
+SLOW_PROFILE_STALL_SPEC = CaseSpec(formula="seed", seqlen=4, state_dim=8, value_dim=8, rank=2, chunk_size=8,
+                                   reduce_o=True, seed=101)
+SLOW_PROFILE_STALL_POLICY_SEED = 2
+#: The stalls the consistency property accepts: ``(case_id, policy seed)`` of the pinned open findings (F11, F12).
+KNOWN_STALLS = {(WIDE_STALL_SPEC.case_id, WIDE_STALL_POLICY_SEED),
+                (SLOW_PROFILE_STALL_SPEC.case_id, SLOW_PROFILE_STALL_POLICY_SEED)}
+
+
+@pytest.mark.xfail(strict=True, reason="infer_policy stalls above distance 0 on this drawn tiny case even with "
+                                       "restarts and escapes (reports/reliability.md, finding F12)")
+def test_inference_slow_profile_stall_counterexample():
+    x = make_inputs(SLOW_PROFILE_STALL_SPEC)
+    policy = inference.random_policy(torch.Generator().manual_seed(SLOW_PROFILE_STALL_POLICY_SEED))
+    with inference.torch_threads(1):
+        target = inference.run_reference(x, policy)
+        assert inference.PolicyEvaluator([x], [target], "bfloat16").distance(policy) == 0.0  # truth in the space
+        result = inference.infer_policy(x, target, start="seed_bf16")
+    assert result.distance == 0.0, (result.distance, result.best.diff(policy))
 
 
 @pytest.mark.xfail(strict=True, reason="infer_policy stalls above distance 0 on this tiny case even with restarts and "
