@@ -85,7 +85,7 @@ def test_index_lists_every_file_under_reports():
 #: Reports whose header predates mimo_numerics.provenance and names no commit: they lose their place here when
 #: ``scripts/regenerate_reports.py`` (or the Ascend gate) regenerates them; the test fails if one is fixed and still
 #: listed, or a new one joins. Empty since every such report was regenerated or marked "not rerun since <commit>".
-PENDING_NO_COMMIT: set = {"measurements/test_tolerances.md"}  # its own row since the commit that lists it; next run
+PENDING_NO_COMMIT: set = set()
 
 
 def test_every_generated_report_names_a_commit():
