@@ -134,9 +134,10 @@ FINDINGS = [
      "The slow profile of the consistency property (60 examples), first run since stalls fail it (2026-12-02, "
      "commit 6b9c7a4), drew seed S4 N8 P8 R2 C8 (reduced DOUT, no Z, no D, seed 101) with `random_policy("
      "torch.Generator().manual_seed(2))`: `infer_policy` from `seed_bf16` ends at distance 0.121 with restarts and "
-     "escapes, while the truth has distance 0. Pinned by the strict xfail test_inference_slow_profile_stall_"
-     "counterexample and accepted by the property (KNOWN_STALLS); not analysed yet (which fields are wrong, how "
-     "their single changes rank). The slow profile's tables below predate it: that run was stopped after this "
+     "escapes, while the truth has distance 0, with three identifiable fields wrong (rotary, causal_scores, "
+     "diag_gamma: a triple, which the triple escape did not find; how their single changes rank is not measured "
+     "yet). Pinned by test_inference_slow_profile_stall_counterexample (the stall as it stands; it fails "
+     "when the search is fixed) and accepted by the property (KNOWN_STALLS). The slow profile's tables below predate it: that run was stopped after this "
      "finding (it takes more than 25 min on 2 cores)."),
     ("F11", "open", "mimo_numerics/inference.py",
      "The third drawn case of the fast property (realistic S6 N16 P8 R1 C6, reduced DOUT, no Z, D, seed 134217729, "
