@@ -451,6 +451,15 @@ def test_inference_slow_profile_stall_counterexample():
     assert check["wrong"] == ["rotary", "causal_scores", "diag_gamma"]
 
 
+@pytest.mark.xfail(strict=True, reason="infer_policy stalls above distance 0 on this tiny case even with restarts and "
+                                       "escapes (reports/reliability.md, finding F11)")
+def test_inference_wide_stall_counterexample():
+    with inference.torch_threads(1):
+        x, policy, target = _drawn_case(WIDE_STALL_SPEC, WIDE_STALL_POLICY_SEED)
+        result = inference.infer_policy(x, target, start="seed_bf16")
+    assert result.distance == 0.0, (result.distance, result.best.diff(policy))
+
+
 def test_inference_stall_counterexample_is_a_search_limit_not_a_model_gap():
     # the truth has distance 0 and is found from another start: the stall is the search's, not the distance's
     x = _counterexample_inputs(STALL_SPEC)
