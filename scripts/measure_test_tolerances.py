@@ -609,9 +609,12 @@ def _markdown(by_group: dict) -> str:
     runs = {}
     for g, r in by_group.items():
         p = r["provenance"]
-        runs.setdefault((p["command"], p["describe"], p["machine"]["cpu"], p["versions"]["torch"]), []).append(g)
-    for (command, describe, cpu, torch_version), groups in runs.items():
-        lines.append(f"* `{command}` at commit `{describe}`, {cpu}, torch {torch_version}: {', '.join(groups)}")
+        clean = {True: "source tree clean", False: "source tree NOT clean"}.get(p.get("source_clean"), "tree unknown")
+        runs.setdefault((p["command"], p["describe"], clean, p["machine"]["cpu"], p["versions"]["torch"]),
+                        []).append(g)
+    for (command, describe, clean, cpu, torch_version), groups in runs.items():
+        lines.append(f"* `{command}` at commit `{describe}` ({clean}; `-dirty` counts `reports/` too), {cpu}, "
+                     f"torch {torch_version}: {', '.join(groups)}")
     lines += ["", "| group | quantity | worst over the configurations | per configuration |", "|---|---|---|---|"]
     for g, r in by_group.items():
         for k, v in r["worst"].items():
