@@ -130,6 +130,17 @@ FINDINGS = [
      "of F9 (every quadruple among the 10 cheapest single changes; the four needed ranked 6 to 9 of 22). Test: "
      "test_inference_quadruple_stall_counterexample (exact, found by the quadruple escape; the triple escape alone "
      "still stalls)."),
+    ("F13", "open", "tests/test_reliability_properties.py, mimo_numerics/inference.py",
+     "F12's pin did not hold: the slow profile's next run (2026-12-02) failed again on another stall and then spent "
+     "most of an hour shrinking it. Two causes, both in the test: `derandomize` seeds hypothesis from the test's "
+     "source, so every edit of the property drew other cases, and F12 was pinned as hypothesis reported it (a shrink "
+     "of the draw), not as drawn. Fix: the property has a fixed seed (`INFERENCE_PROPERTY_SEED`) and no shrink phase, "
+     "so a stall is reported and pinned as drawn. Under that seed the slow profile's 60 draws hold one stall: seed "
+     "S9 N16 P8 R3 C7 (per-rank DOUT, no Z, no D, seed 195004), policy seed 19784337, ends at distance 2.56 from "
+     "11.46 with three identifiable fields wrong (shifted_gamma, trap_scale, k_state). Pinned by "
+     "test_inference_slow_profile_drawn_stall_counterexample (fails when the search is fixed) and accepted by the "
+     "property (KNOWN_STALLS); the fast profile's 3 draws under the seed do not stall. The search itself is not "
+     "changed."),
     ("F12", "open", "mimo_numerics/inference.py",
      "The slow profile of the consistency property (60 examples), first run since stalls fail it (2026-12-02, "
      "commit 6b9c7a4), drew seed S4 N8 P8 R2 C8 (reduced DOUT, no Z, no D, seed 101) with `random_policy("

@@ -429,7 +429,8 @@ def _private_hits_of(source: Path):
 
 def test_layout_references_share_common_and_oracles_stay_independent():
     """The references (the forward's, stage 1's two paths, stage 2's) are built from ``ops/_common``; the FP64
-    oracles (and the whole op's FP64 model) import nothing from it nor from any reference."""
+    oracles (and the whole op's FP64 model) import nothing from it nor from any reference, and what the oracles share
+    (``ops/_oracle``) no reference imports."""
     references = [OPS / "mamba_mimo_fwd" / "reference.py", OPS / "mamba_mimo_bwd_fwd" / "reference_generic.py",
                   OPS / "mamba_mimo_bwd_fwd" / "reference_cpu.py", OPS / "mamba_mimo_bwd_bwd" / "reference.py"]
     for path in references:
@@ -440,6 +441,12 @@ def test_layout_references_share_common_and_oracles_stay_independent():
                if module.startswith("mimo_numerics.ops._common") or "reference" in module.rsplit(".", 1)[-1]
                or (name or "").startswith("reference")]
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}: the oracles share no code with the references"
+    # what the oracles share among themselves (ops/_oracle) stays theirs: no reference, no _common module imports it
+    shared_by_references = references + [OPS / "mamba_mimo_bwd_fwd" / "reference.py"] + sorted((OPS / "_common").glob("*.py"))
+    for path in shared_by_references:
+        bad = [module for _, module, _ in _imports(path) if module.startswith("mimo_numerics.ops._oracle")]
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}: ops/_oracle is the oracles' alone"
+    assert any(module.startswith("mimo_numerics.ops._oracle") for path in oracles for _, module, _ in _imports(path))
 
 
 def test_layout_stage1_reference_and_cpu_path_import_no_cycle():

@@ -34,7 +34,7 @@ import pytest
 import torch
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import assume, given, note  # noqa: E402
+from hypothesis import Phase, assume, given, note, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import mimo_numerics as mn  # noqa: E402
@@ -293,10 +293,18 @@ def inference_specs(draw):
         has_d=draw(st.booleans()), seed=draw(st.integers(0, 2 ** 31 - 1)))
 
 
+#: The hypothesis seed of the inference consistency property (both profiles).
+INFERENCE_PROPERTY_SEED = 20261202
+
+
 def _inference(profile_name: str, examples: int):
     counter = f"infer_policy[{profile_name}]"
 
-    @profile(profile_name, examples)
+    # A stall is pinned as drawn (KNOWN_STALLS), so the draws must not move: a fixed seed (derandomize alone seeds
+    # from the test's source, so any edit of this body drew other cases) and no shrinking (a shrunk stall is another
+    # case: pinning it left the drawn one failing, and shrinking an inference search takes hours)
+    @seed(INFERENCE_PROPERTY_SEED)
+    @settings(profile(profile_name, examples), phases=(Phase.explicit, Phase.reuse, Phase.generate))
     @given(spec=inference_specs(), policy_seed=st.integers(0, 2 ** 31 - 1))
     def check(spec, policy_seed):
         policy = inference.random_policy(torch.Generator().manual_seed(policy_seed))
@@ -426,15 +434,36 @@ def test_inference_quadruple_stall_counterexample():
 WIDE_STALL_SPEC = CaseSpec(formula="realistic", seqlen=6, state_dim=16, value_dim=8, rank=1, chunk_size=6,
                            has_d=True, seed=134217729)
 WIDE_STALL_POLICY_SEED = 36
-# Finding F12: a case the slow profile of the consistency property drew (seed S4 N8 P8 R2 C8, reduced DOUT, no Z, no
-# D, seed 101; policy seed 2) stalls at 0.121 with restarts and escapes. Its inputs come from make_inputs (the
+# Finding F12: a case the slow profile of the consistency property reported (hypothesis's shrink of its draw; seed
+# S4 N8 P8 R2 C8, reduced DOUT, no Z, no D, seed 101; policy seed 2) stalls at 0.121 with restarts and escapes. Its inputs come from make_inputs (the
 # generator is machine-independent since the counterexamples above were stored).
 SLOW_PROFILE_STALL_SPEC = CaseSpec(formula="seed", seqlen=4, state_dim=8, value_dim=8, rank=2, chunk_size=8,
                                    reduce_o=True, seed=101)
 SLOW_PROFILE_STALL_POLICY_SEED = 2
-#: The stalls the consistency property accepts: ``(case_id, policy seed)`` of the pinned open findings (F11, F12).
+# Finding F13: the one stall of the slow profile's 60 draws since the property has a fixed seed
+# (INFERENCE_PROPERTY_SEED): seed S9 N16 P8 R3 C7, per-rank DOUT, no Z, no D, seed 195004; policy seed 19784337.
+DRAWN_STALL_SPEC = CaseSpec(formula="seed", seqlen=9, state_dim=16, value_dim=8, rank=3, chunk_size=7,
+                            reduce_o=False, has_z=False, has_d=False, seed=195004)
+DRAWN_STALL_POLICY_SEED = 19784337
+#: The stalls the consistency property accepts: ``(case_id, policy seed)`` of the pinned open findings (F11, F12,
+#: F13; F11 and F12 were drawn before the fixed seed, and stay accepted should a draw meet them again).
 KNOWN_STALLS = {(WIDE_STALL_SPEC.case_id, WIDE_STALL_POLICY_SEED),
-                (SLOW_PROFILE_STALL_SPEC.case_id, SLOW_PROFILE_STALL_POLICY_SEED)}
+                (SLOW_PROFILE_STALL_SPEC.case_id, SLOW_PROFILE_STALL_POLICY_SEED),
+                (DRAWN_STALL_SPEC.case_id, DRAWN_STALL_POLICY_SEED)}
+
+
+def test_inference_slow_profile_drawn_stall_counterexample():
+    """The open finding F13 as it stands (the slow profile's draw, as drawn): the truth has distance 0, the search
+    ends at 2.56 (from 11.46) with three identifiable fields wrong. A fix of the search fails this test."""
+    x = make_inputs(DRAWN_STALL_SPEC)
+    policy = inference.random_policy(torch.Generator().manual_seed(DRAWN_STALL_POLICY_SEED))
+    with inference.torch_threads(1):
+        target = inference.run_reference(x, policy)
+        assert inference.PolicyEvaluator([x], [target], "bfloat16").distance(policy) == 0.0  # truth in the space
+        result = inference.infer_policy(x, target, start="seed_bf16")
+        check = inference.compare_to_truth(x, policy, result)
+    assert result.distance > 1.0
+    assert check["wrong"] == ["shifted_gamma", "trap_scale", "k_state"]
 
 
 def test_inference_slow_profile_stall_counterexample():

@@ -1,7 +1,7 @@
 """An FP64 model of the whole Mamba-3 MIMO op, ``mamba3_mimo``, from its raw inputs; differentiable by autograd.
 
 Written from the definitions (``docs/fp64_model.md``), independently of the forward oracle
-(``ops/mamba_mimo_fwd/oracle.py``, token-pair sums) and of ``preprocess.py``: this is the chunked **state
+(``ops/mamba_mimo_fwd/oracle.py``, token-pair and chunk-pair sums) and of ``preprocess.py``: this is the chunked **state
 recurrence** form, with its own log-decays (triangular-mask sums), angles (``torch.cumsum``) and rotation. Per batch
 b, head h (group ``g = h // (H / G)``) and chunk c of C tokens, in float64:
 

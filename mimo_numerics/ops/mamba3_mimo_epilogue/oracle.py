@@ -1,7 +1,8 @@
 """FP64 oracle of the chain after stage 2: upstream's definitions, evaluated in float64 by explicit sums.
 
 Each output is written as a sum over the tokens it depends on, with 0/1 weight matrices for the ranges (no
-cumulative-sum code, nothing shared with the FP32 reference). Per batch and head, token ``t`` in chunk ``c``:
+cumulative-sum code, nothing shared with the FP32 reference), per chunk (``[C, C]`` and ``[C, C, C]`` matrices) and,
+for the whole-sequence sum of the angles, a ``[nc, nc]`` matrix over the chunks' totals: memory linear in S. Per batch and head, token ``t`` in chunk ``c``:
 
 * ``dQ``/``dK``: ``dq``/``dk`` summed over the heads of a group (G == 1: all heads; G == H: unchanged);
   ``dQ_bias``/``dK_bias[h, r, n] = Σ_{b, s} dq/dk[b, s, r, h, n]``; ``dMIMO_V``, ``dMIMO_Z``, ``dMIMO_Out``, ``dD``:
@@ -56,12 +57,16 @@ def mamba3_mimo_epilogue_oracle(
     x = {name: (None if t is None else t.to(_F64)) for name, t in zip(INPUT_NAMES, (
         dq, dk, dv, dmimo_v, dD, dangles, dfactor, dgamma_diag, ddA, dSSdA, ddA_cs_rev, ddA_cs, dmimo_o, dz, dmimo_z,
         trap, dt, angles, da_cs, da_cs_rev, segsum))}
-    S, C, device = dims.seqlen, dims.chunk_size, dims.device
-    tok = torch.arange(S, device=device)
-    chunk_of, local_of = tok // C, tok % C
-    same_chunk = chunk_of[:, None] == chunk_of[None, :]
-    at_or_after = (tok[None, :] >= tok[:, None]).to(_F64)  # [t, t']: t' >= t
-    previous = (tok[None, :] == tok[:, None] - 1).to(_F64)  # [t, t']: t' = t - 1
+    S, C, nc, device = dims.seqlen, dims.chunk_size, dims.nchunks, dims.device
+    local = torch.arange(C, device=device)
+    at_or_after = (local[None, :] >= local[:, None]).to(_F64)  # [t, t'] in one chunk: t' >= t
+    before = (local[None, :] < local[:, None]).to(_F64)  # [t, t'] in one chunk: t' < t
+    chunk = torch.arange(nc, device=device)
+    later_chunk = (chunk[None, :] > chunk[:, None]).to(_F64)  # [c, c']: c' > c
+
+    def per_chunk(x):  # [B, H, S] -> [B, H, nc, C] (C divides S)
+        return x.reshape(*x.shape[:-1], nc, C)
+
     out: Dict[str, Optional[torch.Tensor]] = {}
 
     def group_sum(g):  # [B, S, R, H, N]
@@ -77,28 +82,26 @@ def mamba3_mimo_epilogue_oracle(
     # γ and γ' gradients
     sig, sig_neg = torch.sigmoid(x["trap"]), torch.sigmoid(-x["trap"])
     dgamma = x["dfactor"] + x["dgamma_diag"]
-    dfactor_prev = torch.einsum("ts,bhs->bht", previous, x["dfactor"])
+    dfactor_prev = torch.cat([torch.zeros_like(x["dfactor"][..., :1]), x["dfactor"][..., :-1]], dim=-1)  # t - 1
     out["ddt_core"] = sig * dgamma + sig_neg * dfactor_prev
     out["dTrap"] = sig * sig_neg * x["dt"] * (dgamma - dfactor_prev)
 
     # ADT: da_cs (t' >= t in the chunk), da_cs_rev (t' < t in the chunk), segsum (j >= t > i in the chunk)
-    w_cs = (at_or_after.bool() & same_chunk).to(_F64)
-    w_cs_rev = ((tok[None, :] < tok[:, None]) & same_chunk).to(_F64)
-    from_cs = torch.einsum("ts,bhs->bht", w_cs, torch.exp(x["da_cs"]) * x["ddA_cs"])
-    from_cs_rev = torch.einsum("ts,bhs->bht", w_cs_rev, torch.exp(x["da_cs_rev"]) * x["ddA_cs_rev"])
-    # e^{segsum[c, j, i]}·dSSdA[c, i, j] over pairs (j, i) of one chunk, as [B, H, S(j), S(i)]
-    seg_pair = torch.exp(x["segsum"][:, :, chunk_of, local_of][:, :, :, local_of])
-    chunk_hot = (chunk_of[:, None] == torch.arange(dims.nchunks, device=device)).to(_F64)  # [S, nc]
-    local_hot = (local_of[:, None] == torch.arange(C, device=device)).to(_F64)  # [S, C]
-    d_pair = torch.einsum("jc,il,jm,bhclm->bhji", chunk_hot, local_hot, local_hot, x["dSSdA"])
-    d_pair = torch.where(same_chunk, seg_pair * d_pair, torch.zeros((), dtype=_F64, device=device))
-    # crosses[t, j, i] = 1 if j >= t > i (same chunk enforced by d_pair)
-    crosses = ((tok[None, :, None] >= tok[:, None, None]) & (tok[None, None, :] < tok[:, None, None])).to(_F64)
-    from_seg = torch.einsum("tji,bhji->bht", crosses, d_pair)
-    out["dADT"] = x["ddA"] + from_cs + from_cs_rev + from_seg
+    from_cs = torch.einsum("ts,bhcs->bhct", at_or_after, per_chunk(torch.exp(x["da_cs"]) * x["ddA_cs"]))
+    from_cs_rev = torch.einsum("ts,bhcs->bhct", before, per_chunk(torch.exp(x["da_cs_rev"]) * x["ddA_cs_rev"]))
+    # e^{segsum[c, j, i]}·dSSdA[c, i, j] over the pairs (j, i) of one chunk, [B, H, nc, C(j), C(i)]
+    d_pair = torch.exp(x["segsum"]) * x["dSSdA"].transpose(-1, -2)
+    # crosses[t, j, i] = 1 if j >= t > i, all in one chunk
+    crosses = ((local[None, :, None] >= local[:, None, None]) & (local[None, None, :] < local[:, None, None])).to(_F64)
+    from_seg = torch.einsum("tji,bhcji->bhct", crosses, d_pair)
+    out["dADT"] = x["ddA"] + (from_cs + from_cs_rev + from_seg).reshape(x["ddA"].shape)
 
     # cumulative angles
-    grad_theta = torch.einsum("ts,bsha->btha", at_or_after, x["dangles"])  # Σ_{t' >= t}
+    # Σ_{t' >= t} over the whole sequence: the rest of t's chunk, then every later chunk's total
+    dangles = x["dangles"].reshape(dims.batch, nc, C, *x["dangles"].shape[2:])  # [B, nc, C, H, a]
+    in_chunk = torch.einsum("ts,bcsha->bctha", at_or_after, dangles)
+    later = torch.einsum("cd,bdha->bcha", later_chunk, dangles.sum(dim=2))
+    grad_theta = (in_chunk + later[:, :, None]).reshape(x["dangles"].shape)
     angle = x["angles"]
     dt_bsh = x["dt"].permute(0, 2, 1)[..., None]  # [B, S, H, 1]
     out["dAngles"] = math.pi * dt_bsh * grad_theta / torch.cosh(angle) ** 2

@@ -5,7 +5,10 @@ the gradients of the op's inputs only: several outputs are partial derivatives w
 that the FP32 epilogue (``mimo_numerics.ops.mamba3_mimo_epilogue``) turns into ``dADT``, ``dDT`` and ``dTrap``.
 ``docs/stage2_oracle.md`` derives them from the kernel source (``mamba3_mimo_bwd.py`` of mamba-ssm 2.3.2.post1);
 this module computes them from these definitions in float64, by explicit sums over token pairs, sharing no code
-with any reference and containing no state recurrence.
+with any reference and containing no state recurrence. The pairs inside a chunk are formed one by one; across
+chunks, where ``W`` factors into ``exp(da_cs[j])``, ``exp(M[c_j, c_i])`` and ``exp(da_cs_rev[i])``, a sum over the
+targets of every later chunk is an explicit sum over those chunks of per-chunk totals
+(:class:`~mimo_numerics.ops._oracle.pair_weights.ChunkPairs`), so memory is ``O(B·H·S·(C·R² + N·P/C))``.
 
 Per batch ``b`` and value head ``h`` (group ``h // (H / G)`` of ``q``, ``k``), token ``t`` in chunk ``c_t = t // C``,
 ranks ``r``:
@@ -65,6 +68,7 @@ from typing import Dict, Optional
 import torch
 
 from ...validation import Dims, check_int
+from .._oracle.pair_weights import ChunkPairs
 
 _F64 = torch.float64
 
@@ -191,19 +195,9 @@ def _rotary_angle_grad(dy: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin
     return (dy1 * (-x1 * sin - x2 * cos) + dy2 * (x1 * cos - x2 * sin)).sum(dim=3)
 
 
-def _chunk_log_decays(da_cs: torch.Tensor, dims: Dims):
-    """``Λ [B, H, nc]`` and ``M [B, H, nc, nc]`` with ``M[c, c'] = Σ_k [c' < k < c] Λ_k`` (0 when empty)."""
-    C, nc, S = dims.chunk_size, dims.nchunks, dims.seqlen
-    last = torch.clamp(torch.arange(1, nc + 1, device=dims.device) * C, max=S) - 1
-    lam = da_cs[..., last]
-    index = torch.arange(nc, device=dims.device)
-    between = ((index[None, :, None] < index[:, None, None]) & (index[None, None, :] < index[None, :, None]))
-    # between[c, k, c'] = 1 if c' < k < c
-    return lam, torch.einsum("ckj,bhk->bhcj", between.to(_F64), lam)
-
-
-def _evaluate(dims: Dims, f64: Dict[str, Optional[torch.Tensor]]):
-    """Every output and the intermediates :func:`mamba_mimo_bwd_bwd_abs_terms` needs (float64)."""
+def _evaluate(dims: Dims, f64: Dict[str, Optional[torch.Tensor]], with_abs_terms: bool = False):
+    """Every output and the intermediates :func:`mamba_mimo_bwd_bwd_abs_terms` needs (float64; ``ddA``'s absolute
+    terms only ``with_abs_terms``)."""
     B, S, H, N, P, R = dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank
     C, nc, width, device = dims.chunk_size, dims.nchunks, N // dims.rotary_dim_divisor, dims.device
 
@@ -236,40 +230,45 @@ def _evaluate(dims: Dims, f64: Dict[str, Optional[torch.Tensor]]):
         x = f64["z"].permute(0, 2, 1, 3)[:, :, :, None, :] * f64["mimo_z"][None, :, None]
         grad_o = grad_o * (x * torch.sigmoid(x))
 
-    # ---- token-pair weights ----
-    da, da_rev, seg = f64["da_cs"], f64["da_cs_rev"], f64["segsum"]
-    lam, between = _chunk_log_decays(da, dims)  # Λ [B, H, nc], M [B, H, nc, nc]
-    tok = torch.arange(S, device=device)
-    chunk_of, local_of = tok // C, tok % C
-    later = tok[:, None] > tok[None, :]  # [j, i]: j after i
-    same_chunk = chunk_of[:, None] == chunk_of[None, :]
-    later_chunk = chunk_of[:, None] > chunk_of[None, :]
-    zero = torch.zeros((), dtype=_F64, device=device)
-    # exp(da_cs[j] + M[c_j, c_i]): inter-chunk weight without the source's da_cs_rev
-    inter_log = da[:, :, :, None] + between[:, :, chunk_of][:, :, :, chunk_of]  # [B, H, j, i]
-    inter_w = torch.where(later_chunk, torch.exp(torch.where(later_chunk, inter_log, zero)), zero)
-    intra_log = seg[:, :, chunk_of, local_of][:, :, :, local_of]  # [B, H, j, i] = segsum[c_j, j mod C, i mod C]
-    intra_mask = later & same_chunk
-    intra_w = torch.where(intra_mask, torch.exp(torch.where(intra_mask, intra_log, zero)), zero)
-    weight = intra_w + inter_w * torch.exp(da_rev)[:, :, None, :]  # W[j, i]
-
-    # ---- token-pair products ----
-    scores = torch.einsum("bhjrn,bhisn->bhjris", q_rot, k_hat)  # q̊[j,r]·k̂[i,s]
-    grads = torch.einsum("bhjrp,bhisp->bhjris", grad_o, psi_v)  # g[j,r]·ΨV[i,s]
-    w6 = weight[:, :, :, None, :, None]
-    d_scores = w6 * grads  # ∂L/∂(q̊[j,r]·k̂[i,s])
-    pair = (scores * grads).sum(dim=(3, 5))  # [B, H, j, i]
-
-    d_k_hat = torch.einsum("bhjris,bhjrn->bhisn", d_scores, q_rot)
-    intra6 = intra_mask[None, None, :, None, :, None]
-    d_q_rot = torch.einsum("bhjris,bhisn->bhjrn", torch.where(intra6, d_scores, zero), k_hat)
+    # ---- token pairs: a chunk's own pairs one by one, pairs across chunks through per-chunk totals ----
+    pairs = ChunkPairs(f64["da_cs"], f64["da_cs_rev"], f64["segsum"], C)
+    q_c, k_c, g_c, psi_c = (pairs.by_chunk(x, 2) for x in (q_rot, k_hat, grad_o, psi_v))  # [B, H, nc, C, R, *]
     st = f64["states"]
-    exp_da = torch.exp(da)
-    d_q_rot = d_q_rot + exp_da[..., None, None] * torch.einsum("bhjrp,bhjnp->bhjrn", grad_o, st[:, :, chunk_of])
+
+    # pairs inside a chunk: j (target) and i (source) of chunk c
+    scores = torch.einsum("bhcjrn,bhcisn->bhcjris", q_c, k_c)  # q̊[j,r]·k̂[i,s]
+    grads = torch.einsum("bhcjrp,bhcisp->bhcjris", g_c, psi_c)  # g[j,r]·ΨV[i,s]
+    w_intra = pairs.intra[:, :, :, :, None, :, None]
+    d_scores = w_intra * grads  # ∂L/∂(q̊[j,r]·k̂[i,s])
+    pair = (scores * grads).sum(dim=(4, 6))  # [B, H, nc, C (j), C (i)]
+    d_k_hat = torch.einsum("bhcjris,bhcjrn->bhcisn", d_scores, q_c)
+    d_q_rot = torch.einsum("bhcjris,bhcisn->bhcjrn", d_scores, k_c)
+    d_psi_pairs = torch.einsum("bhcjris,bhcjrp->bhcisp", w_intra * scores, g_c)
+    # dSSdA[c, i, j] = pair[j, i] for i, j in chunk c, unmasked (padded tokens are 0)
+    dSSdA = pair.transpose(-1, -2).contiguous()
+
+    # pairs across chunks: W[j, i] = exp(da_cs[j]) E[c_j, c_i] exp(da_cs_rev[i]). With
+    # Y[j] = Σ_r q̊[j,r]ᵀ g[j,r] [N, P] and D[c'] = Σ_{c > c'} E[c, c'] Σ_{j in c} exp(da_cs[j]) Y[j], every sum over
+    # the targets of later chunks of a source i of chunk c' is a product with D[c']
+    later = pairs.from_later_chunks(torch.einsum("bhcj,bhcjrn,bhcjrp->bhcnp", pairs.read, q_c, g_c))  # D [B,H,nc,N,P]
+    d_k_hat = d_k_hat + pairs.leave[..., None, None] * torch.einsum("bhcnp,bhcisp->bhcisn", later, psi_c)
+    d_psi_pairs = d_psi_pairs + pairs.leave[..., None, None] * torch.einsum("bhcnp,bhcisn->bhcisp", later, k_c)
+    ddA_cs_rev = torch.einsum("bhcisn,bhcnp,bhcisp->bhci", k_c, later, psi_c)  # ∂L/∂exp(da_cs_rev[i])
+    # the state entering j's chunk, as given: ∂L/∂q̊[j] and ∂L/∂exp(da_cs[j])
+    d_q_rot = d_q_rot + pairs.read[..., None, None] * torch.einsum("bhcjrp,bhcnp->bhcjrn", g_c, st)
+    ddA_cs = torch.einsum("bhcjrn,bhcjrp,bhcnp->bhcj", q_c, g_c, st)
+    # ∂L/∂Λ_c' = Σ_{j : c_j > c'} exp(da_cs[j]) E[c_j, c'] exp(Λ_c') Y[j]·states[c'] = exp(Λ_c') D[c']·states[c']
+    ddA_chunk = torch.exp(pairs.lam) * (later * st).sum(dim=(3, 4))  # [B, H, nc]
+    abs_ddA_chunk = None
+    if with_abs_terms:
+        later_abs = pairs.from_later_chunks(torch.einsum("bhcj,bhcjrn,bhcjrp->bhcnp", pairs.read, q_c.abs(),
+                                                         g_c.abs()))
+        abs_ddA_chunk = torch.exp(pairs.lam) * (later_abs * st.abs()).sum(dim=(3, 4))
+    d_k_hat, d_q_rot, d_psi_pairs = (pairs.to_tokens(x, 2) for x in (d_k_hat, d_q_rot, d_psi_pairs))
+    ddA_cs_rev, ddA_cs = pairs.to_tokens(ddA_cs_rev, 2), pairs.to_tokens(ddA_cs, 2)
 
     qk = f64["qk_dot"]
-    d_psi_v = torch.einsum("bhjris,bhjrp->bhisp", w6 * scores, grad_o)
-    d_psi_v = d_psi_v + gamma[..., None, None] * torch.einsum("bhtop,bhtor->bhtrp", grad_o, qk)
+    d_psi_v = d_psi_pairs + gamma[..., None, None] * torch.einsum("bhtop,bhtor->bhtrp", grad_o, qk)
     dD = None
     if dims.has_d:
         d_psi_v = d_psi_v + f64["d"][None, :, None, None, None] * grad_o
@@ -288,21 +287,8 @@ def _evaluate(dims: Dims, f64: Dict[str, Optional[torch.Tensor]]):
     dq = _rotary_transpose(d_q_rot, cos, sin, width) + torch.einsum("bhtoi,bhtin->bhton", d_qk, k_biased)
     dangles = (_rotary_angle_grad(d_k_rot, k_biased, cos, sin, width)
                + _rotary_angle_grad(d_q_rot, q_biased, cos, sin, width)).permute(0, 2, 1, 3)
-
-    # ---- decay derivatives ----
-    # X[j, c] = Σ_{r,n,p} q̊[j,r,n] g[j,r,p] states[c][n,p]
-    x_state = torch.einsum("bhjrn,bhjrp,bhcnp->bhjc", q_rot, grad_o, st)
-    ddA_cs = x_state.gather(3, chunk_of.expand(B, H, S)[..., None])[..., 0]
-    chunk_index = torch.arange(nc, device=device)
-    after = chunk_of[:, None] > chunk_index[None, :]  # [j, c]
-    state_log = da[:, :, :, None] + between[:, :, chunk_of, :] + lam[:, :, None, :]  # [B, H, j, c]
-    state_w = torch.where(after, torch.exp(torch.where(after, state_log, zero)), zero)
-    ddA = (state_w * x_state).sum(dim=2)[:, :, chunk_of]  # [B, H, S]
-    ddA_cs_rev = (inter_w * pair).sum(dim=2)
-    dSSdA = torch.zeros((B, H, nc, C, C), dtype=_F64, device=device)
-    # dSSdA[c, i mod C, j mod C] = pair[j, i] for i, j in chunk c
-    dst, src = torch.nonzero(same_chunk, as_tuple=True)
-    dSSdA[:, :, chunk_of[src], local_of[src], local_of[dst]] = pair[:, :, dst, src]
+    chunk_of = torch.arange(S, device=device) // C
+    ddA = ddA_chunk[:, :, chunk_of]  # ∂Λ_c/∂ADT_t = 1 for every token t of chunk c
 
     def to_bsrhn(x):  # [B, H, S, R, N] -> [B, S, R, H, N]
         return x.permute(0, 2, 3, 1, 4).contiguous()
@@ -311,7 +297,8 @@ def _evaluate(dims: Dims, f64: Dict[str, Optional[torch.Tensor]]):
            "dangles": dangles.contiguous(), "dfactor": dfactor.contiguous(), "dgamma_diag": dgamma_diag.contiguous(),
            "ddA": ddA.contiguous(), "dSSdA": dSSdA, "ddA_cs_rev": ddA_cs_rev.contiguous(),
            "ddA_cs": ddA_cs.contiguous()}
-    parts = {"grad_o": grad_o, "psi_v": psi_v, "q_rot": q_rot, "states": st, "state_w": state_w,
+    abs_ddA = None if abs_ddA_chunk is None else abs_ddA_chunk[:, :, chunk_of]
+    parts = {"grad_o": grad_o, "psi_v": psi_v, "abs_ddA": abs_ddA,
              "d_k_rot": d_k_rot, "d_q_rot": d_q_rot, "q_biased": q_biased, "k_biased": k_biased, "cos": cos, "sin": sin}
     return {name: out[name] for name in OUTPUT_NAMES}, parts
 
@@ -377,10 +364,8 @@ def mamba_mimo_bwd_bwd_abs_terms(
                            da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor)
     tensors = (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt,
                trap, d, qk_dot, segsum)
-    _, parts = _evaluate(dims, _as_f64(tensors))
-    g, q_rot = parts["grad_o"].abs(), parts["q_rot"].abs()
-    chunk_of = torch.arange(dims.seqlen, device=dims.device) // dims.chunk_size
-    x_abs = torch.einsum("bhjrn,bhjrp,bhcnp->bhjc", q_rot, g, parts["states"].abs())
+    _, parts = _evaluate(dims, _as_f64(tensors), with_abs_terms=True)
+    g = parts["grad_o"].abs()
     width = dims.state_dim // dims.rotary_dim_divisor
     cos, sin = parts["cos"].abs(), parts["sin"].abs()
 
@@ -393,4 +378,4 @@ def mamba_mimo_bwd_bwd_abs_terms(
     dangles = (rotation_terms(parts["d_k_rot"], parts["k_biased"])
                + rotation_terms(parts["d_q_rot"], parts["q_biased"])).permute(0, 2, 1, 3).contiguous()
     return {"dD": (g * parts["psi_v"].abs()).sum(dim=(2, 3, 4)) if dims.has_d else None,
-            "ddA": (parts["state_w"] * x_abs).sum(dim=2)[:, :, chunk_of].contiguous(), "dangles": dangles}
+            "ddA": parts["abs_ddA"].contiguous(), "dangles": dangles}

@@ -10,15 +10,19 @@ GEMMs. Every output element is an explicit sum over tokens, formed with token-pa
   ``exp(da_cs[t_i]) · Π_{c''=c_j+1}^{c_i-1} exp(da_cs[last(c'')]) · exp(da_cs_rev[t_j])`` for ``c_j < c_i`` and
   ``exp(segsum[c_i, t_i mod C, t_j mod C])`` for ``c_j = c_i, t_j < t_i``.
 
-The products of exponentials are evaluated as one ``exp`` of the sum of their arguments (equal in exact arithmetic;
-in float64 the difference is a few ulp). Padded rows ``t >= S`` never contribute (their ``v`` and ``dt`` read as 0)
-and their outputs are not stored, so only the ``S`` real tokens are formed.
+Inside a chunk the weight is one ``exp``; across chunks it is the product of the three factors (equal in exact
+arithmetic to one ``exp`` of the sum; in float64 a few ulp apart). Padded rows ``t >= S`` never contribute (their ``v`` and ``dt`` read as 0)
+and their outputs are not stored, so only the ``S`` real tokens are formed. Across chunks the weight factors into
+``exp(da_cs[t_i])``, a chunk-pair factor and ``exp(da_cs_rev[t_j])``, so those pairs are summed as an explicit sum
+over the earlier chunks of per-chunk totals (:class:`~mimo_numerics.ops._oracle.pair_weights.ChunkPairs`; no
+recurrence: nothing is carried from chunk to chunk); memory ``O(B·H·S·(C·R² + N·P/C))``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .._oracle.pair_weights import ChunkPairs
 from .outputs import MimoBwdFwdOutputs
 from .validation import validate_inputs
 
@@ -39,22 +43,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, width: int) -
     out[..., :width] = cos * first - sin * second
     out[..., half:half + width] = sin * first + cos * second
     return out
-
-
-def _between_chunk_log_decay(last_da: torch.Tensor) -> torch.Tensor:
-    """``M[b, h, c, c'] = Σ_{c'' : c' < c'' < c} da_cs[last(c'')]`` (0 when the range is empty).
-
-    Args:
-        last_da (Tensor): ``[B, H, nc]`` float64, ``da_cs`` at the last valid token of each chunk.
-
-    Returns:
-        Tensor: ``[B, H, nc, nc]`` float64.
-    """
-    nc = last_da.shape[-1]
-    index = torch.arange(nc, device=last_da.device)
-    before = (index[:, None] < index[None, :]).to(_F64)  # before[a, b] = 1 if a < b
-    # M[c, c'] = Σ_k before[k, c] · last_da[k] · before[c', k]
-    return torch.einsum("kc,bhk,jk->bhcj", before, last_da, before)
 
 
 def mamba_mimo_bwd_fwd_oracle(
@@ -121,43 +109,22 @@ def mamba_mimo_bwd_fwd_oracle(
     v64 = v.to(_F64).permute(0, 2, 1, 3)  # [B, H, S, P]
     psi_v = v64[:, :, :, None, :] * mimo_v.to(_F64)[None, :, None]  # [B, H, S, R, P]
 
-    # ---- decay weights between tokens ----
-    da64, da_rev64 = da_cs.to(_F64), da_cs_rev.to(_F64)
-    last_valid = torch.clamp(torch.arange(1, nc + 1, device=device) * C, max=S) - 1
-    between = _between_chunk_log_decay(da64[..., last_valid])  # [B, H, nc, nc]
-    token_chunk = torch.arange(S, device=device) // C  # [S]
-    token_local = torch.arange(S, device=device) % C
-    zero = torch.zeros((), dtype=_F64, device=device)
+    # ---- decay weights between tokens: a chunk's own pairs, and sums over earlier chunks' totals ----
+    pairs = ChunkPairs(da_cs, da_cs_rev, segsum, C)
+    q_c, k_c, psi_c = pairs.by_chunk(q_rot, 2), pairs.by_chunk(k_hat, 2), pairs.by_chunk(psi_v, 2)
 
-    # states[c] = Σ_{j : c_j < c} exp(M[c, c_j] + da_cs_rev[t_j]) · k̂[j]ᵀ ΨV[j]   (sum over t_j and rank)
-    chunk_index = torch.arange(nc, device=device)
-    earlier = token_chunk[None, :] < chunk_index[:, None]  # [nc, S]
-    state_log_weight = between[..., token_chunk] + da_rev64[:, :, None, :]  # [B, H, nc, S]
-    state_weight = torch.where(earlier, torch.exp(torch.where(earlier, state_log_weight, zero)), zero)
-    states = torch.einsum("bhct,bhtrn,bhtrp->bhcnp", state_weight, k_hat, psi_v)
+    # states[c] = Σ_{c' < c} E[c, c'] Σ_{j in c'} exp(da_cs_rev[t_j]) · k̂[j]ᵀ ΨV[j]   (sum over t_j and rank)
+    totals = torch.einsum("bhcs,bhcsun,bhcsup->bhcnp", pairs.leave, k_c, psi_c)  # [B, H, nc, N, P]
+    states = pairs.from_earlier_chunks(totals)
 
     outputs_needed = dims.reduce_o or dims.has_z
     dmimo_o = dz = dmimo_z = None
     if outputs_needed:
-        out = torch.empty((B, H, S, R, P), dtype=_F64, device=device)
-        for c in range(nc):
-            lo, hi = c * C, min((c + 1) * C, S)
-            rows = hi - lo
-            # inter-chunk part: sources t_j < lo
-            inter_log = (da64[:, :, lo:hi, None] + between[:, :, c, token_chunk[:lo]][:, :, None, :]
-                         + da_rev64[:, :, None, :lo])  # [B, H, rows, lo]
-            inter_w = torch.exp(inter_log)
-            # intra-chunk part: sources lo <= t_j < t_i
-            local = token_local[lo:hi]
-            strictly_before = local[:, None] > local[None, :]  # [rows, rows]
-            intra_log = segsum[:, :, c].to(_F64)[:, :, local][:, :, :, local]  # [B, H, rows, rows]
-            intra_w = torch.where(strictly_before, torch.exp(torch.where(strictly_before, intra_log, zero)), zero)
-            weight = torch.cat([inter_w, intra_w], dim=-1)  # [B, H, rows, hi]
-            # scores[i, r_i, j, r_j] = q_rot[i, r_i] · k̂[j, r_j]
-            scores = torch.einsum("bhirn,bhjsn->bhirjs", q_rot[:, :, lo:hi], k_hat[:, :, :hi])
-            weighted = scores * weight[:, :, :, None, :, None]
-            out[:, :, lo:hi] = (weighted.reshape(B, H, rows * R, hi * R)
-                                @ psi_v[:, :, :hi].reshape(B, H, hi * R, P)).reshape(B, H, rows, R, P)
+        # earlier chunks through their totals, read at t_i with exp(da_cs[t_i]); then the chunk's own pairs
+        out_c = pairs.read[..., None, None] * torch.einsum("bhcirn,bhcnp->bhcirp", q_c, states)
+        scores = torch.einsum("bhcirn,bhcjsn->bhcirjs", q_c, k_c)  # q_rot[i, r_i] · k̂[j, r_j], one chunk
+        weighted = scores * pairs.intra[:, :, :, :, None, :, None]
+        out = pairs.to_tokens(out_c + torch.einsum("bhcirjs,bhcjsp->bhcirp", weighted, psi_c), 2)
         # same-token term: γ_t · Σ_{r_in} qk[t, r_out, r_in] · ΨV[t, r_in]
         out = out + gamma[..., None, None] * torch.einsum("bhsru,bhsup->bhsrp", qk_dot, psi_v)
         if dims.has_d:

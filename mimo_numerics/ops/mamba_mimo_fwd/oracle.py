@@ -1,7 +1,9 @@
 """FP64 oracle of ``mamba_mimo_fwd``, the forward kernel of the Mamba-3 MIMO op: nothing rounded.
 
 Written from the definitions (``docs/fp64_model.md``; upstream ``ops/tilelang/mamba3/mamba3_mimo_fwd.py``) as
-explicit sums over token pairs: no state recurrence, no chunked GEMM. With, per batch b and head h (group
+explicit sums over token pairs: no state recurrence. The pairs of one chunk are summed pair by pair; the pairs
+across chunks, whose weight factors (below), as an explicit sum over the earlier chunks of per-chunk totals
+(:class:`~mimo_numerics.ops._oracle.pair_weights.ChunkPairs`), so memory is ``O(B·H·S·(C·R² + N·P/C))``. With, per batch b and head h (group
 ``g = h // (H / G)``), token t in chunk ``c_t`` and rank r::
 
     q̂[t, r] = q[t, r, g] + q_bias[h, r]          k̂ likewise                    (biased, unrotated)
@@ -19,7 +21,8 @@ and γ alone; sources are scaled by the trapezoid factor γ + γ'. The pair weig
   ``last(c) = min((c + 1)·C, S) - 1``: the state leaves chunk ``c_s`` scaled by ``exp(da_cs_rev[s])``, decays by
   ``exp(da_cs[last(c)])`` through every chunk in between and is read by token t with ``exp(da_cs[t])``.
 
-The products of exponentials are one ``exp`` of the sum of their arguments. The output is, with the SiLU gate
+Inside a chunk the weight is one ``exp``; across chunks it is the product ``exp(da_cs[t])·exp(Σ ...)·exp(da_cs_rev[s])``,
+so that the sum over the sources of every earlier chunk is a sum over those chunks of per-chunk totals. The output is, with the SiLU gate
 ``ζ[t, r] = silu(z[t] ⊙ mimo_z[h, r])`` (``x·σ(x)``; upstream's ``g·tanh(g) + g``, ``g = x/2``, is the same
 function) or 1 without z: ``O[t] = Σ_r o[t, r] ⊙ mimo_o[h, r] ⊙ ζ[t, r]`` (reduced, ``[B, S, H, P]``), else
 ``O[t, r] = o[t, r] ⊙ ζ[t, r]`` (``[B, S, R, H, P]``). Tokens past S (a tail chunk) are not formed: the kernel reads
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from .._oracle.pair_weights import ChunkPairs
 from .validation import validate_inputs
 
 _F64 = torch.float64
@@ -46,31 +50,6 @@ def _rotate_pairs(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     first, second = x[..., :width], x[..., half:half + width]
     return torch.cat([cos * first - sin * second, x[..., width:half],
                       sin * first + cos * second, x[..., half + width:]], dim=-1)
-
-
-def _pair_log_weights(da_cs, da_cs_rev, segsum, chunk_size: int) -> torch.Tensor:
-    """``log w(s, t)`` for every pair ``s < t`` of real tokens (0 elsewhere, masked by the caller).
-
-    Args:
-        da_cs, da_cs_rev (Tensor): ``[B, H, S]`` float64. segsum (Tensor): ``[B, H, nc, C, C]`` float64.
-
-    Returns:
-        Tensor: ``[B, H, S (t), S (s)]`` float64.
-    """
-    B, H, S = da_cs.shape
-    C, nc = chunk_size, segsum.shape[2]
-    last_da = torch.stack([da_cs[..., min((c + 1) * C, S) - 1] for c in range(nc)], dim=-1)  # [B, H, nc]
-    log_w = torch.zeros((B, H, S, S), dtype=_F64, device=da_cs.device)
-    for c_t in range(nc):
-        rows = slice(c_t * C, min((c_t + 1) * C, S))
-        n_rows = rows.stop - rows.start
-        log_w[:, :, rows, rows] = segsum[:, :, c_t, :n_rows, :n_rows]
-        for c_s in range(c_t):
-            cols = slice(c_s * C, (c_s + 1) * C)
-            between = last_da[..., c_s + 1:c_t].sum(dim=-1)  # [B, H]; 0 for adjacent chunks
-            log_w[:, :, rows, cols] = (da_cs[:, :, rows, None] + between[..., None, None]
-                                       + da_cs_rev[:, :, None, cols])
-    return log_w
 
 
 def mamba_mimo_fwd_oracle(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt,
@@ -114,19 +93,17 @@ def mamba_mimo_fwd_oracle(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z,
     trap_scale = gamma + gamma_next
     psi_v = v.to(_F64).permute(0, 2, 1, 3)[:, :, :, None, :] * mimo_v.to(_F64)[None, :, None]  # [B, H, S, R, P]
 
-    log_w = _pair_log_weights(da_cs.to(_F64), da_cs_rev.to(_F64), segsum.to(_F64), C)
-    token = torch.arange(S, device=dims.device)
-    earlier = token[None, :] < token[:, None]  # [t, s]: s < t
-    zero = torch.zeros((), dtype=_F64, device=dims.device)
-    weight = torch.where(earlier, torch.exp(torch.where(earlier, log_w, zero)), zero)  # [B, H, t, s]
-    source_weight = weight * trap_scale[:, :, None, :]
-
-    out = torch.empty((B, H, S, R, P), dtype=_F64, device=dims.device)
-    for lo in range(0, S, C):  # query rows chunk by chunk, only to bound the memory of the pair scores
-        hi = min(lo + C, S)
-        scores = torch.einsum("bhtrn,bhsun->bhtrsu", q_rot[:, :, lo:hi], k_rot[:, :, :hi])
-        scores = scores * source_weight[:, :, lo:hi, None, :hi, None]
-        out[:, :, lo:hi] = torch.einsum("bhtrsu,bhsup->bhtrp", scores, psi_v[:, :, :hi])
+    pairs = ChunkPairs(da_cs, da_cs_rev, segsum, C)
+    q_c, k_c, psi_c = pairs.by_chunk(q_rot, 2), pairs.by_chunk(k_rot, 2), pairs.by_chunk(psi_v, 2)
+    scale_c = pairs.by_chunk(trap_scale, 2)  # [B, H, nc, C]
+    # earlier chunks: Σ_{c' < c_t} E[c_t, c'] Σ_{s in c'} exp(da_cs_rev[s]) (γ + γ')[s] k̃[s]ᵀ ΨV[s], read at t
+    totals = torch.einsum("bhcs,bhcsun,bhcsup->bhcnp", pairs.leave * scale_c, k_c, psi_c)  # [B, H, nc, N, P]
+    out_c = pairs.read[..., None, None] * torch.einsum("bhctrn,bhcnp->bhctrp", q_c,
+                                                       pairs.from_earlier_chunks(totals))
+    # the chunk's own earlier tokens, pair by pair
+    scores = torch.einsum("bhctrn,bhcsun->bhctrsu", q_c, k_c)
+    scores = scores * (pairs.intra * scale_c[:, :, :, None, :])[:, :, :, :, None, :, None]
+    out = pairs.to_tokens(out_c + torch.einsum("bhctrsu,bhcsup->bhctrp", scores, psi_c), 2)  # [B, H, S, R, P]
     same_token = torch.einsum("bhtrn,bhtun->bhtru", q_hat, k_hat)
     out = out + gamma[..., None, None] * torch.einsum("bhtru,bhtup->bhtrp", same_token, psi_v)
     if dims.has_d:
