@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     first = runs["current"][0]
     prov = provenance(args.commit)
     device_name = (f"{prov['machine']['cpu']}, {os.cpu_count()} cores, {first['threads']} torch threads"
-                   if args.device == "cpu" else args.device)
+                   if args.device == "cpu" else _gpu_name(prov, args.device))
     rows = [{"policy": p, **{name: summary(name, p) for name in impls}} for p in args.policies.split(",")]
     meta = {"commit": prov["describe"], "provenance": prov, "baseline": args.baseline, "device": device_name,
             "torch": first["torch"], "python": sys.version.split()[0],
@@ -218,6 +218,12 @@ def main(argv=None) -> int:
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / stem}.md and .json")
     return 0
+
+
+def _gpu_name(prov: dict, device: str) -> str:
+    """The GPU's name from the provenance (``"NVIDIA H200 (sm_90)"`` -> ``"NVIDIA H200"``), else ``device``."""
+    gpus = (prov.get("machine") or {}).get("gpus") or []
+    return gpus[0].split(" (")[0] if gpus else device
 
 
 def torch_device_type(device: str) -> str:

@@ -204,11 +204,14 @@ def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, mat
     padded[:, :S] = vals
     chunks = padded.reshape(B, nc, chunk_size, H, K).permute(0, 1, 3, 4, 2)  # [B, nc, H, K, C]: scan axis last
     per_thread, lanes = _scan_layout("2d", chunk_size)
+    # every chunk's scan and sum at once (the same operations per element); only the state walks chunk by chunk
+    scans, sums = _triton_scan(chunks, per_thread, lanes), _butterfly_sum(chunks)  # [B, nc, H, K, C], [B, nc, H, K]
+    entering = torch.empty_like(sums)  # the state entering each chunk
     state = torch.zeros((B, H, K), dtype=torch.float32, device=angles.device)
-    out = torch.empty_like(chunks)
     for c in range(nc):
-        out[:, c] = _mod_two_pi_f32(_triton_scan(chunks[:, c], per_thread, lanes) + state[..., None])
-        state = _mod_two_pi_f32(state + _butterfly_sum(chunks[:, c]))
+        entering[:, c] = state
+        state = _mod_two_pi_f32(state + sums[:, c])
+    out = _mod_two_pi_f32(scans + entering[..., None])
     return out.permute(0, 1, 4, 2, 3).reshape(B, nc * chunk_size, H, K)[:, :S].contiguous()
 
 

@@ -136,22 +136,23 @@ def _angle_dt_bwd(dangles, angles, dt, chunk_size: int, *, fma: bool):
     ``Σ_a grad · tanh(angle) · π``.
     """
     B, S, H, A = dangles.shape
-    g = dangles.permute(0, 2, 1, 3)  # [B, H, S, A]
-    x = angles.permute(0, 2, 1, 3)
-    grad_angle = torch.empty_like(g)
-    grad_dt = torch.empty_like(dt)
-    carried = torch.zeros_like(g[:, :, 0])
-    for lo in range(S - chunk_size, -1, -chunk_size):
-        part = g[:, :, lo:lo + chunk_size].transpose(-1, -2)  # [B, H, A, C]
-        chunk_sum = _sum_sequential(part, dim=-1)
-        rev = (chunk_sum[..., None] - _cumsum_sequential(part)) + part
-        grad = rev.transpose(-1, -2) + carried[:, :, None, :]  # [B, H, C, A]
-        tanh = torch.tanh(x[:, :, lo:lo + chunk_size])
-        sech2 = _mul_add(-tanh, tanh, torch.ones_like(tanh), fma)
-        dt_c = dt[:, :, lo:lo + chunk_size, None]
-        grad_angle[:, :, lo:lo + chunk_size] = ((grad * dt_c) * _PI_F32) * sech2
-        grad_dt[:, :, lo:lo + chunk_size] = _sum_sequential(grad * (tanh * _PI_F32), dim=-1)
-        carried = carried + chunk_sum
+    C, nc = chunk_size, S // chunk_size
+    # every chunk at once: the operations on an element are the kernel's, only the sum over chunks is sequential
+    part = dangles.permute(0, 2, 1, 3).reshape(B, H, nc, C, A).transpose(-1, -2)  # [B, H, nc, A, C]
+    chunk_sum = _sum_sequential(part, dim=-1)  # [B, H, nc, A]
+    rev = (chunk_sum[..., None] - _cumsum_sequential(part)) + part
+    # carried[c] = Σ of the later chunks' sums, added from the last chunk down (0 + sum[nc-1] + ... + sum[c+1])
+    carried = torch.empty_like(chunk_sum)
+    acc = torch.zeros_like(chunk_sum[:, :, 0])
+    for c in range(nc - 1, -1, -1):
+        carried[:, :, c] = acc
+        acc = acc + chunk_sum[:, :, c]
+    grad = rev.transpose(-1, -2) + carried[:, :, :, None, :]  # [B, H, nc, C, A]
+    tanh = torch.tanh(angles.permute(0, 2, 1, 3).reshape(B, H, nc, C, A))
+    sech2 = _mul_add(-tanh, tanh, torch.ones_like(tanh), fma)
+    dt_c = dt.reshape(B, H, nc, C, 1)
+    grad_angle = (((grad * dt_c) * _PI_F32) * sech2).reshape(B, H, S, A)
+    grad_dt = _sum_sequential(grad * (tanh * _PI_F32), dim=-1).reshape(B, H, S)
     return grad_angle.permute(0, 2, 1, 3).contiguous(), grad_dt
 
 

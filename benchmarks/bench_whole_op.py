@@ -1,0 +1,206 @@
+#!/usr/bin/env python
+"""The whole op's policy reference, forward + backward: wall time, device kernels per call and peak memory.
+
+    python benchmarks/bench_whole_op.py --device cuda                     # shape (a), upstream_sm90 and fp32
+    python benchmarks/bench_whole_op.py --device cuda --baseline 284c9ec  # and that commit's package, same session
+    python benchmarks/bench_whole_op.py --device cpu --shape cpu          # B=1, S=2048, H=8 on CPU
+
+Shapes (``G=1, N=P=64, R=4, C=16``, reduced DOUT, Z, D, the ``whole_op`` formula): ``a`` B=1, S=8192, H=16;
+``d`` B=8, S=4096, H=32; ``cpu`` B=1, S=2048, H=8; ``smoke`` B=1, S=64, H=2 (checks that the script runs). Each
+(implementation, policy) runs in its own worker process: a first call whose ``Out`` and gradients are kept (with
+``--baseline`` the two implementations' are compared bit for bit), ``repeats`` timed calls of ``mn.mamba3_mimo`` and
+``Out.backward`` after ``warmup`` calls, then one call under ``torch.profiler`` counting the device kernels it
+launches and summing their time (``busy``: kernel time over wall time of that call; CUDA only). Peak memory is
+``torch.cuda.max_memory_allocated`` (CUDA). Writes ``reports/bench/whole_op_<cpu|cuda>.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = {
+    "a": dict(batch=1, seqlen=8192, heads=16),
+    "d": dict(batch=8, seqlen=4096, heads=32),
+    "cpu": dict(batch=1, seqlen=2048, heads=8),
+    "smoke": dict(batch=1, seqlen=64, heads=2),
+}
+FIXED = dict(groups=1, state_dim=64, value_dim=64, rank=4, chunk_size=16)
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def worker(args) -> int:
+    import torch
+
+    import mimo_numerics as mn
+    from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
+    from mimo_numerics.ops.mamba3_mimo.fp64_model import INPUT_NAMES
+
+    device = torch.device(args.device)
+    spec = OpCaseSpec(**SHAPES[args.shape], **FIXED)
+    raw = make_op_inputs(spec)
+    inputs = {n: None if raw[n] is None else raw[n].to(device) for n in INPUT_NAMES}
+    dout = raw["dout"].to(device)
+
+    def call():
+        leaves = [None if t is None else t.detach().requires_grad_(True) for t in inputs.values()]
+        out = mn.mamba3_mimo(*leaves, chunk_size=spec.chunk_size, rotary_dim_divisor=4, policy=args.policy)
+        out.backward(dout.to(out.dtype))
+        return out, leaves
+
+    out, leaves = call()
+    if args.save:  # Out and the gradients of the first call, to compare bits between implementations
+        values = {"Out": out.detach().cpu()}
+        values.update({f"d{n}": leaf.grad.cpu() for n, leaf in zip(INPUT_NAMES, leaves) if leaf is not None})
+        torch.save(values, args.save)
+    for _ in range(args.warmup - 1):
+        call()
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    wall = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        call()
+        _sync(device)
+        wall.append((time.perf_counter() - start) * 1e3)
+    result = {"module": mn.__file__, "torch": torch.__version__, "threads": torch.get_num_threads(),
+              "wall_ms": wall}
+    if device.type == "cuda":
+        result["peak_bytes"] = torch.cuda.max_memory_allocated(device)
+        from torch.profiler import ProfilerActivity, profile
+
+        start = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            call()
+            _sync(device)
+        profiled_ms = (time.perf_counter() - start) * 1e3
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        result["kernels"] = len(kernels)
+        result["kernel_ms"] = sum(e.time_range.elapsed_us() for e in kernels) / 1e3
+        result["profiled_wall_ms"] = profiled_ms
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+def _export(rev: str, into: Path) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    archive = into / "src.tar"
+    with open(archive, "wb") as fh:
+        subprocess.run(["git", "archive", rev, "mimo_numerics"], cwd=ROOT, stdout=fh, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into)
+    return into
+
+
+def _run_worker(path: Path, args, policy: str, save: Path) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(path))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--shape", args.shape, "--device", args.device,
+           "--policy", policy, "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--save", str(save)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(path))
+    if done.returncode:
+        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
+    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="a")
+    parser.add_argument("--policies", default="upstream_sm90,fp32")
+    parser.add_argument("--baseline", default=None, help="a commit whose package is timed too, in the same session")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default=str(ROOT / "reports" / "bench"))
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--policy", help=argparse.SUPPRESS)
+    parser.add_argument("--save", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args)
+
+    import torch
+
+    from mimo_numerics import provenance
+
+    prov = provenance.collect()
+    impls = {"current": ROOT}
+    tmp = tempfile.TemporaryDirectory()
+    if args.baseline:
+        impls["baseline"] = _export(args.baseline, Path(tmp.name) / "baseline")
+    rows = []
+    for policy in args.policies.split(","):
+        row = {"policy": policy}
+        saved = {}
+        for name, path in impls.items():
+            saved[name] = Path(tmp.name) / f"{name}_{policy}.pt"
+            row[name] = _run_worker(path, args, policy, saved[name])
+            print(f"{policy} {name}: median {statistics.median(row[name].get('wall_ms', [float('nan')])):.1f} ms",
+                  file=sys.stderr, flush=True)
+        if args.baseline and all(p.exists() for p in saved.values()):
+            a, b = torch.load(saved["current"]), torch.load(saved["baseline"])
+            row["bit_identical"] = sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+            row["differing"] = [k for k in a if k in b and not torch.equal(a[k], b[k])]
+        rows.append(row)
+    tmp.cleanup()
+
+    device_type = torch.device(args.device).type
+    meta = {"provenance": prov, "shape": {**SHAPES[args.shape], **FIXED, "name": args.shape},
+            "baseline": args.baseline, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "warmup": args.warmup,
+            "repeats": args.repeats, "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"whole_op_{device_type}" + ("" if args.shape in ("a", "cpu") else f"_{args.shape}")
+    (out / f"{stem}.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
+
+    def cells(r: dict) -> str:
+        if "error" in r:
+            return f"{r['error'][:50]} | - | - | - | -"
+        median = statistics.median(r["wall_ms"])
+        if "kernels" not in r:
+            return f"{median:.1f} | {min(r['wall_ms']):.1f} | - | - | -"
+        busy = r["kernel_ms"] / r["profiled_wall_ms"]
+        return (f"{median:.1f} | {min(r['wall_ms']):.1f} | {r['kernels']} | {100 * busy:.0f} % | "
+                f"{r['peak_bytes'] / 2**30:.2f}")
+
+    shape = SHAPES[args.shape]
+    lines = [f"# The whole op's reference, forward + backward ({device_type}, shape {args.shape})", "",
+             provenance.markdown_header(prov) + f" {meta['date']}.", "",
+             f"`mn.mamba3_mimo(..., policy=P)` and `Out.backward(dout)` from leaves that require grad, B={shape['batch']}, "
+             f"S={shape['seqlen']}, H={shape['heads']}, G=1, N=P=64, R=4, C=16, reduced DOUT, Z, D. Median and min of "
+             f"{args.repeats} calls after {args.warmup} warm-up calls, one worker process per cell; `kernels`: device "
+             "kernels launched by one profiled call; `busy`: their summed time over that call's wall time (the "
+             "profiler's own overhead included, so a lower bound); `peak`: `torch.cuda.max_memory_allocated` GiB.", ""]
+    header = "| policy | impl | median ms | min ms | kernels | busy | peak GiB |"
+    lines += [header, "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        for name in impls:
+            label = name if name == "current" else f"baseline `{args.baseline}`"
+            lines.append(f"| {row['policy']} | {label} | {cells(row[name])} |")
+    if args.baseline:
+        lines += ["", "Bits, current vs baseline (Out and every gradient of the first call, `torch.equal`): "
+                  + "; ".join(f"{r['policy']}: " + ("identical" if r.get("bit_identical") else
+                                                     f"DIFFER in {r.get('differing')}") for r in rows) + "."]
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / stem}.md and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
