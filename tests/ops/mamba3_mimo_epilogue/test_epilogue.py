@@ -240,3 +240,20 @@ def test_fp64_chain_vs_upstream_gradients(name):
             assert got[grad] is None, grad
         elif grad != "dD":  # a cancelling sum: gated against its terms in test_bwd_bwd_oracle.py
             assert rel_rms(want, got[grad]) <= tolerances.get("fp64_chain_vs_upstream_autograd_rel_rms"), grad
+
+
+def test_long_sequential_sum_is_the_same_chain_of_adds():
+    """Past ``SEQUENTIAL_LOOP_MAX`` terms the ordered sum runs as one numpy accumulate: the same bits as one torch
+    add per term, left to right, also with -0, subnormals, infinities and NaN among the terms (CPU)."""
+    from mimo_numerics.ops.mamba3_mimo_epilogue import reference as epilogue_reference
+
+    g = torch.Generator().manual_seed(5)
+    terms = (torch.randn(1000, 3, 7, generator=g) * torch.logspace(-30, 30, 1000)[:, None, None]).float()
+    terms[10, 0, 0], terms[11, 0, 1], terms[12, 1, 1] = -0.0, 1e-40, float("inf")
+    terms[13, 1, 1], terms[14, 2, 2], terms[:, 2, 3] = float("-inf"), float("nan"), -0.0
+    assert terms.shape[0] > epilogue_reference.SEQUENTIAL_LOOP_MAX
+    want = terms[0].clone()
+    for row in terms[1:]:
+        want = want + row
+    got = epilogue_reference._sum_sequential(terms.movedim(0, 1), dim=1)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
