@@ -79,7 +79,8 @@ def _sum_sequential(x: torch.Tensor, dim: int) -> torch.Tensor:
     x = x.movedim(dim, 0)
     if x.shape[0] > SEQUENTIAL_LOOP_MAX and x.dtype == _F32:
         terms = x.detach().to("cpu").contiguous().numpy().reshape(x.shape[0], -1)
-        total = np.add.accumulate(terms, axis=0, dtype=np.float32)[-1]
+        with np.errstate(all="ignore"):  # inf - inf and overflow are values here, as in torch, not warnings
+            total = np.add.accumulate(terms, axis=0, dtype=np.float32)[-1]
         return torch.from_numpy(total.reshape(x.shape[1:])).to(x.device)
     acc = x[0].clone()
     for i in range(1, x.shape[0]):
