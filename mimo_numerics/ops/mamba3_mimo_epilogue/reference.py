@@ -63,24 +63,26 @@ def _mul_add(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, fma: bool) -> to
     return a * b + c
 
 
-#: Sums over more terms than this run as one ``numpy.add.accumulate`` on the host instead of one torch add per term
-#: (a device launch each on CUDA: the bias sums over B·S tokens were 16 384 launches per call at S = 8192).
+#: Sums over more terms than this run in numpy on the host instead of one torch add per term (a device launch each
+#: on CUDA: the bias sums over B·S tokens were 16 384 launches per call at S = 8192).
 SEQUENTIAL_LOOP_MAX = 64
 
 
 def _sum_sequential(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Sum over ``dim`` in fp32, left to right (one IEEE add per element: no BLAS, no vector order).
 
-    Up to :data:`SEQUENTIAL_LOOP_MAX` terms: a torch add per term. Longer sums: ``numpy.add.accumulate`` over the
-    terms on the host, whose last row is the same left-to-right chain of IEEE fp32 adds (an accumulate is defined
-    as ``out[i] = out[i - 1] + x[i]``; numpy does not reassociate it, unlike ``add.reduce``), so the same bits; the
-    result goes back to ``x``'s device. NaN payloads of a CUDA input may differ (the GPU returns its canonical NaN).
+    Up to :data:`SEQUENTIAL_LOOP_MAX` terms: a torch add per term. Longer sums: the same left-to-right chain of
+    IEEE fp32 adds in numpy on the host (one ``np.add`` per term over a contiguous row: no device launch), so the
+    same bits; the result goes back to ``x``'s device. NaN payloads of a CUDA input may differ (the GPU returns its
+    canonical NaN).
     """
     x = x.movedim(dim, 0)
     if x.shape[0] > SEQUENTIAL_LOOP_MAX and x.dtype == _F32:
         terms = x.detach().to("cpu").contiguous().numpy().reshape(x.shape[0], -1)
+        total = terms[0].copy()
         with np.errstate(all="ignore"):  # inf - inf and overflow are values here, as in torch, not warnings
-            total = np.add.accumulate(terms, axis=0, dtype=np.float32)[-1]
+            for row in terms[1:]:  # row by row: contiguous, where an accumulate along axis 0 walks columns
+                np.add(total, row, out=total)
         return torch.from_numpy(total.reshape(x.shape[1:])).to(x.device)
     acc = x[0].clone()
     for i in range(1, x.shape[0]):
