@@ -130,6 +130,13 @@ FINDINGS = [
      "of F9 (every quadruple among the 10 cheapest single changes; the four needed ranked 6 to 9 of 22). Test: "
      "test_inference_quadruple_stall_counterexample (exact, found by the quadruple escape; the triple escape alone "
      "still stalls)."),
+    ("F14", "fixed", "tests/test_reliability_bundles.py",
+     "The slow profile's run at 284c9ec (2026-12-02) failed test_appended_bytes_are_detected_slow and "
+     "test_manifest_byte_flip_is_refused_slow with `AttributeError: module 'mimo_numerics.bundles' has no attribute "
+     "'SCALAR_INPUTS'`: a helper only the slow-marked bundle properties reach still named a constant the operator "
+     "architecture (issue 21) replaced by `Operator.scalar_inputs`; the default suite never ran it. Fixed (the helper "
+     "reads the operator's scalar inputs): the 44 bundle properties of both profiles pass (79 s). The slow JSON "
+     "below is that run, not rerun since."),
     ("F13", "open", "tests/test_reliability_properties.py, mimo_numerics/inference.py",
      "F12's pin did not hold: the slow profile's next run (2026-12-02) failed again on another stall and then spent "
      "most of an hour shrinking it. Two causes, both in the test: `derandomize` seeds hypothesis from the test's "

@@ -101,7 +101,7 @@ def _data_differences(a, b):
         for n in INPUT_NAMES:
             if not bit_identical(ca.inputs[n], cb.inputs[n]):
                 data.append(f"{ca.name}.inputs.{n}")
-        for n in bundles.SCALAR_INPUTS:
+        for n in mn.operator.get("mamba_mimo_bwd_fwd").scalar_inputs:
             if ca.inputs[n] != cb.inputs[n]:
                 data.append(f"{ca.name}.{n}")
         if (ca.outputs is None) != (cb.outputs is None):
