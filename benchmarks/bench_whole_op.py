@@ -182,7 +182,9 @@ def main(argv=None) -> int:
     shape = SHAPES[args.shape]
     lines = [f"# The whole op's reference, forward + backward ({device_type}, shape {args.shape})", "",
              provenance.markdown_header(prov) + f" {meta['date']}.", "",
-             f"`mn.mamba3_mimo(..., policy=P)` and `Out.backward(dout)` from leaves that require grad, B={shape['batch']}, "
+             ("**Smoke run (shape `smoke`): checks that the script runs; not a benchmark.** "
+              if args.shape == "smoke" else "")
+             + f"`mn.mamba3_mimo(..., policy=P)` and `Out.backward(dout)` from leaves that require grad, B={shape['batch']}, "
              f"S={shape['seqlen']}, H={shape['heads']}, G=1, N=P=64, R=4, C=16, reduced DOUT, Z, D. Median and min of "
              f"{args.repeats} calls after {args.warmup} warm-up calls, one worker process per cell; `kernels`: device "
              "kernels launched by one profiled call; `busy`: their summed time over that call's wall time (the "
