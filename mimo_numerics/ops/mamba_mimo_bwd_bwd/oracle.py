@@ -51,8 +51,9 @@ quantity used in several places is treated as separate variables and only the li
 
 ``states`` and ``qk_dot`` are used as given, as the kernel uses them: ``states`` in ``ddA``, ``ddA_cs`` and the
 inter-chunk part of ``dq``; ``qk_dot`` in the same-token terms of ``dv``/``dmimo_v`` and in ``dgamma_diag``. Every
-other inter-chunk term (``dk``, ``dv``, ``ddA_cs_rev``, ``ddA``'s weights) is an explicit token-pair sum, not a walk
-over chunk states. Given stage 1's FP64 outputs (``mimo_numerics.oracle``) this is the FP64 derivative of the
+other inter-chunk term (``dk``, ``dv``, ``ddA_cs_rev``, ``ddA``'s weights) is an explicit sum over token pairs (across
+chunks: over chunk pairs of the targets' per-chunk totals, with the pair weights above), never a walk that carries
+a state from chunk to chunk, and never reads the given ``states``. Given stage 1's FP64 outputs (``mimo_numerics.oracle``) this is the FP64 derivative of the
 forward; given upstream's bf16 ``states``/``qk_dot`` it is the kernel's function in exact arithmetic.
 
 ``da_cs``, ``da_cs_rev`` and ``segsum`` are used as given: upstream's preprocessing clamps them to ``<= 0`` and
