@@ -79,7 +79,8 @@ def worker(args) -> int:
         call()
         _sync(device)
         wall.append((time.perf_counter() - start) * 1e3)
-    result = {"module": mn.__file__, "torch": torch.__version__, "threads": torch.get_num_threads(),
+    # where the package was imported from, relative to its checkout (no machine path in reports/)
+    result = {"module": str(Path(mn.__file__).relative_to(Path(mn.__file__).parents[1])), "torch": torch.__version__, "threads": torch.get_num_threads(),
               "wall_ms": wall}
     if device.type == "cuda":
         result["peak_bytes"] = torch.cuda.max_memory_allocated(device)
