@@ -121,7 +121,12 @@ def main(argv=None) -> int:
     from mimo_numerics import provenance
     from mimo_numerics.metrics import rel_rms
 
-    sizes = [tuple(int(x) for x in item.split("x")) for item in args.sizes.split(",")]
+    try:
+        sizes = [(int(s), int(h)) for s, h in (item.split("x") for item in args.sizes.split(","))]
+    except ValueError:
+        parser.error(f"--sizes must be comma-separated SxH with positive integers (e.g. 2048x8), got {args.sizes!r}")
+    if any(s < 1 or h < 1 for s, h in sizes):
+        parser.error(f"--sizes must be comma-separated SxH with positive integers (e.g. 2048x8), got {args.sizes!r}")
     impls = ("chain",) if args.no_model else IMPLEMENTATIONS
     prov = provenance.collect()
     load_before = os.getloadavg()

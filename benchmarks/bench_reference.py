@@ -26,7 +26,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -99,16 +98,6 @@ def worker(args) -> int:
     return 0
 
 
-def _export(rev: str, into: Path) -> Path:
-    """``mimo_numerics`` of commit ``rev`` extracted under ``into``."""
-    archive = into / "src.tar"
-    with open(archive, "wb") as fh:
-        subprocess.run(["git", "archive", rev, "mimo_numerics"], cwd=ROOT, stdout=fh, check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(into)
-    return into
-
-
 def _run_worker(path: Path, args) -> dict:
     env = dict(os.environ, PYTHONPATH=str(path))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", json.dumps(shape_fields(args.smoke)),
@@ -159,7 +148,9 @@ def main(argv=None) -> int:
     tmp = None
     if args.baseline:
         tmp = tempfile.TemporaryDirectory(prefix="bench_baseline_")
-        impls["baseline"] = _export(args.baseline, Path(tmp.name))
+        from mimo_numerics.provenance import export_package
+
+        impls["baseline"] = export_package(args.baseline, Path(tmp.name))
     runs = {name: [] for name in impls}
     for _ in range(args.rounds):
         for name, path in impls.items():

@@ -22,7 +22,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -99,16 +98,6 @@ def worker(args) -> int:
     return 0
 
 
-def _export(rev: str, into: Path) -> Path:
-    into.mkdir(parents=True, exist_ok=True)
-    archive = into / "src.tar"
-    with open(archive, "wb") as fh:
-        subprocess.run(["git", "archive", rev, "mimo_numerics"], cwd=ROOT, stdout=fh, check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(into)
-    return into
-
-
 def _run_worker(path: Path, args, policy: str, save: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(path))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--shape", args.shape, "--device", args.device,
@@ -144,7 +133,7 @@ def main(argv=None) -> int:
     impls = {"current": ROOT}
     tmp = tempfile.TemporaryDirectory()
     if args.baseline:
-        impls["baseline"] = _export(args.baseline, Path(tmp.name) / "baseline")
+        impls["baseline"] = provenance.export_package(args.baseline, Path(tmp.name) / "baseline")
     rows = []
     for policy in args.policies.split(","):
         row = {"policy": policy}

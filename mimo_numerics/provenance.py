@@ -33,6 +33,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence
@@ -44,8 +45,8 @@ MEASUREMENTS = ROOT / "reports" / "measurements"
 #: Changes under these top-level folders do not make the source unclean (they are the reports being regenerated).
 REPORT_DIRS = ("reports",)
 
-__all__ = ["MEASUREMENTS", "ROOT", "collect", "command_line", "git", "machine", "markdown_header",
-           "record_measurement", "source_state"]
+__all__ = ["MEASUREMENTS", "ROOT", "collect", "command_line", "export_package", "git", "machine",
+           "markdown_header", "record_measurement", "source_state"]
 
 
 def git(*args: str, root: Path = ROOT, strip: bool = True) -> Optional[str]:
@@ -74,6 +75,25 @@ def source_state(root: Path = ROOT) -> Dict[str, object]:
         if path and path.split("/", 1)[0] not in REPORT_DIRS:
             changed.append(path)
     return {"commit": commit, "describe": describe, "source_clean": not changed, "changed": changed[:20]}
+
+
+def export_package(rev: str, into: Path, root: Path = ROOT) -> Path:
+    """Extract ``mimo_numerics/`` of commit ``rev`` under ``into`` (``git archive``), so that a worker process with
+    ``PYTHONPATH=into`` imports that commit's package; returns ``into``.
+
+    Raises:
+        ValueError: ``rev`` is not a commit of the checkout at ``root``.
+    """
+    if not isinstance(rev, str) or git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", root=root) is None:
+        raise ValueError(f"rev must name a commit of the checkout at {root}, got {rev!r}")
+    into = Path(into)
+    into.mkdir(parents=True, exist_ok=True)
+    archive = into / "src.tar"
+    with open(archive, "wb") as fh:
+        subprocess.run(["git", "archive", rev, "mimo_numerics"], cwd=root, stdout=fh, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into)
+    return into
 
 
 def command_line(argv: Optional[Sequence[str]] = None) -> str:

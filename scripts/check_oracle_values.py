@@ -37,6 +37,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from mimo_numerics.metrics import max_rel
+
 ROOT = Path(__file__).resolve().parents[1]
 #: Case labels of check_reference_bits.py's stress cases with a NaN and infinities in the inputs.
 NONFINITE_STRESS = "stress-nan_inf"
@@ -96,11 +98,7 @@ def relative_difference(new: torch.Tensor, old: torch.Tensor) -> Tuple[float, st
                                                          old[bad_old].nan_to_num(nan=7.0))
     pattern = "same" if same else "changed"
     both = ~(bad_new | bad_old)
-    if not bool(both.any()):
-        return 0.0, pattern
-    a, b = new[both], old[both]
-    diff = (a - b).abs().max().item()
-    return (0.0 if diff == 0 else diff / max(b.abs().max().item(), 1e-300)), pattern
+    return max_rel(new[both], old[both]), pattern
 
 
 def main(argv=None) -> int:

@@ -452,16 +452,22 @@ KNOWN_STALLS = {(WIDE_STALL_SPEC.case_id, WIDE_STALL_POLICY_SEED),
                 (DRAWN_STALL_SPEC.case_id, DRAWN_STALL_POLICY_SEED)}
 
 
+def _search_made_inputs(spec: CaseSpec, policy_seed: int):
+    """``infer_policy`` from ``seed_bf16`` on ``make_inputs(spec)`` and the ``random_policy`` of ``policy_seed``
+    (checked to have distance 0: the truth is in the search space); the result and its comparison to the truth."""
+    x = make_inputs(spec)
+    policy = inference.random_policy(torch.Generator().manual_seed(policy_seed))
+    with inference.torch_threads(1):
+        target = inference.run_reference(x, policy)
+        assert inference.PolicyEvaluator([x], [target], "bfloat16").distance(policy) == 0.0
+        result = inference.infer_policy(x, target, start="seed_bf16")
+        return result, inference.compare_to_truth(x, policy, result)
+
+
 def test_inference_slow_profile_drawn_stall_counterexample():
     """The open finding F13 as it stands (the slow profile's draw, as drawn): the truth has distance 0, the search
     ends at 2.56 (from 11.46) with three identifiable fields wrong. A fix of the search fails this test."""
-    x = make_inputs(DRAWN_STALL_SPEC)
-    policy = inference.random_policy(torch.Generator().manual_seed(DRAWN_STALL_POLICY_SEED))
-    with inference.torch_threads(1):
-        target = inference.run_reference(x, policy)
-        assert inference.PolicyEvaluator([x], [target], "bfloat16").distance(policy) == 0.0  # truth in the space
-        result = inference.infer_policy(x, target, start="seed_bf16")
-        check = inference.compare_to_truth(x, policy, result)
+    result, check = _search_made_inputs(DRAWN_STALL_SPEC, DRAWN_STALL_POLICY_SEED)
     assert result.distance > 1.0
     assert check["wrong"] == ["shifted_gamma", "trap_scale", "k_state"]
 
@@ -469,13 +475,7 @@ def test_inference_slow_profile_drawn_stall_counterexample():
 def test_inference_slow_profile_stall_counterexample():
     """The open finding F12 as it stands: the truth has distance 0, the search ends above it with three identifiable
     fields wrong. A fix of the search fails this test: then it becomes an exactness test like F4's and F9's."""
-    x = make_inputs(SLOW_PROFILE_STALL_SPEC)
-    policy = inference.random_policy(torch.Generator().manual_seed(SLOW_PROFILE_STALL_POLICY_SEED))
-    with inference.torch_threads(1):
-        target = inference.run_reference(x, policy)
-        assert inference.PolicyEvaluator([x], [target], "bfloat16").distance(policy) == 0.0  # truth in the space
-        result = inference.infer_policy(x, target, start="seed_bf16")
-        check = inference.compare_to_truth(x, policy, result)
+    result, check = _search_made_inputs(SLOW_PROFILE_STALL_SPEC, SLOW_PROFILE_STALL_POLICY_SEED)
     assert result.distance > 0.1
     assert check["wrong"] == ["rotary", "causal_scores", "diag_gamma"]
 

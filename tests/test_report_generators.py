@@ -49,3 +49,17 @@ def test_report_generator_smoke(entry, tmp_path):
             and "git describe --always --dirty" in text, f"{path.name} has no provenance header"
         assert "Smoke run" in text or entry.name in UNMARKED, \
             f"{path.name}: a smoke report must say it is one (its figures are not the report's)"
+
+
+def test_export_package_extracts_a_commits_package_and_names_a_bad_rev(tmp_path):
+    """The benchmarks' ``--baseline`` source: ``mimo_numerics/`` of a commit, importable from the folder."""
+    from mimo_numerics import provenance
+
+    if provenance.git("rev-parse", "HEAD") is None:
+        pytest.skip("not a git checkout")
+    into = provenance.export_package("HEAD", tmp_path / "baseline")
+    assert (into / "mimo_numerics" / "__init__.py").is_file()
+    assert (into / "mimo_numerics" / "provenance.py").read_text() == subprocess.run(
+        ["git", "show", "HEAD:mimo_numerics/provenance.py"], cwd=ROOT, capture_output=True, text=True).stdout
+    with pytest.raises(ValueError, match="rev must name a commit"):
+        provenance.export_package("no-such-rev", tmp_path / "other")
