@@ -64,23 +64,23 @@ def check_case_fields(spec, bool_fields: tuple, formulas: tuple) -> None:
 
 
 @dataclass(frozen=True)
-class CaseSpec:
-    """One input configuration of ``mamba_mimo_bwd_fwd``.
+class CaseDims:
+    """The fields every case spec has (a kernel's :class:`CaseSpec`, the whole op's ``OpCaseSpec``), declared once
+    with :class:`CaseSpec`'s defaults; a subclass redeclares only the defaults it changes (a redeclared field keeps
+    its place, so the positional order is the same for every spec) and says its bool fields and formulas.
 
     Attributes:
         batch, seqlen, heads, groups (int): B, S, H, G (``heads % groups == 0``).
         state_dim, value_dim, rank (int): N, P, R.
         chunk_size (int): C.
-        reduce_o (bool): give ``mimo_o`` (reduced DOUT ``[B, S, H, P]``) or not (DOUT ``[B, S, R, H, P]``).
+        reduce_o (bool): reduced output (``mimo_o`` / ``MIMO_Out`` given, ``[B, S, H, P]``) or not
+            (``[B, S, R, H, P]``).
         has_z (bool): give ``z`` and ``mimo_z``.
         has_d (bool): give ``d``.
-        formula (str): ``"seed"`` or ``"realistic"`` (module docstring).
+        formula (str): how the inputs are drawn (the subclass's module docstring).
         dtype (str): low-precision dtype of ``dout, q, k, v, z, trap``: ``"bfloat16"`` or ``"float16"``.
         seed (int): seed of the CPU ``torch.Generator`` the inputs are drawn from (>= 0).
         rotary_dim_divisor (int): 2 or 4; ``angles`` is ``[B, S, H, N / rotary_dim_divisor]``.
-
-    Raises:
-        ValueError: from ``__post_init__``, naming the offending field.
     """
 
     batch: int = 1
@@ -99,26 +99,20 @@ class CaseSpec:
     seed: int = 123
     rotary_dim_divisor: int = 4
 
-    def __post_init__(self):
-        check_case_fields(self, ("reduce_o", "has_z", "has_d"), FORMULAS)
+    #: The bool fields ``__post_init__`` checks and the formulas it accepts (class attributes, not fields).
+    BOOL_FIELDS = ("reduce_o", "has_z", "has_d")
+    FORMULAS = FORMULAS
 
-    @property
-    def nchunks(self) -> int:
-        """ceil(S / C)."""
-        return -(-self.seqlen // self.chunk_size)
+    def __post_init__(self):
+        check_case_fields(self, self.BOOL_FIELDS, self.FORMULAS)
 
     @property
     def lp_dtype(self) -> torch.dtype:
         """The torch dtype of the low-precision inputs."""
         return DTYPES[self.dtype]
 
-    @property
-    def case_id(self) -> str:
-        """A readable id, unique per spec and usable as a pytest id.
-
-        Example: ``seed_B1_S32_H1_G1_N64_P64_R4_C16_roZD_bf16_s123``. ``ro``/``fo`` is reduced/full DOUT, ``Z``/``-``
-        and ``D``/``-`` the optional branches; ``_rd2`` is appended when ``rotary_dim_divisor`` is 2.
-        """
+    def _id_text(self) -> str:
+        """``<formula>_B.._S.._H.._G.._N.._P.._R.._C.._<branches>_<dtype>_s<seed>[_rd2]`` (see ``case_id``)."""
         branches = ("ro" if self.reduce_o else "fo") + ("Z" if self.has_z else "-") + ("D" if self.has_d else "-")
         text = (f"{self.formula}_B{self.batch}_S{self.seqlen}_H{self.heads}_G{self.groups}_N{self.state_dim}"
                 f"_P{self.value_dim}_R{self.rank}_C{self.chunk_size}_{branches}_{_DTYPE_TAGS[self.dtype]}"
@@ -127,7 +121,7 @@ class CaseSpec:
             text += f"_rd{self.rotary_dim_divisor}"
         return text
 
-    def replace(self, **changes) -> "CaseSpec":
+    def replace(self, **changes):
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
@@ -136,7 +130,7 @@ class CaseSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "CaseSpec":
+    def from_dict(cls, data: dict):
         """Build a spec from :meth:`to_dict` output; missing fields take their defaults.
 
         Raises:
@@ -145,8 +139,32 @@ class CaseSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown CaseSpec field(s) {unknown}; valid fields are {sorted(known)}")
+            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; valid fields are {sorted(known)}")
         return cls(**data)
+
+
+@dataclass(frozen=True)
+class CaseSpec(CaseDims):
+    """One input configuration of ``mamba_mimo_bwd_fwd`` (and of the other kernels): the fields of
+    :class:`CaseDims` with its defaults; ``formula`` is ``"seed"`` or ``"realistic"`` (module docstring).
+
+    Raises:
+        ValueError: from ``__post_init__``, naming the offending field.
+    """
+
+    @property
+    def nchunks(self) -> int:
+        """ceil(S / C)."""
+        return -(-self.seqlen // self.chunk_size)
+
+    @property
+    def case_id(self) -> str:
+        """A readable id, unique per spec and usable as a pytest id.
+
+        Example: ``seed_B1_S32_H1_G1_N64_P64_R4_C16_roZD_bf16_s123``. ``ro``/``fo`` is reduced/full DOUT, ``Z``/``-``
+        and ``D``/``-`` the optional branches; ``_rd2`` is appended when ``rotary_dim_divisor`` is 2.
+        """
+        return self._id_text()
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,12 @@ def main(argv=None) -> int:
     regenerated = [e.name for e in entries if e.kind == "cpu" and e.command in done]
     set_commits(regenerated, commit)
     TIMES.parent.mkdir(parents=True, exist_ok=True)
-    previous = json.loads(TIMES.read_text()) if TIMES.is_file() else {}
+    # the file is {"provenance": ..., "reports": {name: {...}}}; keep the other rows' entries, not the old header
+    previous = json.loads(TIMES.read_text()).get("reports", {}) if TIMES.is_file() else {}
+    while "provenance" in previous and isinstance(previous.get("reports"), dict):  # files written before this fix
+        nested = previous["reports"]
+        previous = {k: v for k, v in previous.items() if k not in ("provenance", "reports")}
+        previous = {**nested, **previous}
     previous.update({name: {"wall_s": round(t, 1), "commit": commit} for name, t in times.items()})
     TIMES.write_text(json.dumps({"provenance": provenance.collect(), "reports": previous}, indent=1) + "\n")
     gpu = [e.name for e in entries if e.kind == "gpu"]

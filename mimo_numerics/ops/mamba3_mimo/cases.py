@@ -33,10 +33,9 @@ from typing import Union
 import torch
 
 from ... import exact_random
-from ...cases import DTYPES, check_case_fields
+from ...cases import CaseDims
 
 FORMULAS = ("whole_op", "whole_op_seed")
-_DTYPE_TAGS = {"bfloat16": "bf16", "float16": "fp16"}
 #: The 14 inputs of ``mamba3_mimo`` in upstream's positional order.
 OP_INPUT_NAMES = ("Q", "K", "V", "ADT", "DT", "Trap", "Q_bias", "K_bias", "MIMO_V", "MIMO_Z", "MIMO_Out", "Angles",
                   "D", "Z")
@@ -45,74 +44,33 @@ OP_GRAD_NAMES = tuple("d" + name for name in OP_INPUT_NAMES)
 
 
 @dataclass(frozen=True)
-class OpCaseSpec:
-    """One input configuration of the whole op.
+class OpCaseSpec(CaseDims):
+    """One input configuration of the whole op: the fields of :class:`~mimo_numerics.cases.CaseDims` with other
+    defaults (S = 64, H = 2, Z and D given, seed 0), ``formula`` ``"whole_op"`` or ``"whole_op_seed"`` (module
+    docstring), and:
 
     Attributes:
-        batch, seqlen, heads, groups (int): B, S, H, G (``heads % groups == 0``).
-        state_dim, value_dim, rank, chunk_size (int): N, P, R, C.
-        reduce_o (bool): give MIMO_Out (output ``[B, S, H, P]``) or not (``[B, S, R, H, P]``).
-        has_z, has_d (bool): give Z with MIMO_Z; give D.
-        formula (str): ``"whole_op"`` or ``"whole_op_seed"`` (module docstring).
-        dtype (str): ``"bfloat16"`` or ``"float16"``: the dtype of Q, K, V, Z, Trap and dout.
-        seed (int): seed of the CPU generator (>= 0).
-        rotary_dim_divisor (int): 2 or 4.
+        positive_adt (bool): draw ADT > 0 (a stress case; every real use has ADT <= 0).
 
     Raises:
         ValueError: from ``__post_init__``, naming the offending field.
     """
 
-    batch: int = 1
     seqlen: int = 64
     heads: int = 2
-    groups: int = 1
-    state_dim: int = 64
-    value_dim: int = 64
-    rank: int = 4
-    chunk_size: int = 16
-    reduce_o: bool = True
     has_z: bool = True
     has_d: bool = True
     formula: str = "whole_op"
-    dtype: str = "bfloat16"
     seed: int = 0
-    rotary_dim_divisor: int = 4
     positive_adt: bool = False
 
-    def __post_init__(self):
-        check_case_fields(self, ("reduce_o", "has_z", "has_d", "positive_adt"), FORMULAS)
-
-    @property
-    def lp_dtype(self) -> torch.dtype:
-        """The torch dtype of Q, K, V, Z, Trap and dout."""
-        return DTYPES[self.dtype]
+    BOOL_FIELDS = ("reduce_o", "has_z", "has_d", "positive_adt")
+    FORMULAS = FORMULAS
 
     @property
     def case_id(self) -> str:
         """A readable unique id, e.g. ``whole_op_B1_S64_H2_G1_N64_P64_R4_C16_roZD_bf16_s0``."""
-        branches = ("ro" if self.reduce_o else "fo") + ("Z" if self.has_z else "-") + ("D" if self.has_d else "-")
-        text = (f"{self.formula}_B{self.batch}_S{self.seqlen}_H{self.heads}_G{self.groups}_N{self.state_dim}"
-                f"_P{self.value_dim}_R{self.rank}_C{self.chunk_size}_{branches}_{_DTYPE_TAGS[self.dtype]}"
-                f"_s{self.seed}")
-        return (text + (f"_rd{self.rotary_dim_divisor}" if self.rotary_dim_divisor != 4 else "")
-                + ("_adtpos" if self.positive_adt else ""))
-
-    def replace(self, **changes) -> "OpCaseSpec":
-        """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        """The fields by name (JSON-serialisable)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "OpCaseSpec":
-        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError`` naming them."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown OpCaseSpec field(s) {unknown}; valid fields are {sorted(known)}")
-        return cls(**data)
+        return self._id_text() + ("_adtpos" if self.positive_adt else "")
 
 
 def _normal(shape, gen) -> torch.Tensor:

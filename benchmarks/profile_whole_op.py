@@ -1,0 +1,97 @@
+#!/usr/bin/env python
+"""Where the whole op's reference spends its launches: one forward + backward under torch.profiler, the operators
+(CPU) or device kernels (CUDA) it starts, grouped by the line of ``mimo_numerics`` that started them.
+
+    python benchmarks/profile_whole_op.py --device cpu --seqlen 8192 --heads 1      # op counts, cheap on CPU
+    python benchmarks/profile_whole_op.py --device cuda --seqlen 8192 --heads 16    # kernels and their time
+
+Shape: ``G=1, N=P=64, R=4, C=16``, reduced DOUT, Z, D (``bench_whole_op.py``'s fixed part), B/S/H from the
+arguments. A first call warms up; the profiled call's table is printed: per source line the count of top-level
+operators (CPU) or of device kernels (CUDA), their summed time, and the totals. A diagnostic, not a benchmark:
+the figures in ``reports/bench/`` come from ``bench_whole_op.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import mimo_numerics as mn
+from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
+from mimo_numerics.ops.mamba3_mimo.fp64_model import INPUT_NAMES
+
+FIXED = dict(groups=1, state_dim=64, value_dim=64, rank=4, chunk_size=16)
+
+
+def _frame(event) -> str:
+    """The innermost ``mimo_numerics`` line of ``event``'s stack (walking up to the nearest parent with a stack)."""
+    while event is not None:  # newer torch records Python frames as parent events named "file(line): function"
+        for line in list(event.stack or ()) + [event.name]:
+            if "mimo_numerics/" in line:
+                return line.split("mimo_numerics/")[-1]
+            if "/kernels/" in line:
+                return line[line.index("/kernels/") + 1:]
+        event = event.cpu_parent
+    return "(outside mimo_numerics)"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seqlen", type=int, default=8192)
+    parser.add_argument("--heads", type=int, default=1)
+    parser.add_argument("--policy", default="upstream_sm90")
+    parser.add_argument("--rows", type=int, default=40)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    spec = OpCaseSpec(batch=args.batch, seqlen=args.seqlen, heads=args.heads, **FIXED)
+    raw = make_op_inputs(spec)
+    inputs = {n: None if raw[n] is None else raw[n].to(device) for n in INPUT_NAMES}
+    dout = raw["dout"].to(device)
+
+    def call():
+        leaves = [None if t is None else t.detach().requires_grad_(True) for t in inputs.values()]
+        out = mn.mamba3_mimo(*leaves, chunk_size=spec.chunk_size, rotary_dim_divisor=4, policy=args.policy)
+        out.backward(dout.to(out.dtype))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    call()
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    start = time.perf_counter()
+    with profile(activities=activities, with_stack=True) as prof:
+        call()
+    wall_ms = (time.perf_counter() - start) * 1e3
+    count, time_us = collections.Counter(), collections.Counter()
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        if cuda:
+            kernels = getattr(event, "kernels", None) or []
+            if not kernels:
+                continue
+            frame = _frame(event)
+            count[frame] += len(kernels)
+            time_us[frame] += sum(k.duration for k in kernels)
+        elif event.name.startswith("aten::") and (event.cpu_parent is None
+                                                   or not event.cpu_parent.name.startswith("aten::")):
+            frame = _frame(event)
+            count[frame] += 1
+            time_us[frame] += event.self_cpu_time_total
+    unit = "kernels" if cuda else "top-level ops"
+    print(f"{spec.case_id} on {device} under {args.policy}: {sum(count.values())} {unit}, "
+          f"{sum(time_us.values()) / 1e3:.1f} ms in them, profiled wall {wall_ms:.0f} ms")
+    print(f"{'count':>7} {'ms':>8}  line")
+    for frame, n in count.most_common(args.rows):
+        print(f"{n:7d} {time_us[frame] / 1e3:8.2f}  {frame}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
