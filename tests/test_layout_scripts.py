@@ -107,3 +107,14 @@ def test_index_commands_name_existing_scripts():
         for text in (e.command, e.smoke):
             for script in re.findall(r"(?:python|bash) ((?:scripts|benchmarks|golden)/[\w./-]+)", text):
                 assert (ROOT / script).is_file(), f"{e.name}: {script} does not exist"
+
+
+def test_regenerate_reports_command_parts_cover_the_rows_of_a_combined_command():
+    """``reliability``'s ``fast && slow`` writes the files of ``reliability_fast`` and ``reliability_slow``: the
+    driver marks those rows (and does not run their commands again) from the parts of the command that ran."""
+    regenerate_reports = _index()
+    assert regenerate_reports.command_parts("python a.py --x && python b.py") == ["python a.py --x", "python b.py"]
+    rows = {e.name: e for e in regenerate_reports.read_index()}
+    combined = set(regenerate_reports.command_parts(rows["reliability"].command))
+    assert set(regenerate_reports.command_parts(rows["reliability_slow"].command)) <= combined
+    assert set(regenerate_reports.command_parts(rows["reliability_fast"].command)) <= combined
