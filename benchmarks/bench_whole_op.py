@@ -10,7 +10,7 @@ Shapes (``G=1, N=P=64, R=4, C=16``, reduced DOUT, Z, D, the ``whole_op`` formula
 (implementation, policy) runs in its own worker process: a first call whose ``Out`` and gradients are kept (with
 ``--baseline`` the two implementations' are compared bit for bit), ``repeats`` timed calls of ``mn.mamba3_mimo`` and
 ``Out.backward`` after ``warmup`` calls, then one call under ``torch.profiler`` counting the device kernels it
-launches and summing their time (``busy``: kernel time over wall time of that call; CUDA only). Peak memory is
+launches and summing their time (``busy``: that kernel time over the median wall time; CUDA only). Peak memory is
 ``torch.cuda.max_memory_allocated`` (CUDA). Writes ``reports/bench/whole_op_<cpu|cuda>.{md,json}``.
 """
 
@@ -161,13 +161,13 @@ def main(argv=None) -> int:
 
     def cells(r: dict) -> str:
         if "error" in r:
-            return f"{r['error'][:50]} | - | - | - | -"
+            return f"{r['error'][:50]} | - | - | - | - | -"
         median = statistics.median(r["wall_ms"])
         if "kernels" not in r:
-            return f"{median:.1f} | {min(r['wall_ms']):.1f} | - | - | -"
-        busy = r["kernel_ms"] / r["profiled_wall_ms"]
-        return (f"{median:.1f} | {min(r['wall_ms']):.1f} | {r['kernels']} | {100 * busy:.0f} % | "
-                f"{r['peak_bytes'] / 2**30:.2f}")
+            return f"{median:.1f} | {min(r['wall_ms']):.1f} | - | - | - | -"
+        busy = r["kernel_ms"] / median
+        return (f"{median:.1f} | {min(r['wall_ms']):.1f} | {r['kernels']} | {r['kernel_ms']:.1f} | "
+                f"{100 * min(busy, 1.0):.0f} % | {r['peak_bytes'] / 2**30:.2f}")
 
     shape = SHAPES[args.shape]
     lines = [f"# The whole op's reference, forward + backward ({device_type}, shape {args.shape})", "",
@@ -177,10 +177,12 @@ def main(argv=None) -> int:
              + f"`mn.mamba3_mimo(..., policy=P)` and `Out.backward(dout)` from leaves that require grad, B={shape['batch']}, "
              f"S={shape['seqlen']}, H={shape['heads']}, G=1, N=P=64, R=4, C=16, reduced DOUT, Z, D. Median and min of "
              f"{args.repeats} calls after {args.warmup} warm-up calls, one worker process per cell; `kernels`: device "
-             "kernels launched by one profiled call; `busy`: their summed time over that call's wall time (the "
-             "profiler's own overhead included, so a lower bound); `peak`: `torch.cuda.max_memory_allocated` GiB.", ""]
-    header = "| policy | impl | median ms | min ms | kernels | busy | peak GiB |"
-    lines += [header, "|---|---|---|---|---|---|---|"]
+             "kernels launched by one profiled call (the kernels of replayed CUDA graphs included); `kernel ms`: their "
+             "summed device time (copies included); `busy`: kernel ms over the median wall time (the kernels of the "
+             "profiled call against the unprofiled calls' wall: an estimate, capped at 100 %); `peak`: "
+             "`torch.cuda.max_memory_allocated` GiB.", ""]
+    header = "| policy | impl | median ms | min ms | kernels | kernel ms | busy | peak GiB |"
+    lines += [header, "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for name in impls:
             label = name if name == "current" else f"baseline `{args.baseline}`"

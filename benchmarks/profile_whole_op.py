@@ -1,13 +1,14 @@
 #!/usr/bin/env python
 """Where the whole op's reference spends its launches: one forward + backward under torch.profiler, the operators
-(CPU) or device kernels (CUDA) it starts, grouped by the line of ``mimo_numerics`` that started them.
+it starts, grouped by the line of ``mimo_numerics`` that started them.
 
     python benchmarks/profile_whole_op.py --device cpu --seqlen 8192 --heads 1      # op counts, cheap on CPU
-    python benchmarks/profile_whole_op.py --device cuda --seqlen 8192 --heads 16    # kernels and their time
+    python benchmarks/profile_whole_op.py --device cuda --seqlen 8192 --heads 16    # and the device kernels
 
 Shape: ``G=1, N=P=64, R=4, C=16``, reduced DOUT, Z, D (``bench_whole_op.py``'s fixed part), B/S/H from the
-arguments. A first call warms up; the profiled call's table is printed: per source line the count of top-level
-operators (CPU) or of device kernels (CUDA), their summed time, and the totals. A diagnostic, not a benchmark:
+arguments. A first call warms up (and captures the CUDA graphs); the profiled call's table is printed: per source line
+the count of top-level operators (each a host launch on CUDA; a graph replay counts once) and their host time, and
+on CUDA the device kernels in all. A diagnostic, not a benchmark:
 the figures in ``reports/bench/`` come from ``bench_whole_op.py``.
 """
 
@@ -47,6 +48,8 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", type=int, default=1)
     parser.add_argument("--policy", default="upstream_sm90")
     parser.add_argument("--rows", type=int, default=40)
+    parser.add_argument("--cprofile", action="store_true",
+                        help="also profile the host with cProfile (cumulative time per mimo_numerics function)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     spec = OpCaseSpec(batch=args.batch, seqlen=args.seqlen, heads=args.heads, **FIXED)
@@ -62,6 +65,14 @@ def main(argv=None) -> int:
             torch.cuda.synchronize(device)
 
     call()
+    if args.cprofile:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.runcall(call)
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats("mimo_numerics", args.rows)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.rows)
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     start = time.perf_counter()
@@ -69,25 +80,28 @@ def main(argv=None) -> int:
         call()
     wall_ms = (time.perf_counter() - start) * 1e3
     count, time_us = collections.Counter(), collections.Counter()
-    for event in prof.events():
-        if event.device_type != torch.autograd.DeviceType.CPU:
-            continue
-        if cuda:
-            kernels = getattr(event, "kernels", None) or []
-            if not kernels:
-                continue
-            frame = _frame(event)
-            count[frame] += len(kernels)
-            time_us[frame] += sum(k.duration for k in kernels)
-        elif event.name.startswith("aten::") and (event.cpu_parent is None
-                                                   or not event.cpu_parent.name.startswith("aten::")):
+    for event in prof.events():  # host side: the top-level operators, by the line that called them
+        if (event.device_type == torch.autograd.DeviceType.CPU and event.name.startswith("aten::")
+                and (event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::"))):
             frame = _frame(event)
             count[frame] += 1
             time_us[frame] += event.self_cpu_time_total
-    unit = "kernels" if cuda else "top-level ops"
-    print(f"{spec.case_id} on {device} under {args.policy}: {sum(count.values())} {unit}, "
-          f"{sum(time_us.values()) / 1e3:.1f} ms in them, profiled wall {wall_ms:.0f} ms")
-    print(f"{'count':>7} {'ms':>8}  line")
+    line = (f"{spec.case_id} on {device} under {args.policy}: {sum(count.values())} top-level ops "
+            f"({sum(time_us.values()) / 1e3:.1f} ms of host self time)")
+    if cuda:
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        line += (f", {len(kernels)} device kernels ({sum(e.time_range.elapsed_us() for e in kernels) / 1e3:.1f} ms,"
+                 " graph replays included)")
+    print(line + f", profiled wall {wall_ms:.0f} ms")
+    if cuda:  # the device kernels by name: what the GPU spends its time on
+        by_name, n_by_name = collections.Counter(), collections.Counter()
+        for e in kernels:
+            by_name[e.name[:110]] += e.time_range.elapsed_us()
+            n_by_name[e.name[:110]] += 1
+        print(f"{'kernels':>7} {'dev ms':>8}  kernel")
+        for name, us in by_name.most_common(args.rows):
+            print(f"{n_by_name[name]:7d} {us / 1e3:8.2f}  {name}")
+    print(f"{'ops':>7} {'host ms':>8}  line")
     for frame, n in count.most_common(args.rows):
         print(f"{n:7d} {time_us[frame] / 1e3:8.2f}  {frame}")
     return 0

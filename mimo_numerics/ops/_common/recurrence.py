@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Dict
-
 import torch
+
+from .cuda_graph import replayed
 
 #: Rows per accumulate step of the state GEMMs under ``state_update="accumulate_into"`` (the wgmma/mma k16 step).
 STATE_ACCUMULATE_ROWS = 16
 
-#: On CUDA, replay the recurrence's kernels from a captured CUDA graph (same kernels, same bits) once there are this
-#: many chunks: the loop is otherwise bound by the host's per-launch cost (about 2 600 launches at S = 8192, C = 16).
+#: On CUDA, replay the recurrence's kernels from a captured CUDA graph (``cuda_graph.replayed``: same kernels, same
+#: bits) once there are this many chunks: the loop is otherwise bound by the host's per-launch cost (about 2 600
+#: launches at S = 8192, C = 16).
 USE_CUDA_GRAPHS = True
 CUDA_GRAPH_MIN_CHUNKS = 64
-_GRAPH_CACHE: Dict[tuple, tuple] = {}
 
 
 def recurrence_loop(steps: torch.Tensor, decay: torch.Tensor, states: torch.Tensor, nchunks: int,
@@ -35,23 +35,42 @@ def recurrence_loop(steps: torch.Tensor, decay: torch.Tensor, states: torch.Tens
         torch.add(h, step_views[first + n_steps - 1], out=state_views[c + 1])
 
 
-def _recurrence_cuda_graph(steps: torch.Tensor, decay: torch.Tensor, nchunks: int, n_steps: int) -> torch.Tensor:
-    """:func:`recurrence_loop` captured once per shape as a CUDA graph and replayed (only the latest shape is kept)."""
-    key = (tuple(steps.shape), tuple(decay.shape), steps.dtype, steps.device, nchunks, n_steps)
-    entry = _GRAPH_CACHE.get(key)
-    if entry is None:
-        _GRAPH_CACHE.clear()
-        static_steps, static_decay = torch.empty_like(steps), torch.empty_like(decay)
-        static_states = torch.empty((nchunks,) + steps.shape[1:], dtype=steps.dtype, device=steps.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            recurrence_loop(static_steps, static_decay, static_states, nchunks, n_steps)
-        entry = _GRAPH_CACHE[key] = (graph, static_steps, static_decay, static_states)
-    graph, static_steps, static_decay, static_states = entry
-    static_steps.copy_(steps)
-    static_decay.copy_(decay)
-    graph.replay()
-    return static_states.clone()
+def recurrence_states(steps: torch.Tensor, decay: torch.Tensor, *, nchunks: int, n_steps: int) -> torch.Tensor:
+    """:func:`recurrence_loop` into a new ``[nc, B, H, N, P]`` tensor (the step ``cuda_graph.replayed`` captures)."""
+    states = torch.empty((nchunks,) + steps.shape[1:], dtype=steps.dtype, device=steps.device)
+    recurrence_loop(steps, decay, states, nchunks, n_steps)
+    return states
+
+
+def chunk_recurrence(steps: torch.Tensor, decay: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """The decayed sum carried across chunks, its additions in the modelled order.
+
+    Forward: h_0 = 0, h_{c+1} = ((h_c·decay_c) + steps[c, 0]) + steps[c, 1] + ...; ``reverse``: D_{nc−1} = 0,
+    D_{c−1} = ((D_c·decay_c) + steps[c, 0]) + ... (the same walk over the chunks in reverse order: the same
+    operations on the same values, so the same bits as a loop written backwards).
+
+    Args:
+        steps (Tensor): [B, H, nc, n_steps, N, P] the terms added in each chunk, in order.
+        decay (Tensor): [B, H, nc].
+
+    Returns:
+        Tensor: [B, H, nc, N, P]; entry c is h_c (``reverse``: D_c), in ``steps``' dtype; forward: a chunk-major
+        view, ``reverse``: contiguous.
+    """
+    nchunks, n_steps = steps.shape[2], steps.shape[3]
+    if reverse:
+        steps, decay = steps.flip(2), decay.flip(2)
+    # chunk-major copies: steps [nc * n_steps, B, H, N, P], decay [nc, B, H, 1, 1]
+    steps = steps.permute(2, 3, 0, 1, 4, 5).reshape((nchunks * n_steps,) + steps.shape[:2] + steps.shape[4:])
+    decay = decay.permute(2, 0, 1)[..., None, None].contiguous()
+    if steps.is_cuda and nchunks >= CUDA_GRAPH_MIN_CHUNKS and USE_CUDA_GRAPHS:
+        states = replayed(recurrence_states, steps, decay, nchunks=nchunks, n_steps=n_steps)
+    else:
+        states = recurrence_states(steps, decay, nchunks=nchunks, n_steps=n_steps)
+    states = states.permute(1, 2, 0, 3, 4)
+    # the layouts the references had before they shared this walk: the forward's the chunk-major view, the reverse
+    # walk's a contiguous [B, H, nc, N, P] (a GEMM reads its operands in the order of their strides)
+    return states.flip(2).contiguous() if reverse else states
 
 
 def state_recurrence(k_state: torch.Tensor, psiv: torch.Tensor, decay: torch.Tensor, policy) -> torch.Tensor:
@@ -75,13 +94,4 @@ def state_recurrence(k_state: torch.Tensor, psiv: torch.Tensor, decay: torch.Ten
         slices = [kt[..., s:s + STATE_ACCUMULATE_ROWS] @ psiv[..., s:s + STATE_ACCUMULATE_ROWS, :]
                   for s in range(0, rows, STATE_ACCUMULATE_ROWS)]
         steps = torch.stack(slices, dim=3)  # [B, H, nc, n_slices, N, P]
-    # chunk-major copies: steps [nc * n_steps, B, H, N, P], decay [nc, B, H, 1, 1]
-    n_steps = steps.shape[3]
-    steps = steps.permute(2, 3, 0, 1, 4, 5).reshape((nchunks * n_steps,) + steps.shape[:2] + steps.shape[4:])
-    decay = decay.permute(2, 0, 1)[..., None, None].contiguous()
-    if steps.is_cuda and nchunks >= CUDA_GRAPH_MIN_CHUNKS and USE_CUDA_GRAPHS:
-        states = _recurrence_cuda_graph(steps, decay, nchunks, n_steps)
-    else:
-        states = torch.empty((nchunks,) + steps.shape[1:], dtype=steps.dtype, device=steps.device)
-        recurrence_loop(steps, decay, states, nchunks, n_steps)
-    return states.permute(1, 2, 0, 3, 4)
+    return chunk_recurrence(steps, decay)

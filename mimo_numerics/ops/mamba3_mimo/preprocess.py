@@ -58,6 +58,7 @@ from typing import Dict, Tuple, Union
 import torch
 
 from ...validation import check_int
+from .._common.cuda_graph import replayed
 
 #: ``tanh`` forms of :func:`angle_cumsum`.
 TANH_FORMS = ("accurate",)
@@ -157,6 +158,20 @@ def _mod_two_pi_f32(x: torch.Tensor) -> torch.Tensor:
     return (x.double() - _TWO_PI_F32 * turns.double()).float()
 
 
+def _angle_chunk_walk(sums: torch.Tensor) -> torch.Tensor:
+    """The angle state entering each chunk: 0, then ``state = (state + sums[:, c]) mod 2π`` chunk after chunk.
+
+    Args:
+        sums (Tensor): ``[B, nc, H, K]`` float32, each chunk's sum. Returns: ``[B, nc, H, K]``.
+    """
+    entering = torch.empty_like(sums)
+    state = torch.zeros_like(sums[:, 0])
+    for c in range(sums.shape[1]):
+        entering[:, c] = state
+        state = _mod_two_pi_f32(state + sums[:, c])
+    return entering
+
+
 def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, math_dtype: DtypeLike,
                  tanh: str = "accurate") -> torch.Tensor:
     """Cumulative rotary angles of ``angle_dt_fwd``: ``(Σ_{u <= t} π·tanh(angles_u)·dt_u) mod 2π``.
@@ -206,11 +221,7 @@ def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, mat
     per_thread, lanes = _scan_layout("2d", chunk_size)
     # every chunk's scan and sum at once (the same operations per element); only the state walks chunk by chunk
     scans, sums = _triton_scan(chunks, per_thread, lanes), _butterfly_sum(chunks)  # [B, nc, H, K, C], [B, nc, H, K]
-    entering = torch.empty_like(sums)  # the state entering each chunk
-    state = torch.zeros((B, H, K), dtype=torch.float32, device=angles.device)
-    for c in range(nc):
-        entering[:, c] = state
-        state = _mod_two_pi_f32(state + sums[:, c])
+    entering = replayed(_angle_chunk_walk, sums)  # one graph replay on CUDA
     out = _mod_two_pi_f32(scans + entering[..., None])
     return out.permute(0, 1, 4, 2, 3).reshape(B, nc * chunk_size, H, K)[:, :S].contiguous()
 

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from ...rounding import round_to_lp
+from .._common.cuda_graph import replayed
 from .spec import OUTPUT_NAMES
 from .validation import validate_inputs
 
@@ -66,17 +67,34 @@ def _mul_add(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, fma: bool) -> to
 #: Sums over more terms than this run in numpy on the host instead of one torch add per term (a device launch each
 #: on CUDA: the bias sums over B·S tokens were 16 384 launches per call at S = 8192).
 SEQUENTIAL_LOOP_MAX = 64
+#: Sequential sums and scans over more terms than this replay their adds from a CUDA graph on CUDA
+#: (``_common.cuda_graph``: the same kernels, the same bits); shorter ones launch them directly.
+GRAPH_MIN_TERMS = 8
+
+
+def _ordered_sums():
+    """``mimo_numerics.kernels.ordered_sums`` when it and ``triton`` import, else None (the numpy path then)."""
+    try:
+        from ...kernels import ordered_sums
+    except ImportError:
+        return None
+    return ordered_sums if ordered_sums.ordered_sums_available() else None
 
 
 def _sum_sequential(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Sum over ``dim`` in fp32, left to right (one IEEE add per element: no BLAS, no vector order).
 
-    Up to :data:`SEQUENTIAL_LOOP_MAX` terms: a torch add per term. Longer sums: the same left-to-right chain of
-    IEEE fp32 adds in numpy on the host (one ``np.add`` per term over a contiguous row: no device launch), so the
-    same bits; the result goes back to ``x``'s device. NaN payloads of a CUDA input may differ (the GPU returns its
+    Up to :data:`SEQUENTIAL_LOOP_MAX` terms: a torch add per term (replayed from a CUDA graph on CUDA beyond
+    :data:`GRAPH_MIN_TERMS`). Longer sums: the same left-to-right chain of IEEE fp32 adds, on CUDA in one Triton
+    launch (``kernels/ordered_sums.py``; without Triton as on the CPU), on the CPU in numpy (one ``np.add`` per term
+    over a contiguous row), so the same bits. NaN payloads of a CUDA input may differ (the GPU returns its
     canonical NaN).
     """
     x = x.movedim(dim, 0)
+    if x.shape[0] > SEQUENTIAL_LOOP_MAX and x.dtype == _F32 and x.is_cuda:
+        ordered_sums = _ordered_sums()
+        if ordered_sums is not None:  # the same chain of adds in one Triton launch (kernels/ordered_sums.py)
+            return ordered_sums.ordered_row_sum(x)
     if x.shape[0] > SEQUENTIAL_LOOP_MAX and x.dtype == _F32:
         terms = x.detach().to("cpu").contiguous().numpy().reshape(x.shape[0], -1)
         total = terms[0].copy()
@@ -84,6 +102,11 @@ def _sum_sequential(x: torch.Tensor, dim: int) -> torch.Tensor:
             for row in terms[1:]:  # row by row: contiguous, where an accumulate along axis 0 walks columns
                 np.add(total, row, out=total)
         return torch.from_numpy(total.reshape(x.shape[1:])).to(x.device)
+    return replayed(_sum_loop, x) if x.shape[0] > GRAPH_MIN_TERMS else _sum_loop(x)
+
+
+def _sum_loop(x: torch.Tensor) -> torch.Tensor:
+    """``((x[0] + x[1]) + x[2]) + ...`` over dim 0, one torch add per term."""
     acc = x[0].clone()
     for i in range(1, x.shape[0]):
         acc = acc + x[i]
@@ -92,6 +115,13 @@ def _sum_sequential(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 def _cumsum_sequential(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
     """Inclusive cumulative sum over the last dim in fp32, left to right (right to left with ``reverse``)."""
+    if x.shape[-1] > GRAPH_MIN_TERMS:
+        return replayed(_cumsum_loop, x, reverse=reverse)
+    return _cumsum_loop(x, reverse=reverse)
+
+
+def _cumsum_loop(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+    """:func:`_cumsum_sequential`, one torch add per element (replayed from a CUDA graph on CUDA)."""
     out = torch.empty_like(x)
     order = range(x.shape[-1] - 1, -1, -1) if reverse else range(x.shape[-1])
     acc = None
@@ -147,6 +177,20 @@ def _dadt(dSSdA, segsum, ddA_cs, ddA_cs_rev, da_cs, da_cs_rev, chunk_size: int) 
     return (total + _sum_sequential(block, dim=-1)).reshape(B, H, S)
 
 
+def _later_chunks_sum(chunk_sum: torch.Tensor) -> torch.Tensor:
+    """``carried[:, :, c] = 0 + sum[:, :, nc-1] + ... + sum[:, :, c+1]``, added from the last chunk down.
+
+    Args:
+        chunk_sum (Tensor): ``[B, H, nc, A]``. Returns: ``[B, H, nc, A]``.
+    """
+    carried = torch.empty_like(chunk_sum)
+    acc = torch.zeros_like(chunk_sum[:, :, 0])
+    for c in range(chunk_sum.shape[2] - 1, -1, -1):
+        carried[:, :, c] = acc
+        acc = acc + chunk_sum[:, :, c]
+    return carried
+
+
 def _angle_dt_bwd(dangles, angles, dt, chunk_size: int, *, fma: bool):
     """``angle_dt_bwd_kernel`` without initial or output state: ``dAngles [B, S, H, A]``, ``dDT_angle [B, H, S]``.
 
@@ -161,11 +205,7 @@ def _angle_dt_bwd(dangles, angles, dt, chunk_size: int, *, fma: bool):
     chunk_sum = _sum_sequential(part, dim=-1)  # [B, H, nc, A]
     rev = (chunk_sum[..., None] - _cumsum_sequential(part)) + part
     # carried[c] = Σ of the later chunks' sums, added from the last chunk down (0 + sum[nc-1] + ... + sum[c+1])
-    carried = torch.empty_like(chunk_sum)
-    acc = torch.zeros_like(chunk_sum[:, :, 0])
-    for c in range(nc - 1, -1, -1):
-        carried[:, :, c] = acc
-        acc = acc + chunk_sum[:, :, c]
+    carried = replayed(_later_chunks_sum, chunk_sum)  # one graph replay on CUDA
     grad = rev.transpose(-1, -2) + carried[:, :, :, None, :]  # [B, H, nc, C, A]
     tanh = torch.tanh(angles.permute(0, 2, 1, 3).reshape(B, H, nc, C, A))
     sech2 = _mul_add(-tanh, tanh, torch.ones_like(tanh), fma)

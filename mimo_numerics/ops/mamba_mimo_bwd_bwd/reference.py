@@ -32,7 +32,7 @@ from ...rounding import round_sum_to_lp, round_to_lp
 from ...validation import Dims
 from .._common.chunked import (biased_heads, chunk_decay, discretisation, ieee_fp32_matmul, pad_time, rotate,
                                rotation_angles)
-from .._common.recurrence import STATE_ACCUMULATE_ROWS
+from .._common.recurrence import STATE_ACCUMULATE_ROWS, chunk_recurrence
 from .._common.rounder import SiteRounder
 from .sites import OPERATOR_NAME
 from .spec import MimoBwdBwdOutputs
@@ -92,16 +92,8 @@ def _reverse_dstates(q_rot_c: torch.Tensor, dphio_scaled_c: torch.Tensor, decay:
     else:
         steps = [qt[..., s:s + STATE_ACCUMULATE_ROWS] @ dphio_scaled_c[..., s:s + STATE_ACCUMULATE_ROWS, :]
                  for s in range(0, rows, STATE_ACCUMULATE_ROWS)]
-    nchunks = q_rot_c.shape[2]
-    out = torch.empty(q_rot_c.shape[:3] + (q_rot_c.shape[-1], dphio_scaled_c.shape[-1]), dtype=q_rot_c.dtype,
-                      device=q_rot_c.device)
-    out[:, :, nchunks - 1] = 0
-    for c in range(nchunks - 1, 0, -1):
-        h = out[:, :, c] * decay[:, :, c, None, None]
-        for step in steps:
-            h = h + step[:, :, c]
-        out[:, :, c - 1] = h
-    return out
+    # D_{c-1} = ((D_c·decay_c) + step_0[c]) + ...: the shared chunk walk run backwards (one graph replay on CUDA)
+    return chunk_recurrence(torch.stack(steps, dim=3), decay, reverse=True)
 
 
 @torch.no_grad()
@@ -191,6 +183,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
         phi = rnd("phi_weight", mimo_o.to(md))  # [H, R, P]
         dout_h = pad_time(dout, Sp, 1).to(md).permute(0, 2, 1, 3)[:, :, :, None, :]
         dphio = rnd("dphio", dout_h * phi[None, :, None])  # [B, H, Sp, R, P]
+        del dout_h  # each dead intermediate is freed as soon as it is dead (memory only: the bits do not depend on it)
     else:
         dphio = pad_time(dout, Sp, 1).to(md).permute(0, 3, 1, 2, 4)  # DOUT_r [B, H, Sp, R, P], read exactly
     if dims.has_z:
@@ -204,12 +197,14 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
             gate = x * torch.sigmoid(x)
         dphio = rnd("dphio_gate", dphio * gate)
         put("gate", tokens(gate))
+        del z_h, x, gate
     put("dphio", tokens(dphio))
     dD = None
     if dims.has_d:
         dd_terms = rnd("dd_term", dphio * (v_h * mimo_v.to(md)[None, :, None]))
         put("dd_terms", tokens(dd_terms))
         dD = dd_terms.sum(dim=(2, 3, 4)).to(out_fp)  # [B, H]
+        del dd_terms
 
     # ---------------------------------------------------------------- q, k, rotation, trap scaling (L757-807)
     q_biased = biased_heads(q, q_bias, dims, md, rnd)
@@ -235,6 +230,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     dstates_op = rnd("dstates_operand", dstates)
     put("dphio_scaled", tokens(unchunk(dphio_scaled))), put("dstates", dstates)
     put("dstates_operand", dstates_op)
+    del dphio_scaled
 
     # ---------------------------------------------------------------- dΨV (L809-871)
     dpsiv_inter = (k_c @ dstates_op) * row_rev  # [B, H, nc, L, P]
@@ -252,6 +248,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
         return torch.where(reverse_causal, s7 * decay_ij, zero).reshape(B, H, nc, L, L)
 
     lkq_masked = rnd("lkq_masked", masked(lkq_stored if R == 1 else lkq))
+    del lkq
     dpsiv = dpsiv_inter + lkq_masked @ dphio_c
     if dims.has_d:
         dpsiv = dpsiv + dphio_c * d.to(md)[None, :, None, None, None]
@@ -262,6 +259,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
         dpsiv = dpsiv + rnd("dpsiv_diag_gamma", term * gamma_lp[..., None, None])
     put("dpsiv_inter", tokens(unchunk(dpsiv_inter))), put("lkq", lkq_stored), put("lkq_masked", lkq_masked)
     put("dpsiv_accum", tokens(dpsiv)), put("gamma_lp", tokens(gamma_lp))
+    del dpsiv_inter, lkq_masked, term
     dpsiv = rnd("dpsiv", dpsiv)
     put("dpsiv", tokens(dpsiv))
 
@@ -270,26 +268,31 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     put("dv_accum", tokens(dv_acc)), put("psiv", tokens(psiv))
     dv = rnd.output(tokens(dv_acc)).permute(0, 2, 1, 3).contiguous()  # [B, S, H, P]
     dmimo_v = (dpsiv * v_h).sum(dim=2).to(out_fp)  # [B, H, R, P]
+    del dv_acc, dpsiv
 
     # ---------------------------------------------------------------- same-token (diagonal) terms (L903-926)
     dqk_diag = dphio @ psiv.transpose(-1, -2)  # [B, H, Sp, R(out), R(in)]
     dgamma_diag = (qk * dqk_diag).sum(dim=(-1, -2))  # [B, H, Sp]
     dqk_gamma = dqk_diag * gamma[..., None, None]
     put("dqk_diag", tokens(dqk_diag))
+    del dqk_diag
 
     # ---------------------------------------------------------------- dk (L928-995)
     dk_inter_raw = psiv_c @ dstates_op.transpose(-1, -2)  # [B, H, nc, L, N]
     ddA_cs_rev = chunk_sum(k_c * dk_inter_raw)
     dk_inter = rnd("dk_inter", dk_inter_raw * row_rev)
+    del dk_inter_raw
     dk_intra = psiv_c @ dphio_c.transpose(-1, -2)  # [B, H, nc, L(i), L(j)]
     dssda_terms = rnd("dssda_term", lkq_stored * dk_intra)
     dSSdA = dssda_terms.view(B, H, nc, C, R, C, R).sum(dim=6).sum(dim=4)  # [B, H, nc, C(k token), C(q token)]
+    del lkq_stored, psiv_c, psiv
     dkq = rnd("dkq_masked", masked(dk_intra))
     dk_nodiag = dk_inter + dkq @ q_c
     dfactor = chunk_sum(chunked(k_rot) * dk_nodiag)
     dk_rot = rnd("dk_scaled", dk_nodiag * per_token(trap_scale)[..., None])
     put("dk_inter", tokens(unchunk(dk_inter))), put("dk_intra_scores", dk_intra), put("dssda_terms", dssda_terms)
     put("dkq_masked", dkq), put("dk_nodiag", tokens(unchunk(dk_nodiag))), put("dk_rot", tokens(unchunk(dk_rot)))
+    del dk_inter, dk_intra, dssda_terms, dk_nodiag, k_rot
 
     # ---------------------------------------------------------------- state passing and dq (L997-1051)
     states_md = states.to(md)  # [B, H, nc, N, P]
@@ -300,6 +303,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     dq_inter = rnd("dq_inter", dq_inter_raw * row_cs)
     dq_rot = rnd("dq_combined", dq_inter + dkq.transpose(-1, -2) @ k_c)
     put("dda_terms", dda_terms), put("dq_inter", tokens(unchunk(dq_inter))), put("dq_rot", tokens(unchunk(dq_rot)))
+    del dda_terms, dq_inter_raw, dq_inter, dkq, states_md, dstates, dstates_op, k_scaled, k_c
 
     # ---------------------------------------------------------------- inverse rotary, dangles, dq/dk (L1053-1131)
     dk_rot, dq_rot = unchunk(dk_rot), unchunk(dq_rot)  # [B, H, Sp, R, N]
@@ -310,6 +314,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     for r in range(1, R):
         dangles = dangles + per_rank[..., r, :]
     put("dangles_terms", tokens(angle_terms))
+    del angle_terms, per_rank
     dk_unrot = rotate(dk_rot, cos, sin, dims, rnd, "dk_unrotate", inverse=True)
     dq_unrot = rotate(dq_rot, cos, sin, dims, rnd, "dq_unrotate", inverse=True)
     put("dk_unrotated", tokens(dk_unrot)), put("dq_unrotated", tokens(dq_unrot))

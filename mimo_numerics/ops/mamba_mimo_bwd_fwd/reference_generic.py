@@ -71,6 +71,7 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
     state = state_recurrence(chunked(k_state), psiv_c, decay, policy)  # [B, H, nc, N, P]
     state_operand = rnd("state_operand", state)
     put("state", state), put("state_operand", state_operand)
+    del k_state  # each dead intermediate is freed as soon as it is dead (memory only: the bits do not depend on it)
 
     # ---------------------------------------------------------------- chunk outputs, all chunks at once
     inter, masked, intra = chunk_outputs(chunked(q_rot), chunked(k_scaled), psiv_c, state_operand, exp_da_cs, segsum,
@@ -78,15 +79,18 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
     unchunk = lambda x: x.reshape(B, H, Sp, R, x.shape[-1])
     put("inter", tokens(unchunk(inter))), put("causal_scores", masked), put("intra", tokens(unchunk(intra)))
     o = unchunk(intra + inter)  # [B, H, Sp, R, P]
+    del inter, masked, intra, state_operand, q_rot, k_rot, k_scaled, q_biased, k_biased, cos, sin
 
     diag_acc = diagonal_rank_sum(qk_internal, psiv, policy, rnd.on("diag_accum"))
     diag = rnd("diag_gamma", diag_acc * gamma[..., None, None])
     put("diag_accum", tokens(diag_acc)), put("diag", tokens(diag))
     o = o + diag
+    del diag_acc, diag, qk_internal
     if dims.has_d:
         o = o + d.to(md)[None, :, None, None, None] * psiv
     out = rnd("out", o)
     put("out", tokens(out))
+    del o, psiv, psiv_c
 
     # ---------------------------------------------------------------- gradient branches (S31–S39)
     out_v = tokens(out)  # [B, H, S, R, P]

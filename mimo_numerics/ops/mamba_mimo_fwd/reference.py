@@ -118,6 +118,7 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
     k_rot = rotate(k_biased, cos, sin, dims, rnd)
     k_scaled = rnd("k_scaled", k_rot * trap_scale[..., None, None])
     put("q_rot", tokens(q_rot)), put("k_rot", tokens(k_rot)), put("k_scaled", tokens(k_scaled))
+    del k_rot  # each dead intermediate is freed as soon as it is dead (memory only: the bits do not depend on it)
 
     # ---------------------------------------------------------------- state recurrence (L386-407)
     exp_da_cs = torch.exp(pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
@@ -135,21 +136,25 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
     state = state_recurrence(chunked(k_state), psiv_c, decay, policy)  # [B, H, nc, N, P]
     state_operand = rnd("state_operand", state)
     put("state", state), put("state_operand", state_operand)
+    del state, k_state
 
     # ---------------------------------------------------------------- chunk outputs, all chunks at once (L243-316)
     inter, masked, intra = chunk_outputs(chunked(q_rot), chunked(k_scaled), psiv_c, state_operand, exp_da_cs,
                                          segsum, dims, md, rnd)
     put("inter", tokens(unchunked(inter))), put("causal_scores", masked), put("intra", tokens(unchunked(intra)))
+    del masked, state_operand, q_rot, k_scaled, q_biased, k_biased, cos, sin
 
     # ---------------------------------------------------------------- diagonal and D terms (L318-336)
     diag_acc = diagonal_rank_sum(qk, psiv, policy, rnd.on("diag_accum"))  # [B, H, Sp, R, P]
     diag = rnd("diag_gamma", diag_acc * gamma[..., None, None])
     put("diag_accum", tokens(diag_acc)), put("diag", tokens(diag))
+    del diag_acc, qk
     if dims.has_d:
         diag = rnd("d_term", diag + d.to(md)[None, :, None, None, None] * psiv)
         put("d_term", tokens(diag))
     out = tokens(unchunked(inter + intra) + diag)  # [B, H, S, R, P]
     put("out", out)
+    del inter, intra, diag, psiv, psiv_c
 
     # ---------------------------------------------------------------- gate and output (L338-384)
     if dims.has_z:
