@@ -43,25 +43,36 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def worker(args) -> int:
-    import torch
-
+def whole_op_call(sizes: dict, device, policy: str):
+    """``call()``: one forward + backward of ``mn.mamba3_mimo`` at ``sizes`` (B, S, H) and :data:`FIXED` on
+    ``device`` under ``policy``, from fresh leaves each time; returns ``(Out, leaves)``. Only names every commit's
+    package has (``--baseline`` runs it against an old one); also used by ``profile_whole_op.py``."""
     import mimo_numerics as mn
     from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
     from mimo_numerics.ops.mamba3_mimo.fp64_model import INPUT_NAMES
 
-    device = torch.device(args.device)
-    spec = OpCaseSpec(**SHAPES[args.shape], **FIXED)
+    spec = OpCaseSpec(**sizes, **FIXED)
     raw = make_op_inputs(spec)
     inputs = {n: None if raw[n] is None else raw[n].to(device) for n in INPUT_NAMES}
     dout = raw["dout"].to(device)
 
     def call():
         leaves = [None if t is None else t.detach().requires_grad_(True) for t in inputs.values()]
-        out = mn.mamba3_mimo(*leaves, chunk_size=spec.chunk_size, rotary_dim_divisor=4, policy=args.policy)
+        out = mn.mamba3_mimo(*leaves, chunk_size=spec.chunk_size, rotary_dim_divisor=4, policy=policy)
         out.backward(dout.to(out.dtype))
         return out, leaves
 
+    return call
+
+
+def worker(args) -> int:
+    import torch
+
+    import mimo_numerics as mn
+    from mimo_numerics.ops.mamba3_mimo.fp64_model import INPUT_NAMES
+
+    device = torch.device(args.device)
+    call = whole_op_call(SHAPES[args.shape], device, args.policy)
     out, leaves = call()
     if args.save:  # Out and the gradients of the first call, to compare bits between implementations
         values = {"Out": out.detach().cpu()}

@@ -8,7 +8,9 @@ it starts, grouped by the line of ``mimo_numerics`` that started them.
 Shape: ``G=1, N=P=64, R=4, C=16``, reduced DOUT, Z, D (``bench_whole_op.py``'s fixed part), B/S/H from the
 arguments. A first call warms up (and captures the CUDA graphs); the profiled call's table is printed: per source line
 the count of top-level operators (each a host launch on CUDA; a graph replay counts once) and their host time, and
-on CUDA the device kernels in all. A diagnostic, not a benchmark:
+on CUDA the device kernels by name and time (on the H200's torch 2.11 the profiler did not link the host operators to
+Python frames, so there every operator reads "(outside mimo_numerics)": use ``--cprofile`` for the host side). A
+diagnostic, not a benchmark:
 the figures in ``reports/bench/`` come from ``bench_whole_op.py``.
 """
 
@@ -21,11 +23,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import mimo_numerics as mn
-from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
-from mimo_numerics.ops.mamba3_mimo.fp64_model import INPUT_NAMES
-
-FIXED = dict(groups=1, state_dim=64, value_dim=64, rank=4, chunk_size=16)
+from bench_whole_op import FIXED, whole_op_call  # the benchmark's shape and call (benchmarks/ is on sys.path)
+from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec
 
 
 def _frame(event) -> str:
@@ -52,15 +51,12 @@ def main(argv=None) -> int:
                         help="also profile the host with cProfile (cumulative time per mimo_numerics function)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    spec = OpCaseSpec(batch=args.batch, seqlen=args.seqlen, heads=args.heads, **FIXED)
-    raw = make_op_inputs(spec)
-    inputs = {n: None if raw[n] is None else raw[n].to(device) for n in INPUT_NAMES}
-    dout = raw["dout"].to(device)
+    sizes = dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads)
+    case_id = OpCaseSpec(**sizes, **FIXED).case_id
+    whole_op = whole_op_call(sizes, device, args.policy)
 
     def call():
-        leaves = [None if t is None else t.detach().requires_grad_(True) for t in inputs.values()]
-        out = mn.mamba3_mimo(*leaves, chunk_size=spec.chunk_size, rotary_dim_divisor=4, policy=args.policy)
-        out.backward(dout.to(out.dtype))
+        whole_op()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
@@ -86,7 +82,7 @@ def main(argv=None) -> int:
             frame = _frame(event)
             count[frame] += 1
             time_us[frame] += event.self_cpu_time_total
-    line = (f"{spec.case_id} on {device} under {args.policy}: {sum(count.values())} top-level ops "
+    line = (f"{case_id} on {device} under {args.policy}: {sum(count.values())} top-level ops "
             f"({sum(time_us.values()) / 1e3:.1f} ms of host self time)")
     if cuda:
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
