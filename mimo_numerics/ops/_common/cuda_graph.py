@@ -61,7 +61,8 @@ def replayed(step: Callable[..., Outputs], *inputs: torch.Tensor, **kwargs) -> O
     Returns:
         Tensor | tuple: fresh tensors (clones of the graph's outputs), as ``step`` returns them.
     """
-    if not (USE_CUDA_GRAPHS and inputs and all(t.is_cuda for t in inputs)) or torch.cuda.is_current_stream_capturing():
+    on_cuda = bool(inputs) and all(t.is_cuda for t in inputs)
+    if not (USE_CUDA_GRAPHS and on_cuda) or torch.cuda.is_current_stream_capturing():
         return step(*inputs, **kwargs)
     key = (step.__module__, step.__qualname__, tuple(sorted(kwargs.items())),
            tuple(_signature(t) for t in inputs))
