@@ -17,28 +17,31 @@ CUDA_GRAPH_MIN_CHUNKS = 64
 
 
 def recurrence_loop(steps: torch.Tensor, decay: torch.Tensor, states: torch.Tensor, nchunks: int,
-                    n_steps: int) -> None:
-    """h_0 = 0; h_{c+1} = (((h_c·decay_c) + steps_0) + steps_1) + ...; writes h_c into ``states[c]``.
+                    n_steps: int, reverse: bool = False) -> None:
+    """h_0 = 0; h_{c+1} = (((h_c·decay_c) + steps_0) + steps_1) + ...; writes h_c into ``states[c]``. ``reverse``:
+    the same walk from the last chunk down, D_{nc−1} = 0, D_{c−1} = ((D_c·decay_c) + steps_0) + ...
 
     Args:
-        steps (Tensor): [nc·n_steps, B, H, N, P] the chunk sums (one per accumulate step).
-        decay (Tensor): [nc, B, H, 1, 1]. states (Tensor): [nc, B, H, N, P], written.
+        steps (Tensor): [nc·n_steps, B, H, N, P] the chunk sums (one per accumulate step), chunk c's at
+            ``c·n_steps ...``. decay (Tensor): [nc, B, H, 1, 1]. states (Tensor): [nc, B, H, N, P], written.
     """
     step_views, decay_views, state_views = steps.unbind(0), decay.unbind(0), states.unbind(0)
-    state_views[0].zero_()
+    order = range(nchunks - 1, 0, -1) if reverse else range(nchunks - 1)
+    state_views[nchunks - 1 if reverse else 0].zero_()
     h = torch.empty_like(state_views[0])
-    for c in range(nchunks - 1):
+    for c in order:
         torch.mul(state_views[c], decay_views[c], out=h)
         first = c * n_steps
         for s in range(first, first + n_steps - 1):
             h.add_(step_views[s])
-        torch.add(h, step_views[first + n_steps - 1], out=state_views[c + 1])
+        torch.add(h, step_views[first + n_steps - 1], out=state_views[c - 1 if reverse else c + 1])
 
 
-def recurrence_states(steps: torch.Tensor, decay: torch.Tensor, *, nchunks: int, n_steps: int) -> torch.Tensor:
+def recurrence_states(steps: torch.Tensor, decay: torch.Tensor, *, nchunks: int, n_steps: int,
+                      reverse: bool = False) -> torch.Tensor:
     """:func:`recurrence_loop` into a new ``[nc, B, H, N, P]`` tensor (the step ``cuda_graph.replayed`` captures)."""
     states = torch.empty((nchunks,) + steps.shape[1:], dtype=steps.dtype, device=steps.device)
-    recurrence_loop(steps, decay, states, nchunks, n_steps)
+    recurrence_loop(steps, decay, states, nchunks, n_steps, reverse)
     return states
 
 
@@ -46,8 +49,7 @@ def chunk_recurrence(steps: torch.Tensor, decay: torch.Tensor, reverse: bool = F
     """The decayed sum carried across chunks, its additions in the modelled order.
 
     Forward: h_0 = 0, h_{c+1} = ((h_c·decay_c) + steps[c, 0]) + steps[c, 1] + ...; ``reverse``: D_{nc−1} = 0,
-    D_{c−1} = ((D_c·decay_c) + steps[c, 0]) + ... (the same walk over the chunks in reverse order: the same
-    operations on the same values, so the same bits as a loop written backwards).
+    D_{c−1} = ((D_c·decay_c) + steps[c, 0]) + ... (the same loop walking the chunks from the last one down).
 
     Args:
         steps (Tensor): [B, H, nc, n_steps, N, P] the terms added in each chunk, in order.
@@ -58,19 +60,17 @@ def chunk_recurrence(steps: torch.Tensor, decay: torch.Tensor, reverse: bool = F
         view, ``reverse``: contiguous.
     """
     nchunks, n_steps = steps.shape[2], steps.shape[3]
-    if reverse:
-        steps, decay = steps.flip(2), decay.flip(2)
     # chunk-major copies: steps [nc * n_steps, B, H, N, P], decay [nc, B, H, 1, 1]
     steps = steps.permute(2, 3, 0, 1, 4, 5).reshape((nchunks * n_steps,) + steps.shape[:2] + steps.shape[4:])
     decay = decay.permute(2, 0, 1)[..., None, None].contiguous()
     if steps.is_cuda and nchunks >= CUDA_GRAPH_MIN_CHUNKS and USE_CUDA_GRAPHS:
-        states = replayed(recurrence_states, steps, decay, nchunks=nchunks, n_steps=n_steps)
+        states = replayed(recurrence_states, steps, decay, nchunks=nchunks, n_steps=n_steps, reverse=reverse)
     else:
-        states = recurrence_states(steps, decay, nchunks=nchunks, n_steps=n_steps)
+        states = recurrence_states(steps, decay, nchunks=nchunks, n_steps=n_steps, reverse=reverse)
     states = states.permute(1, 2, 0, 3, 4)
     # the layouts the references had before they shared this walk: the forward's the chunk-major view, the reverse
     # walk's a contiguous [B, H, nc, N, P] (a GEMM reads its operands in the order of their strides)
-    return states.flip(2).contiguous() if reverse else states
+    return states.contiguous() if reverse else states
 
 
 def state_recurrence(k_state: torch.Tensor, psiv: torch.Tensor, decay: torch.Tensor, policy) -> torch.Tensor:
