@@ -26,7 +26,6 @@ upstream's clamp of the cumulative sums to ``<= 0`` acts (its backward ignores t
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Union
 
