@@ -26,15 +26,6 @@ import torch
 CUDA_BLOCK = 128
 
 
-def ordered_sums_available() -> bool:
-    """True when ``triton`` can be imported (the CUDA path needs it)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 _kernel = None
 
 

@@ -75,10 +75,11 @@ GRAPH_MIN_TERMS = 8
 def _ordered_sums():
     """``mimo_numerics.kernels.ordered_sums`` when it and ``triton`` import, else None (the numpy path then)."""
     try:
+        from ... import kernels
         from ...kernels import ordered_sums
     except ImportError:
         return None
-    return ordered_sums if ordered_sums.ordered_sums_available() else None
+    return ordered_sums if kernels.triton_available() else None
 
 
 def _sum_sequential(x: torch.Tensor, dim: int) -> torch.Tensor:
