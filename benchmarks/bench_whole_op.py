@@ -11,7 +11,11 @@ Shapes (``G=1, N=P=64, R=4, C=16``, reduced DOUT, Z, D, the ``whole_op`` formula
 ``--baseline`` the two implementations' are compared bit for bit), ``repeats`` timed calls of ``mn.mamba3_mimo`` and
 ``Out.backward`` after ``warmup`` calls, then one call under ``torch.profiler`` counting the device kernels it
 launches and summing their time (``busy``: that kernel time over the median wall time; CUDA only). Peak memory is
-``torch.cuda.max_memory_allocated`` (CUDA). Writes ``reports/bench/whole_op_<cpu|cuda>.{md,json}``.
+``torch.cuda.max_memory_allocated`` (CUDA). ``--upstream`` adds upstream's own ``mamba3_mimo`` (its TileLang kernels
+and Triton helpers through :mod:`mimo_numerics.ops.mamba3_mimo.upstream`, e.g. after ``. scripts/use_upstream_wheels.sh``)
+timed the same way in the same run: its peak memory side by side with the reference's (the first call compiles;
+it is not timed). ``--slice-rows`` sets ``chain.SLICE_ROWS`` of the current package (the batch slices of the float32
+chain on CUDA), to choose it from measurement. Writes ``reports/bench/whole_op_<cpu|cuda>[_<shape>].{md,json}``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ SHAPES = {
     "smoke": dict(batch=1, seqlen=64, heads=2),
 }
 FIXED = dict(groups=1, state_dim=64, value_dim=64, rank=4, chunk_size=16)
+#: The ``--policy`` of a worker that runs upstream's own op instead of the package's.
+UPSTREAM = "upstream-kernels"
 
 
 def _sync(device) -> None:
@@ -65,6 +71,28 @@ def whole_op_call(sizes: dict, device, policy: str):
     return call
 
 
+def upstream_call(sizes: dict, device):
+    """``call()``: one forward + backward of upstream's own ``mamba3_mimo`` (mamba-ssm 2.3.2.post1, its TileLang
+    kernels) on the inputs of :func:`whole_op_call`; returns ``(Out, leaves)``."""
+    from mimo_numerics.ops.mamba3_mimo import upstream
+    from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
+    from mimo_numerics.ops.mamba3_mimo.fp64_model import INPUT_NAMES
+
+    op = upstream.load()[upstream._OP]
+    spec = OpCaseSpec(**sizes, **FIXED)
+    raw = make_op_inputs(spec)
+    inputs = {n: None if raw[n] is None else raw[n].to(device) for n in INPUT_NAMES}
+    dout = raw["dout"].to(device)
+
+    def call():
+        leaves = [None if t is None else t.detach().requires_grad_(True) for t in inputs.values()]
+        out = op.mamba3_mimo(*leaves, spec.chunk_size, 4, inputs["Q"].dtype)
+        out.backward(dout.to(out.dtype))
+        return out, leaves
+
+    return call
+
+
 def worker(args) -> int:
     import torch
 
@@ -72,7 +100,14 @@ def worker(args) -> int:
     from mimo_numerics.ops.mamba3_mimo.fp64_model import INPUT_NAMES
 
     device = torch.device(args.device)
-    call = whole_op_call(SHAPES[args.shape], device, args.policy)
+    if args.slice_rows:
+        from mimo_numerics.ops.mamba3_mimo import chain
+
+        chain.SLICE_ROWS = args.slice_rows
+    if args.policy == UPSTREAM:
+        call = upstream_call(SHAPES[args.shape], device)
+    else:
+        call = whole_op_call(SHAPES[args.shape], device, args.policy)
     out, leaves = call()
     if args.save:  # Out and the gradients of the first call, to compare bits between implementations
         values = {"Out": out.detach().cpu()}
@@ -109,10 +144,12 @@ def worker(args) -> int:
     return 0
 
 
-def _run_worker(path: Path, args, policy: str, save: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(path))
+def _run_worker(path: Path, args, policy: str, save: Path, slice_rows: int = 0) -> dict:
+    # the package under test first; the rest of PYTHONPATH kept (use_upstream_wheels.sh puts TileLang there)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(path), os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--shape", args.shape, "--device", args.device,
-           "--policy", policy, "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--save", str(save)]
+           "--policy", policy, "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--save", str(save),
+           "--slice-rows", str(slice_rows)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(path))
     if done.returncode:
         return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
@@ -128,6 +165,10 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", default=None, help="a commit whose package is timed too, in the same session")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--upstream", action="store_true",
+                        help="time upstream's own mamba3_mimo too (needs TileLang and the mamba-ssm source)")
+    parser.add_argument("--slice-rows", type=int, default=0,
+                        help="chain.SLICE_ROWS for the current package (0: its default)")
     parser.add_argument("--out", default=str(ROOT / "reports" / "bench"))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--policy", help=argparse.SUPPRESS)
@@ -151,20 +192,27 @@ def main(argv=None) -> int:
         saved = {}
         for name, path in impls.items():
             saved[name] = Path(tmp.name) / f"{name}_{policy}.pt"
-            row[name] = _run_worker(path, args, policy, saved[name])
+            row[name] = _run_worker(path, args, policy, saved[name], args.slice_rows if name == "current" else 0)
             print(f"{policy} {name}: median {statistics.median(row[name].get('wall_ms', [float('nan')])):.1f} ms",
                   file=sys.stderr, flush=True)
         if args.baseline and all(p.exists() for p in saved.values()):
             a, b = torch.load(saved["current"]), torch.load(saved["baseline"])
             row["bit_identical"] = sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
             row["differing"] = [k for k in a if k in b and not torch.equal(a[k], b[k])]
+            row["rel_rms"] = {k: float((a[k].double() - b[k].double()).norm() / b[k].double().norm().clamp_min(1e-300))
+                              for k in row["differing"]}
         rows.append(row)
+    upstream_row = None
+    if args.upstream:
+        upstream_row = _run_worker(ROOT, args, UPSTREAM, Path(tmp.name) / "upstream.pt")
+        print(f"upstream: median {statistics.median(upstream_row.get('wall_ms', [float('nan')])):.1f} ms",
+              file=sys.stderr, flush=True)
     tmp.cleanup()
 
     device_type = torch.device(args.device).type
     meta = {"provenance": prov, "shape": {**SHAPES[args.shape], **FIXED, "name": args.shape},
             "baseline": args.baseline, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "warmup": args.warmup,
-            "repeats": args.repeats, "rows": rows}
+            "repeats": args.repeats, "rows": rows, "upstream": upstream_row, "slice_rows": args.slice_rows or None}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"whole_op_{device_type}" + ("" if args.shape in ("a", "cpu") else f"_{args.shape}")
@@ -191,17 +239,23 @@ def main(argv=None) -> int:
              "kernels launched by one profiled call (the kernels of replayed CUDA graphs included); `kernel ms`: their "
              "summed device time (copies included); `busy`: kernel ms over the median wall time (the kernels of the "
              "profiled call against the unprofiled calls' wall: an estimate, capped at 100 %); `peak`: "
-             "`torch.cuda.max_memory_allocated` GiB.", ""]
+             "`torch.cuda.max_memory_allocated` GiB. "
+             + (f"`chain.SLICE_ROWS` = {args.slice_rows} for the current package (`--slice-rows`). "
+                if args.slice_rows else "")
+             + ("Upstream's row: its own `mamba3_mimo` forward + backward (TileLang kernels and Triton helpers, "
+                "compiled by a first call that is not timed), on the same inputs. " if args.upstream else ""), ""]
     header = "| policy | impl | median ms | min ms | kernels | kernel ms | busy | peak GiB |"
     lines += [header, "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for name in impls:
             label = name if name == "current" else f"baseline `{args.baseline}`"
             lines.append(f"| {row['policy']} | {label} | {cells(row[name])} |")
+    if upstream_row is not None:
+        lines.append(f"| - | upstream's `mamba3_mimo` (TileLang) | {cells(upstream_row)} |")
     if args.baseline:
         lines += ["", "Bits, current vs baseline (Out and every gradient of the first call, `torch.equal`): "
-                  + "; ".join(f"{r['policy']}: " + ("identical" if r.get("bit_identical") else
-                                                     f"DIFFER in {r.get('differing')}") for r in rows) + "."]
+                  + "; ".join(f"{r['policy']}: " + ("identical" if r.get("bit_identical") else "DIFFER in " + ", ".join(
+                      f"{k} (rel RMS {v:.1e})" for k, v in r.get("rel_rms", {}).items())) for r in rows) + "."]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / stem}.md and .json")
     return 0

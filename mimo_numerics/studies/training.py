@@ -486,12 +486,11 @@ def train_demo(out_dir: Union[str, Path] = "reports/training_under_policy", *, s
 
 
 def realistic_config() -> Tuple[LayerConfig, TaskConfig]:
-    """Shapes nearer a real layer (N = P = 64, R = 4, C = 16 as upstream's tests; H = 8, S = 512), for
-    ``device="cuda"``. Not run by the project so far (no GPU run of it). The ``fp64`` policy runs the FP64 oracles,
-    which hold token-pair tensors (``[B, H, S, R, S, R]`` float64: ~4 GB each here); the per-step FP64 gradient
-    uses the chunked FP64 model and stays small."""
-    return (LayerConfig(d_model=256, d_out=64, heads=8, groups=1, state_dim=64, value_dim=64, rank=4, chunk_size=16),
-            TaskConfig(batch=4, seqlen=512, channels=32))
+    """A layer at a realistic size, for ``device="cuda"``: N = P = 64, R = 4, C = 16 as upstream's tests, H = 16
+    heads, S = 2048 tokens (issue 22: S >= 2048, H >= 16), batch 2. The per-step FP64 gradient runs the chunked FP64
+    model and the ``fp64`` policy the FP64 oracles, both in memory linear in S."""
+    return (LayerConfig(d_model=256, d_out=64, heads=16, groups=1, state_dim=64, value_dim=64, rank=4, chunk_size=16),
+            TaskConfig(batch=2, seqlen=2048, channels=32))
 
 
 # ---------------------------------------------------------------------------------------------------- README, CLI

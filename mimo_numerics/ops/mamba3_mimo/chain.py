@@ -58,6 +58,23 @@ _STAGE1_FOR_STAGE2 = ("states", "qk_dot")
 _EPILOGUE_STAGE2 = ("dq", "dk", "dv", "dmimo_v", "dD", "dangles", "dfactor", "dgamma_diag", "ddA", "dSSdA",
                     "ddA_cs_rev", "ddA_cs")
 CHAIN_KINDS = ("reference", "fp64")
+#: Raw inputs whose dim 0 is the batch (the others are per head: biases, projections, ``D``).
+BATCH_INPUTS = ("Q", "K", "V", "ADT", "DT", "Trap", "Angles", "Z", "dout")
+#: On CUDA the float32 chain runs the forward and both backward stages on slices of whole batch rows with at most
+#: this many ``batch x sequence x head`` rows each (at least one batch row): their intermediates grow with
+#: ``B·S·H`` (about 20 KiB per row in stage 2, measured on CPU), so a slice bounds the peak memory at any batch
+#: size (shape (d), B=8, S=4096, H=32: 8.6 GiB instead of 35 GiB on the H200). Every step is independent across the
+#: batch (each output has the batch first); the epilogue, which sums over the batch, sees whole tensors. Up to this
+#: many rows (every test case, the golden cases, shape (a) B=1, S=8192, H=16) nothing is sliced and the bits are
+#: those of the whole tensors. Above it some FP32 sums may end in other last bits: torch chooses its CUDA reduction
+#: layout, and cuBLAS its GEMM kernel, by the batch count, an order the policy does not model (``gemm_model``,
+#: ``reduction_order``); ``reports/bench/whole_op_cuda_d.md`` gives the differences at (d), and
+#: ``tests/ops/mamba3_mimo/test_batch_slices.py`` bounds them.
+SLICE_ROWS = 1 << 17
+#: Device types on which the steps are sliced. Not the CPU, whose runs keep whole tensors and so the bits of every
+#: earlier CPU report at any size (torch's CPU elementwise kernels split a tensor into vector bodies and scalar
+#: tails by its size, and the two can round differently: a slice moved last bits under ``fp32`` even at S = 32).
+SLICE_DEVICES = ("cuda",)
 
 
 # ---------------------------------------------------------------------------------------------------- argument lists
@@ -131,6 +148,55 @@ def chain_kind(policy) -> str:
     return "fp64"
 
 
+# ---------------------------------------------------------------------------------------------------- batch slices
+def batch_slices(batch: int, seqlen: int, heads: int, device: torch.device, rows: Optional[int] = None) -> list:
+    """The batch ranges the float32 chain's steps run on: on a device of :data:`SLICE_DEVICES`, slices of
+    ``max(1, rows // (seqlen·heads))`` batch rows (``rows`` defaults to :data:`SLICE_ROWS`), the last one shorter
+    when it does not divide ``batch``; elsewhere the whole batch."""
+    if torch.device(device).type not in SLICE_DEVICES:
+        return [slice(0, batch)]
+    rows = SLICE_ROWS if rows is None else rows
+    step = max(1, rows // max(1, seqlen * heads))
+    return [slice(b, min(b + step, batch)) for b in range(0, batch, step)]
+
+
+def _take(tensors: dict, rows: slice, names=None) -> dict:
+    """``tensors`` with the batch rows ``rows`` of the entries in ``names`` (every tensor entry when None)."""
+    return {n: (t[rows] if isinstance(t, torch.Tensor) and (names is None or n in names) else t)
+            for n, t in tensors.items()}
+
+
+def _join(parts: list):
+    """One result from the results of the batch slices: tensors concatenated along dim 0, dicts key by key (the
+    first slice's key order), None kept."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts, dim=0)
+    if first is None:
+        return None
+    return {k: _join([p[k] for p in parts]) for k in first}
+
+
+def _per_batch_slice(step, inputs: dict, pre: dict, *rest: dict, record: Optional[dict] = None):
+    """``step(inputs, pre, *rest, record)`` run on each batch slice (:func:`batch_slices`) and joined; ``record``
+    gets the joined stages. One slice: a direct call."""
+    V = inputs["V"]
+    slices = batch_slices(V.shape[0], V.shape[1], V.shape[2], V.device)
+    if len(slices) == 1:
+        return step(inputs, pre, *rest, record)
+    parts, records = [], []
+    for rows in slices:
+        part_record = None if record is None else {}
+        parts.append(step(_take(inputs, rows, BATCH_INPUTS), _take(pre, rows), *(_take(r, rows) for r in rest),
+                          part_record))
+        records.append(part_record)
+    if record is not None:
+        record.update(_join(records))
+    return _join(parts)
+
+
 # ---------------------------------------------------------------------------------------------------- steps
 def preprocess(inputs: dict, math_dtype) -> Dict[str, torch.Tensor]:
     """Upstream's preprocessing (``angle_dt_fwd``, ``compute_dacs_segsum_triton``) in ``math_dtype``: golden
@@ -201,14 +267,18 @@ def run_forward(inputs: dict, pre: dict, policy, *, record: Optional[dict] = Non
     ``mamba_mimo_fwd.outputs.o``.
     """
     policy = _presets.resolve(policy)
-    args, kw = forward_args(inputs, pre), stage2_kwargs(inputs)
     if chain_kind(policy) == "fp64":
-        out = mamba_mimo_fwd_oracle(*args, **kw)
+        out = mamba_mimo_fwd_oracle(*forward_args(inputs, pre), **stage2_kwargs(inputs))
     else:
-        stages = None if record is None else {}
-        out = mamba_mimo_fwd(*args, **kw, policy=policy, record=stages).o
-        _store(record, "mamba_mimo_fwd", stages)
+        out = _per_batch_slice(lambda x, p, rec: _forward_reference(x, p, policy, rec), inputs, pre, record=record)
     _store(record, "mamba_mimo_fwd.outputs", {"o": out})
+    return out
+
+
+def _forward_reference(inputs: dict, pre: dict, policy, record: Optional[dict]) -> torch.Tensor:
+    stages = None if record is None else {}
+    out = mamba_mimo_fwd(*forward_args(inputs, pre), **stage2_kwargs(inputs), policy=policy, record=stages).o
+    _store(record, "mamba_mimo_fwd", stages)
     return out
 
 
@@ -222,19 +292,27 @@ def run_stage1(inputs: dict, pre: dict, policy, *, backend: str = "reference",
     """
     policy = _presets.resolve(policy)
     args, kw = stage1_args(inputs, pre), stage2_kwargs(inputs)
-    stages = None if record is None else {}
     if chain_kind(policy) == "fp64":
-        out = stage1_oracle_fp64(*args, **kw)
+        result = stage1_oracle_fp64(*args, **kw).as_dict()
     elif backend == "triton":
         from ... import kernels  # imports triton only when called
 
-        out = kernels.mamba_mimo_bwd_fwd(*args, **kw, policy=policy, record=stages)
+        stages = None if record is None else {}
+        result = kernels.mamba_mimo_bwd_fwd(*args, **kw, policy=policy, record=stages).as_dict()
+        _store(record, "mamba_mimo_bwd_fwd", stages)
     else:
-        out = _stage1_reference.mamba_mimo_bwd_fwd(*args, **kw, policy=policy, record=stages)
-    result = out.as_dict()
-    _store(record, "mamba_mimo_bwd_fwd", stages)
+        result = _per_batch_slice(lambda x, p, rec: _stage1_reference_step(x, p, policy, rec), inputs, pre,
+                                  record=record)
     _store(record, "mamba_mimo_bwd_fwd.outputs", result)
     return result
+
+
+def _stage1_reference_step(inputs: dict, pre: dict, policy, record: Optional[dict]) -> dict:
+    stages = None if record is None else {}
+    out = _stage1_reference.mamba_mimo_bwd_fwd(*stage1_args(inputs, pre), **stage2_kwargs(inputs), policy=policy,
+                                               record=stages)
+    _store(record, "mamba_mimo_bwd_fwd", stages)
+    return out.as_dict()
 
 
 def run_stage2(inputs: dict, pre: dict, bwd_fwd: dict, policy, *,
@@ -243,14 +321,20 @@ def run_stage2(inputs: dict, pre: dict, bwd_fwd: dict, policy, *,
     upstream's recorded ones): golden ``bwd_bwd`` names. ``record`` gets ``mamba_mimo_bwd_bwd.<stage>`` (none under
     fp64) and ``mamba_mimo_bwd_bwd.outputs.<name>``."""
     policy = _presets.resolve(policy)
-    args, kw = stage2_args(inputs, pre, bwd_fwd), stage2_kwargs(inputs)
     if chain_kind(policy) == "fp64":
-        result = dict(mamba_mimo_bwd_bwd_oracle(*args, **kw))
+        result = dict(mamba_mimo_bwd_bwd_oracle(*stage2_args(inputs, pre, bwd_fwd), **stage2_kwargs(inputs)))
     else:
-        stages = None if record is None else {}
-        result = mamba_mimo_bwd_bwd(*args, **kw, policy=policy, record=stages).as_dict()
-        _store(record, "mamba_mimo_bwd_bwd", stages)
+        result = _per_batch_slice(lambda x, p, s1, rec: _stage2_reference_step(x, p, s1, policy, rec), inputs, pre,
+                                  bwd_fwd, record=record)
     _store(record, "mamba_mimo_bwd_bwd.outputs", result)
+    return result
+
+
+def _stage2_reference_step(inputs: dict, pre: dict, bwd_fwd: dict, policy, record: Optional[dict]) -> dict:
+    stages = None if record is None else {}
+    result = mamba_mimo_bwd_bwd(*stage2_args(inputs, pre, bwd_fwd), **stage2_kwargs(inputs), policy=policy,
+                                record=stages).as_dict()
+    _store(record, "mamba_mimo_bwd_bwd", stages)
     return result
 
 
