@@ -662,9 +662,11 @@ def reading(results: dict) -> List[str]:
     return bullets
 
 
-def write_readme(results: dict, out_dir: Path, command: str = "mimo-numerics train-demo") -> Path:
+def write_readme(results: dict, out_dir: Path, command: str = "mimo-numerics train-demo",
+                 compare_with: Optional[Tuple[str, dict]] = None, source_note: str = "") -> Path:
     """``README.md`` of the experiment: a provenance line, setup, the numbers (from ``results``), the figures and
-    :func:`reading`."""
+    :func:`reading`; with ``compare_with = (folder, other results)`` a section :func:`size_comparison` against that
+    run; ``source_note`` (markdown) goes under the provenance line."""
     results = _rounded(results)  # the numbers of results.json, so the README is a function of that file
     summary = summarize(results)
     config = results["config"]
@@ -744,9 +746,71 @@ Computed from `results.json` by `training.reading` (a rerun rewrites it).
 
 {bullets}
 """
+    if source_note:
+        head, rest = text.split("\n\n## Setup", 1)
+        text = f"{head}\n\n{source_note}\n\n## Setup{rest}"
+    if compare_with is not None:
+        text += "\n" + "\n".join(size_comparison(compare_with[1], results, compare_with[0])) + "\n"
     path = out_dir / "README.md"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def _shape_text(results: dict) -> str:
+    layer, task = results["config"]["layer"], results["config"]["task"]
+    return (f"B = {task['batch']}, S = {task['seqlen']}, H = {layer['heads']}, N = {layer['state_dim']}, "
+            f"P = {layer['value_dim']}, R = {layer['rank']}, C = {layer['chunk_size']}, d_model = "
+            f"{layer['d_model']}, {results['config']['steps']} steps")
+
+
+def size_comparison(short: dict, long: dict, short_folder: str) -> List[str]:
+    """A markdown section comparing two runs of the experiment (``short``: the one in ``short_folder``, ``long``:
+    this one): gradient error per policy and per parameter (median over steps, geometric mean over seeds) side by
+    side with their ratio, the paired ratio ``upstream_sm90`` / ``fp32``, and what else differs between them."""
+    a, b = _rounded(short), _rounded(long)
+    sa, sb = summarize(a), summarize(b)
+    labels = [label for label in b["runs"] if label in a["runs"]]
+    lines = [f"## What changes with length: against `{short_folder}`", "",
+             f"Computed by `training.size_comparison` from the two `results.json`. There: {_shape_text(a)} "
+             f"({a['config']['device']}). Here: {_shape_text(b)} ({b['config']['device']}). The sequence is not the "
+             "only difference: the layer is larger (more heads, N, P, R) and the run shorter, so a change below is "
+             "the change of the whole setup, read with that in mind.", "",
+             "| policy | gradient error there | here | here / there |", "|---|---|---|---|"]
+    for label in labels:
+        x, y = _geo(sa[label]["grad_rel_rms_all_median"]), _geo(sb[label]["grad_rel_rms_all_median"])
+        lines.append(f"| `{label}` | {x:.2e} | {y:.2e} | {y / x:.2f} |")
+    lines += ["", "Per parameter, here / there (median over steps, geometric mean over seeds):", "",
+              "| policy | " + " | ".join(PARAM_NAMES) + " |", "|---|" + "---|" * len(PARAM_NAMES)]
+    for label in labels:
+        cells = []
+        for name in PARAM_NAMES:
+            x = _geo(sa[label]["grad_rel_rms_median"][name])
+            y = _geo(sb[label]["grad_rel_rms_median"][name])
+            cells.append(f"{y / x:.2f}")
+        lines.append(f"| `{label}` | " + " | ".join(cells) + " |")
+    lines.append("")
+    if "upstream_sm90" in labels and "fp32" in labels:
+        def ratio(s):
+            return _geo(s["upstream_sm90"]["grad_rel_rms_all_median"]) / _geo(s["fp32"]["grad_rel_rms_all_median"])
+        lines.append(f"* `upstream_sm90` over `fp32` (the share of the error the bf16 sites add): {ratio(sa):.2f} "
+                     f"there, {ratio(sb):.2f} here.")
+    ratios = {label: _geo(sb[label]["grad_rel_rms_all_median"]) / _geo(sa[label]["grad_rel_rms_all_median"])
+              for label in labels}
+    if ratios and all(r < 1 for r in ratios.values()):
+        lines.append(f"* Every policy's gradient error is lower here (ratios {min(ratios.values()):.2f} to "
+                     f"{max(ratios.values()):.2f}): in this experiment the longer sequence and larger layer do not "
+                     "grow the relative error of the layer's gradients.")
+    elif ratios and all(r > 1 for r in ratios.values()):
+        lines.append(f"* Every policy's gradient error is higher here (ratios {min(ratios.values()):.2f} to "
+                     f"{max(ratios.values()):.2f}).")
+    if "fp32" in labels:
+        drops = {n: _geo(sb["fp32"]["grad_rel_rms_median"][n]) / _geo(sa["fp32"]["grad_rel_rms_median"][n])
+                 for n in PARAM_NAMES}
+        low = sorted(drops, key=drops.get)[:3]
+        lines.append("* Under `fp32` the parameters whose error falls most from there to here: "
+                     + ", ".join(f"`{n}` ({drops[n]:.2f}x)" for n in low) + "; the largest ratio: "
+                     + f"`{max(drops, key=drops.get)}` ({max(drops.values()):.2f}x).")
+    return lines
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -783,6 +847,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help=f"a few seconds' check of the generator: 3 steps, seed 0, lr 1e-2, the policies "
                              f"{', '.join(SMOKE_POLICIES)}; the README says it is a smoke run")
+    parser.add_argument("--compare-with", default=None,
+                        help="a folder holding another run's results.json: the README gets a section comparing the "
+                             "two (what changes with the size)")
+    parser.add_argument("--source-note", default="",
+                        help="a markdown paragraph put under the README's provenance line (e.g. which files a "
+                             "device run had)")
     parser.add_argument("--from-results", action="store_true",
                         help="train nothing: rewrite the PNGs and README.md from --out's results.json")
     args = parser.parse_args(argv)
@@ -796,8 +866,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.from_results:
         out = Path(args.out)
         results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        compare = None
+        if args.compare_with:
+            other = json.loads((Path(args.compare_with) / "results.json").read_text(encoding="utf-8"))
+            compare = (args.compare_with, other)
         files = plot_results(results, out) + [write_readme(results, out, command=results.get(
-            "command", "mimo-numerics train-demo"))]
+            "command", "mimo-numerics train-demo"), compare_with=compare, source_note=args.source_note)]
         print("wrote " + ", ".join(str(f) for f in files))
         return 0
     command = "mimo-numerics train-demo" + ("" if not argv else " " + " ".join(argv))

@@ -92,6 +92,32 @@ def test_reading_of_two_seeds_pairs_runs_by_seed():
     assert "not separated" in text and "2 seeds give a range" in text
 
 
+def test_size_comparison_reads_both_runs_and_the_readme_carries_it(tmp_path):
+    """``size_comparison`` puts the two runs side by side (their geometric means and ratio, the per-parameter
+    ratios, upstream_sm90 over fp32) and says which way every policy moved; ``write_readme`` appends it."""
+    def run(value):
+        return {"grad_rel_rms_all": [value] * 3, "grad_rel_rms": {n: [value] * 3 for n in training.PARAM_NAMES},
+                "loss": [1.0] * 3, "loss_fp64": [1.0] * 3, "eval_loss": [1.0, 0.5], "eval_steps": [0, 3],
+                "seconds": 1.0}
+
+    def results(seqlen, fp32, sm90):
+        task = dataclasses.replace(training.TaskConfig(), seqlen=seqlen)
+        config = {"seeds": [0], "steps": 3, "lr": 0.01, "device": "cpu",
+                  "layer": dataclasses.asdict(training.LayerConfig()), "task": dataclasses.asdict(task)}
+        return {"config": config, "runs": {"fp32": {"0": run(fp32)}, "upstream_sm90": {"0": run(sm90)}}}
+
+    short, long = results(32, 2e-3, 8e-3), results(2048, 1e-3, 3e-3)
+    text = "\n".join(training.size_comparison(short, long, "there"))
+    assert "S = 32" in text and "S = 2048" in text
+    assert "| `fp32` | 2.00e-03 | 1.00e-03 | 0.50 |" in text and "| `upstream_sm90` | 8.00e-03 | 3.00e-03 | 0.38 |" in text
+    assert "4.00 there, 3.00 here" in text and "Every policy's gradient error is lower here (ratios 0.38 to 0.50)" in text
+    worse = "\n".join(training.size_comparison(long, short, "there"))
+    assert "Every policy's gradient error is higher here" in worse and "is lower here" not in worse
+    readme = training.write_readme(long, tmp_path, compare_with=("there", short), source_note="**Source:** a test.")
+    body = readme.read_text()
+    assert text in body and body.index("**Source:** a test.") < body.index("## Setup")
+
+
 def test_default_site_off_is_the_first_switch_of_the_committed_ranking():
     """DEFAULT_SITE_OFF comes from the 11-case site ranking report, not from a one-case ranking."""
     ranking = json.loads((Path(__file__).resolve().parents[2] / training.SITE_RANKING_REPORT).read_text())
