@@ -49,11 +49,9 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def whole_op_call(sizes: dict, device, policy: str):
-    """``call()``: one forward + backward of ``mn.mamba3_mimo`` at ``sizes`` (B, S, H) and :data:`FIXED` on
-    ``device`` under ``policy``, from fresh leaves each time; returns ``(Out, leaves)``. Only names every commit's
-    package has (``--baseline`` runs it against an old one); also used by ``profile_whole_op.py``."""
-    import mimo_numerics as mn
+def _timed_call(sizes: dict, device, op_call):
+    """``call()``: ``op_call(leaves, chunk_size)`` then ``Out.backward(dout)`` at ``sizes`` (B, S, H) and
+    :data:`FIXED` on ``device``, from fresh leaves each time; returns ``(Out, leaves)``."""
     from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
     from mimo_numerics.ops.mamba3_mimo.fp64_model import INPUT_NAMES
 
@@ -64,33 +62,31 @@ def whole_op_call(sizes: dict, device, policy: str):
 
     def call():
         leaves = [None if t is None else t.detach().requires_grad_(True) for t in inputs.values()]
-        out = mn.mamba3_mimo(*leaves, chunk_size=spec.chunk_size, rotary_dim_divisor=4, policy=policy)
+        out = op_call(leaves, spec.chunk_size)
         out.backward(dout.to(out.dtype))
         return out, leaves
 
     return call
+
+
+def whole_op_call(sizes: dict, device, policy: str):
+    """``call()``: one forward + backward of ``mn.mamba3_mimo`` at ``sizes`` (B, S, H) and :data:`FIXED` on
+    ``device`` under ``policy``, from fresh leaves each time; returns ``(Out, leaves)``. Only names every commit's
+    package has (``--baseline`` runs it against an old one); also used by ``profile_whole_op.py``."""
+    import mimo_numerics as mn
+
+    return _timed_call(sizes, device, lambda leaves, chunk_size: mn.mamba3_mimo(
+        *leaves, chunk_size=chunk_size, rotary_dim_divisor=4, policy=policy))
 
 
 def upstream_call(sizes: dict, device):
     """``call()``: one forward + backward of upstream's own ``mamba3_mimo`` (mamba-ssm 2.3.2.post1, its TileLang
     kernels) on the inputs of :func:`whole_op_call`; returns ``(Out, leaves)``."""
     from mimo_numerics.ops.mamba3_mimo import upstream
-    from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
-    from mimo_numerics.ops.mamba3_mimo.fp64_model import INPUT_NAMES
 
     op = upstream.load()[upstream._OP]
-    spec = OpCaseSpec(**sizes, **FIXED)
-    raw = make_op_inputs(spec)
-    inputs = {n: None if raw[n] is None else raw[n].to(device) for n in INPUT_NAMES}
-    dout = raw["dout"].to(device)
-
-    def call():
-        leaves = [None if t is None else t.detach().requires_grad_(True) for t in inputs.values()]
-        out = op.mamba3_mimo(*leaves, spec.chunk_size, 4, inputs["Q"].dtype)
-        out.backward(dout.to(out.dtype))
-        return out, leaves
-
-    return call
+    return _timed_call(sizes, device, lambda leaves, chunk_size: op.mamba3_mimo(
+        *leaves, chunk_size, 4, leaves[0].dtype))
 
 
 def worker(args) -> int:
