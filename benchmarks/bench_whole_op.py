@@ -84,7 +84,7 @@ def upstream_call(sizes: dict, device):
     kernels) on the inputs of :func:`whole_op_call`; returns ``(Out, leaves)``."""
     from mimo_numerics.ops.mamba3_mimo import upstream
 
-    op = upstream.load()[upstream._OP]
+    op = upstream.load()[upstream.OP_MODULE]
     return _timed_call(sizes, device, lambda leaves, chunk_size: op.mamba3_mimo(
         *leaves, chunk_size, 4, leaves[0].dtype))
 

@@ -68,7 +68,8 @@ FILES = (
     ("mamba_ssm.ops.tilelang.mamba3.mamba3_mimo", _ROOT_T + "mamba3_mimo.py",
      "c7b0c9e0073747493f629adbfd76ee892f4785223a7e35e2adc07008cec0d45a"),
 )
-_OP = "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo"
+#: The module of upstream's autograd function ``mamba3_mimo`` (a key of :func:`load`'s result).
+OP_MODULE = "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo"
 _BWD = "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_bwd"
 
 # Positions of the buffers in upstream's kernel calls (mamba_mimo_bwd_combined, mamba3_mimo_bwd.py 1221-1310).
@@ -150,7 +151,7 @@ def run_whole_op(inputs: Dict[str, Any], *, backward: bool = True, source_dir=No
         refused, ``refused`` (``{"forward" | "backward": message}``).
     """
     modules = load(source_dir)
-    op, bwd = modules[_OP], modules[_BWD]
+    op, bwd = modules[OP_MODULE], modules[_BWD]
     dev = torch.device("cuda")
     x = {n: (None if inputs[n] is None else inputs[n].detach().to(dev).requires_grad_(
         backward and inputs[n].is_floating_point())) for n in OP_INPUT_NAMES}
