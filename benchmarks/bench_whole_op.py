@@ -14,8 +14,7 @@ launches and summing their time (``busy``: that kernel time over the median wall
 ``torch.cuda.max_memory_allocated`` (CUDA). ``--upstream`` adds upstream's own ``mamba3_mimo`` (its TileLang kernels
 and Triton helpers through :mod:`mimo_numerics.ops.mamba3_mimo.upstream`, e.g. after ``. scripts/use_upstream_wheels.sh``)
 timed the same way in the same run: its peak memory side by side with the reference's (the first call compiles;
-it is not timed). ``--slice-rows`` sets ``chain.SLICE_ROWS`` of the current package (the batch slices of the float32
-chain on CUDA), to choose it from measurement. Writes ``reports/bench/whole_op_<cpu|cuda>[_<shape>].{md,json}``.
+it is not timed). Writes ``reports/bench/whole_op_<cpu|cuda>[_<shape>].{md,json}``.
 """
 
 from __future__ import annotations
@@ -96,10 +95,6 @@ def worker(args) -> int:
     from mimo_numerics.ops.mamba3_mimo.fp64_model import INPUT_NAMES
 
     device = torch.device(args.device)
-    if args.slice_rows:
-        from mimo_numerics.ops.mamba3_mimo import chain
-
-        chain.SLICE_ROWS = args.slice_rows
     if args.policy == UPSTREAM:
         call = upstream_call(SHAPES[args.shape], device)
     else:
@@ -140,12 +135,11 @@ def worker(args) -> int:
     return 0
 
 
-def _run_worker(path: Path, args, policy: str, save: Path, slice_rows: int = 0) -> dict:
+def _run_worker(path: Path, args, policy: str, save: Path) -> dict:
     # the package under test first; the rest of PYTHONPATH kept (use_upstream_wheels.sh puts TileLang there)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(path), os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--shape", args.shape, "--device", args.device,
-           "--policy", policy, "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--save", str(save),
-           "--slice-rows", str(slice_rows)]
+           "--policy", policy, "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--save", str(save)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(path))
     if done.returncode:
         return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
@@ -163,8 +157,6 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--upstream", action="store_true",
                         help="time upstream's own mamba3_mimo too (needs TileLang and the mamba-ssm source)")
-    parser.add_argument("--slice-rows", type=int, default=0,
-                        help="chain.SLICE_ROWS for the current package (0: its default)")
     parser.add_argument("--out", default=str(ROOT / "reports" / "bench"))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--policy", help=argparse.SUPPRESS)
@@ -176,6 +168,7 @@ def main(argv=None) -> int:
     import torch
 
     from mimo_numerics import provenance
+    from mimo_numerics.metrics import rel_rms
 
     prov = provenance.collect()
     impls = {"current": ROOT}
@@ -188,15 +181,14 @@ def main(argv=None) -> int:
         saved = {}
         for name, path in impls.items():
             saved[name] = Path(tmp.name) / f"{name}_{policy}.pt"
-            row[name] = _run_worker(path, args, policy, saved[name], args.slice_rows if name == "current" else 0)
+            row[name] = _run_worker(path, args, policy, saved[name])
             print(f"{policy} {name}: median {statistics.median(row[name].get('wall_ms', [float('nan')])):.1f} ms",
                   file=sys.stderr, flush=True)
         if args.baseline and all(p.exists() for p in saved.values()):
             a, b = torch.load(saved["current"]), torch.load(saved["baseline"])
             row["bit_identical"] = sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
             row["differing"] = [k for k in a if k in b and not torch.equal(a[k], b[k])]
-            row["rel_rms"] = {k: float((a[k].double() - b[k].double()).norm() / b[k].double().norm().clamp_min(1e-300))
-                              for k in row["differing"]}
+            row["rel_rms"] = {k: rel_rms(a[k], b[k]) for k in row["differing"]}
         rows.append(row)
     upstream_row = None
     if args.upstream:
@@ -208,7 +200,7 @@ def main(argv=None) -> int:
     device_type = torch.device(args.device).type
     meta = {"provenance": prov, "shape": {**SHAPES[args.shape], **FIXED, "name": args.shape},
             "baseline": args.baseline, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "warmup": args.warmup,
-            "repeats": args.repeats, "rows": rows, "upstream": upstream_row, "slice_rows": args.slice_rows or None}
+            "repeats": args.repeats, "rows": rows, "upstream": upstream_row}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"whole_op_{device_type}" + ("" if args.shape in ("a", "cpu") else f"_{args.shape}")
@@ -236,8 +228,6 @@ def main(argv=None) -> int:
              "summed device time (copies included); `busy`: kernel ms over the median wall time (the kernels of the "
              "profiled call against the unprofiled calls' wall: an estimate, capped at 100 %); `peak`: "
              "`torch.cuda.max_memory_allocated` GiB. "
-             + (f"`chain.SLICE_ROWS` = {args.slice_rows} for the current package (`--slice-rows`). "
-                if args.slice_rows else "")
              + ("Upstream's row: its own `mamba3_mimo` forward + backward (TileLang kernels and Triton helpers, "
                 "compiled by a first call that is not timed), on the same inputs. " if args.upstream else ""), ""]
     header = "| policy | impl | median ms | min ms | kernels | kernel ms | busy | peak GiB |"

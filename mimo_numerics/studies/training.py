@@ -766,10 +766,16 @@ def _shape_text(results: dict) -> str:
 def size_comparison(short: dict, long: dict, short_folder: str) -> List[str]:
     """A markdown section comparing two runs of the experiment (``short``: the one in ``short_folder``, ``long``:
     this one): gradient error per policy and per parameter (median over steps, geometric mean over seeds) side by
-    side with their ratio, the paired ratio ``upstream_sm90`` / ``fp32``, and what else differs between them."""
+    side with their ratio, the paired ratio ``upstream_sm90`` / ``fp32``, and what else differs between them.
+
+    Raises:
+        ValueError: the two runs share no policy label.
+    """
     a, b = _rounded(short), _rounded(long)
-    sa, sb = summarize(a), summarize(b)
     labels = [label for label in b["runs"] if label in a["runs"]]
+    if not labels:
+        raise ValueError(f"short and long share no policy: short has {list(a['runs'])}, long has {list(b['runs'])}")
+    sa, sb = summarize(a), summarize(b)
     lines = [f"## What changes with length: against `{short_folder}`", "",
              f"Computed by `training.size_comparison` from the two `results.json`. There: {_shape_text(a)} "
              f"({a['config']['device']}). Here: {_shape_text(b)} ({b['config']['device']}). The sequence is not the "

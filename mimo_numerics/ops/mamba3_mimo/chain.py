@@ -61,14 +61,13 @@ CHAIN_KINDS = ("reference", "fp64")
 #: Raw inputs whose dim 0 is the batch (the others are per head: biases, projections, ``D``).
 BATCH_INPUTS = ("Q", "K", "V", "ADT", "DT", "Trap", "Angles", "Z", "dout")
 #: On CUDA the float32 chain runs the forward and both backward stages on slices of whole batch rows with at most
-#: this many ``batch x sequence x head`` rows each (at least one batch row): their intermediates grow with
-#: ``B·S·H`` (about 20 KiB per row in stage 2, measured on CPU), so a slice bounds the peak memory at any batch
-#: size (shape (d), B=8, S=4096, H=32: 8.6 GiB instead of 35 GiB on the H200). Every step is independent across the
-#: batch (each output has the batch first); the epilogue, which sums over the batch, sees whole tensors. Up to this
-#: many rows (every test case, the golden cases, shape (a) B=1, S=8192, H=16) nothing is sliced and the bits are
-#: those of the whole tensors. Above it some FP32 sums may end in other last bits: torch chooses its CUDA reduction
-#: layout, and cuBLAS its GEMM kernel, by the batch count, an order the policy does not model (``gemm_model``,
-#: ``reduction_order``); ``reports/bench/whole_op_cuda_d.md`` gives the differences at (d), and
+#: this many ``batch x sequence x head`` rows each (at least one batch row): their intermediates grow with ``B·S·H``,
+#: so a slice bounds the peak memory at any batch size (shape (d): ``reports/bench/whole_op_cuda_d.md``). Every step
+#: is independent across the batch (each output has the batch first); the epilogue, which sums over the batch, sees
+#: whole tensors. Up to this many rows (every test case, the golden cases, shape (a) B=1, S=8192, H=16) nothing is
+#: sliced and the bits are those of the whole tensors. Above it some FP32 sums may end in other last bits: torch
+#: chooses its CUDA reduction layout, and cuBLAS its GEMM kernel, by the batch count, an order the policy does not
+#: model (``gemm_model``, ``reduction_order``); the same report gives the differences at (d), and
 #: ``tests/ops/mamba3_mimo/test_batch_slices.py`` bounds them.
 SLICE_ROWS = 1 << 17
 #: Device types on which the steps are sliced. Not the CPU, whose runs keep whole tensors and so the bits of every
@@ -152,11 +151,18 @@ def chain_kind(policy) -> str:
 def batch_slices(batch: int, seqlen: int, heads: int, device: torch.device, rows: Optional[int] = None) -> list:
     """The batch ranges the float32 chain's steps run on: on a device of :data:`SLICE_DEVICES`, slices of
     ``max(1, rows // (seqlen·heads))`` batch rows (``rows`` defaults to :data:`SLICE_ROWS`), the last one shorter
-    when it does not divide ``batch``; elsewhere the whole batch."""
+    when it does not divide ``batch``; elsewhere the whole batch.
+
+    Raises:
+        ValueError: a size below 1 (``batch``, ``seqlen``, ``heads``, ``rows``), naming it.
+    """
+    for name, value in (("batch", batch), ("seqlen", seqlen), ("heads", heads), ("rows", rows)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if torch.device(device).type not in SLICE_DEVICES:
         return [slice(0, batch)]
     rows = SLICE_ROWS if rows is None else rows
-    step = max(1, rows // max(1, seqlen * heads))
+    step = max(1, rows // (seqlen * heads))
     return [slice(b, min(b + step, batch)) for b in range(0, batch, step)]
 
 
