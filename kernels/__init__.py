@@ -1,4 +1,5 @@
-"""Policy-configured Triton kernels of ``mamba_mimo_bwd_fwd`` (installed as ``mimo_numerics.kernels``).
+"""Policy-configured Triton kernels of ``mamba_mimo_fwd`` and ``mamba_mimo_bwd_fwd`` (installed as
+``mimo_numerics.kernels``).
 
 Usage::
 
@@ -6,6 +7,7 @@ Usage::
     from mimo_numerics import kernels
     out = kernels.mamba_mimo_bwd_fwd(*tensors, chunk_size=16, rotary_dim_divisor=4,
                                      policy=mn.presets.get("upstream_sm90"))
+    o = kernels.mamba_mimo_fwd(*forward_tensors, chunk_size=16, rotary_dim_divisor=4, policy="upstream_sm90").o
 
 CPU tensors run in Triton's interpreter (set up internally: nothing to export), CUDA tensors run compiled, NPU
 tensors go to triton-ascend. Importing this package never imports ``triton``; calling the kernels without it
@@ -29,7 +31,8 @@ from .mimo_bwd_fwd import (  # noqa: F401
     policy_constexprs,
     triton_available,
 )
+from .mimo_fwd import mamba_mimo_fwd  # noqa: F401
 
-__all__ = ["mamba_mimo_bwd_fwd", "policy_constexprs", "launch_config", "LaunchConfig", "TUNING_KEYS",
-           "UnsupportedPolicyError", "SlowInterpreterError", "triton_available", "estimate_interpreter_seconds",
+__all__ = ["mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "policy_constexprs", "launch_config", "LaunchConfig",
+           "TUNING_KEYS", "UnsupportedPolicyError", "SlowInterpreterError", "triton_available", "estimate_interpreter_seconds",
            "plan", "SUPPORTED_DIMS", "INTERPRETER_LIMIT_S"]

@@ -27,8 +27,15 @@ from mimo_numerics import presets as _presets
 from mimo_numerics.policy import FUTURE_KNOBS, RoundingPolicy
 from mimo_numerics.validation import Dims
 
-#: The operator whose policy section configures these kernels.
+#: The operator whose policy section configures these kernels by default (stage 1).
 OPERATOR_NAME = "mamba_mimo_bwd_fwd"
+#: The operators the chunk kernels compute: stage 1 and, with the output kernel's ``FORWARD``, the forward.
+OPERATORS = ("mamba_mimo_bwd_fwd", "mamba_mimo_fwd")
+#: A forward site whose constexpr has another name in the shared kernels (the others: the site in upper case).
+FORWARD_CONSTEXPR_NAMES = MappingProxyType({"qk_dot": "QK_DOT_INTERNAL"})
+#: Switches only stage 1 has (off in the forward) and only the forward has (off in stage 1).
+STAGE1_ONLY_SWITCHES = ("OUT", "DPHIO", "DZ_ACCUM")
+FORWARD_ONLY_SWITCHES = ("D_TERM", "GATE", "PHI_GATE", "OUT_PROJ", "OUT_ACCUM")
 
 #: Backends a configuration can target: CPU tensors run in Triton's interpreter, CUDA compiled, NPU through
 #: triton-ascend (``_backend.backend_of``).
@@ -87,16 +94,20 @@ def check_tuning(tuning: Optional[Mapping[str, int]]) -> Mapping[str, int]:
     return MappingProxyType(dict(tuning))
 
 
-def policy_constexprs(policy) -> Dict[str, object]:
+def policy_constexprs(policy, operator: str = OPERATOR_NAME) -> Dict[str, object]:
     """The policy as the kernels' constexpr keyword arguments (the one place the policy reaches Triton).
 
     Args:
         policy (RoundingPolicy | str): a policy, a preset name or a policy JSON path.
+        operator (str): whose section configures the kernels: ``"mamba_mimo_bwd_fwd"`` (stage 1, the default) or
+            ``"mamba_mimo_fwd"`` (the forward, :data:`OPERATORS`).
 
     Returns:
-        dict: one upper-case bool per site of ``policy.section("mamba_mimo_bwd_fwd")`` (``PSI_WEIGHT``,
-        ``QK_BIAS``, …), ``LPK`` (0 bf16, 1 fp16), ``DIAG_FMA`` (``diag_mode == "fma"``), ``ACCUMULATE``
-        (``state_update == "accumulate_into"``) and ``SILU_TANH`` (``silu_form == "tanh"``).
+        dict: one upper-case bool per site of ``policy.section(operator)`` (``PSI_WEIGHT``, ``QK_BIAS``, …; the
+        forward's ``qk_dot`` as ``QK_DOT_INTERNAL``, :data:`FORWARD_CONSTEXPR_NAMES`), the other operator's own
+        switches off (:data:`STAGE1_ONLY_SWITCHES`, :data:`FORWARD_ONLY_SWITCHES`), ``FORWARD``, ``LPK`` (0 bf16,
+        1 fp16), ``DIAG_FMA`` (``diag_mode == "fma"``), ``ACCUMULATE`` (``state_update == "accumulate_into"``)
+        and ``SILU_TANH`` (``silu_form == "tanh"``).
 
     Raises:
         UnsupportedPolicyError: for ``math_dtype="float64"`` (the kernels compute in FP32; no fp64 on Ascend),
@@ -118,8 +129,14 @@ def policy_constexprs(policy) -> Dict[str, object]:
         if getattr(policy, knob) != allowed[0]:
             raise UnsupportedPolicyError(
                 f"RoundingPolicy.{knob}={getattr(policy, knob)!r} is not implemented by the Triton kernels")
-    sites = policy.section(OPERATOR_NAME)
-    cx: Dict[str, object] = {name.upper(): bool(value) for name, value in sites.items()}
+    if operator not in OPERATORS:
+        raise ValueError(f"operator must be one of {OPERATORS}, got {operator!r}")
+    forward = operator == "mamba_mimo_fwd"
+    sites = policy.section(operator)
+    names = FORWARD_CONSTEXPR_NAMES if forward else {}
+    cx: Dict[str, object] = {name: False for name in STAGE1_ONLY_SWITCHES + FORWARD_ONLY_SWITCHES}
+    cx.update({names.get(name, name.upper()): bool(value) for name, value in sites.items()})
+    cx["FORWARD"] = forward
     cx["LPK"] = 0 if policy.lp_dtype == "bfloat16" else 1
     cx["DIAG_FMA"] = policy.diag_mode == "fma"
     cx["ACCUMULATE"] = policy.state_update == "accumulate_into"
@@ -404,9 +421,15 @@ class LaunchConfig:
     kernels: Mapping[str, KernelConfig]
 
     @property
+    def forward(self) -> bool:
+        """The launches compute the forward operator (``FORWARD``), not stage 1."""
+        return bool(self.policy_constexprs["FORWARD"])
+
+    @property
     def n_sums(self) -> int:
-        """dmimo sums made by the reduce launch: reduce_o and Z each add one (their partials are stacked)."""
-        return int(self.dims.reduce_o) + int(self.dims.has_z)
+        """dmimo sums made by the reduce launch: reduce_o and Z each add one (their partials are stacked); none in
+        the forward."""
+        return 0 if self.forward else int(self.dims.reduce_o) + int(self.dims.has_z)
 
 
 def _options(backend: str, warps: int, stages: int, maxnreg: int = 0) -> Mapping[str, object]:
@@ -420,7 +443,8 @@ def _options(backend: str, warps: int, stages: int, maxnreg: int = 0) -> Mapping
 
 
 def launch_config(policy, dims: Dims, backend: str, tuning: Optional[Mapping[str, int]] = None,
-                  sm_count: Optional[int] = None, record: bool = False) -> LaunchConfig:
+                  sm_count: Optional[int] = None, record: bool = False,
+                  operator: str = OPERATOR_NAME) -> LaunchConfig:
     """The launch configuration of one call (see the module docstring); pure: no global state, no environment.
 
     Args:
@@ -430,12 +454,14 @@ def launch_config(policy, dims: Dims, backend: str, tuning: Optional[Mapping[str
         tuning (Mapping[str, int], optional): overrides (``TUNING_KEYS``, checked by ``check_tuning``).
         sm_count (int, optional): SMs of the CUDA device (default: asked from ``dims.device``).
         record (bool): the call records per-stage tensors.
+        operator (str): ``"mamba_mimo_bwd_fwd"`` (stage 1) or ``"mamba_mimo_fwd"`` (the forward: the same angles,
+            prep and state launches, the output kernel with ``FORWARD``, no dmimo sums).
 
     Raises:
         UnsupportedPolicyError: see ``policy_constexprs``. TypeError, ValueError: see ``check_tuning``; an unknown
             backend.
     """
-    policy_cx = MappingProxyType(policy_constexprs(policy))
+    policy_cx = MappingProxyType(policy_constexprs(policy, operator))
     tuning = check_tuning(tuning)
     pl = plan(dims, backend, sm_count=sm_count, tuning=tuning)
     sw = backend_switches(policy_cx, pl, tuning)
@@ -472,12 +498,13 @@ def launch_config(policy, dims: Dims, backend: str, tuning: Optional[Mapping[str
     add("state", pl.grid2, dict(cx, BP=pl.BP2, KT_LOAD=sw.kt_load, ONE_DOT=sw.state_one_dot,
                                 PSIV_FROM_V=sw.walk_psiv_from_v),
         pl.warps_k2, pl.stages_k2)
-    if dims.reduce_o or dims.has_z or record:
+    forward = policy_cx["FORWARD"]
+    if forward or dims.reduce_o or dims.has_z or record:
         add("out", pl.grid3, dict(cx, BP=pl.BP3, TB=pl.TB, RBK=pl.RBK, RPAD=_pow2(R), JB=pl.JB,
                                   DIAG_LOOP=backend == "npu" or R > 8, RCP_APPROX=sw.rcp_approx,
                                   PERSISTENT=pl.grid3 < pl.virt3),
             pl.warps_k3, pl.stages_k3, pl.maxnreg_k3)
-    n_sums = int(dims.reduce_o) + int(dims.has_z)
+    n_sums = 0 if forward else int(dims.reduce_o) + int(dims.has_z)
     if n_sums:
         # both sums in one launch: rows of the stacked partials are (sum, b, h, chunk block)
         n_blk = -(-(R * P) // pl.BLKR)

@@ -81,7 +81,12 @@ SLOT_Q_BIASED = tl.constexpr(16)
 SLOT_K_BIASED = tl.constexpr(17)
 SLOT_K_ROT = tl.constexpr(18)
 SLOT_SHIFTED_GAMMA = tl.constexpr(19)
-NSLOT = tl.constexpr(20)
+# the forward's own stages (FORWARD)
+SLOT_D_TERM = tl.constexpr(20)
+SLOT_PHI_GATE = tl.constexpr(21)
+SLOT_O_RANK = tl.constexpr(22)
+SLOT_O_SUM = tl.constexpr(23)
+NSLOT = tl.constexpr(24)
 
 
 @triton.jit
@@ -695,10 +700,62 @@ def _intra_block(intra, j0, FIRST: tl.constexpr, qr1, qr2, khat_ptr, psiv_ptr, s
 
 
 @triton.jit
+def _carried_in_ranks(acc, term, rr, TB: tl.constexpr, BP: tl.constexpr, RBK: tl.constexpr, ROUND: tl.constexpr,
+                      LPK: tl.constexpr):
+    """acc (+) the rows of ``term`` [RBK·TB, BP] rank by rank in ascending order (``_dz_step`` each): the carried
+    rank sum of the forward's reduced output (out_accum) and of stage 1's dz (dz_accum). Rows of ranks ≥ R and
+    invalid rows must hold −0.0 (no change)."""
+    if RBK == 1:
+        acc = _dz_step(acc, term, ROUND, LPK)
+    else:
+        term3 = tl.reshape(term, [RBK, TB, BP])
+        k3 = tl.arange(0, RBK)[:, None, None]
+        for k in tl.static_range(RBK):
+            acc = _dz_step(acc, tsum(tl.where(k3 == k, term3, -0.0), axis=0), ROUND, LPK)
+    return acc
+
+
+@triton.jit
+def _forward_output(o_acc, out, gate, mimo_o_row_ptr, prow_p, pp, o_ptr, dfull_base, frow, ok, rr, rec_ptr,
+                    slot_stride, rec_base, TB: tl.constexpr, BP: tl.constexpr, RBK: tl.constexpr, W: tl.constexpr,
+                    LPK: tl.constexpr, PHI_WEIGHT: tl.constexpr, GATE: tl.constexpr, PHI_GATE: tl.constexpr,
+                    OUT_PROJ: tl.constexpr, OUT_ACCUM: tl.constexpr, HAS_Z: tl.constexpr, REDUCE_O: tl.constexpr,
+                    RECORD: tl.constexpr, H, P: tl.constexpr):
+    """The forward's gate and output for one rank block (rows of ``out`` [RBK·TB, BP]; ``gate`` = SiLU(z·ζ) in
+    FP32 when HAS_Z).
+
+    Reduced: o_rank = rnd(out·rnd(rnd(Φ)·rnd(gate))) (out_proj, phi_weight, phi_gate, gate) added to the carried
+    rank sum ``o_acc`` [TB, BP] (out_accum), returned; the caller stores it after the last rank. Not reduced: the
+    row's rnd(out·rnd(gate)) (or out) stored into o [B, S, R, H, P] here; ``o_acc`` returned unchanged.
+    """
+    if HAS_Z:
+        gate = rnd_if(gate, GATE, LPK)
+    if REDUCE_O:
+        phi = rnd_if(_rank_rows(mimo_o_row_ptr, prow_p, pp, RBK == 1), PHI_WEIGHT, LPK)
+        if HAS_Z:
+            phi = rnd_if(phi * gate, PHI_GATE, LPK)
+        o_rank = rnd_if(out * phi, OUT_PROJ, LPK)
+        o_acc = _carried_in_ranks(o_acc, tl.where(ok[:, None], o_rank, -0.0), rr, TB, BP, RBK, OUT_ACCUM, LPK)
+        if RECORD:
+            _record_tile(rec_ptr, SLOT_O_RANK, slot_stride, rec_base, frow, ok, pp, P, o_rank, W)
+            if HAS_Z:
+                _record_tile(rec_ptr, SLOT_PHI_GATE, slot_stride, rec_base, frow, ok, pp, P, phi, W)
+    else:
+        if HAS_Z:
+            gated = out * gate
+        else:
+            gated = out
+        tl.store(o_ptr + dfull_base + frow[:, None] * (H * P) + pp[None, :], enc(gated, LPK), mask=ok[:, None])
+    if RECORD and HAS_Z:
+        _record_tile(rec_ptr, SLOT_GATE, slot_stride, rec_base, frow, ok, pp, P, gate, W)
+    return o_acc
+
+
+@triton.jit
 def _out_program(
     pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr, trap_ptr,
-    d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr,
-    B, S, H, HPG, nc, n_tb, n_pt, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+    d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, o_ptr, part_o_ptr, part_z_ptr, rec_ptr,
+    rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
     TB: tl.constexpr, RBK: tl.constexpr, RPAD: tl.constexpr, JB: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr,
     AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
     QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, ROTARY: tl.constexpr,
@@ -708,6 +765,8 @@ def _out_program(
     DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     REDUCE_O: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
     NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, DIAG_LOOP: tl.constexpr, RCP_APPROX: tl.constexpr,
+    FORWARD: tl.constexpr, D_TERM: tl.constexpr, GATE: tl.constexpr, PHI_GATE: tl.constexpr,
+    OUT_PROJ: tl.constexpr, OUT_ACCUM: tl.constexpr,
 ):
     """Body of ``_mimo_out_kernel`` for one (virtual) program ``pid``."""
     pt = pid % n_pt
@@ -770,7 +829,7 @@ def _out_program(
         d_h = tl.load(d_ptr + h)
     if HAS_Z:
         z_t = dec(tl.load(z_ptr + v_base + tok_offs, mask=ok_t[:, None], other=0), LPK)
-    if REDUCE_O:
+    if REDUCE_O and not FORWARD:
         do_t = dec(tl.load(dout_ptr + v_base + tok_offs, mask=ok_t[:, None], other=0), LPK)
 
     # B may arrive as the constexpr 1 (the JIT specializes integer arguments equal to 1): no .to() on it
@@ -789,6 +848,7 @@ def _out_program(
     part_base = (bhc.to(tl.int64) * n_tb + tb) * (R * P)
     # -0.0: the exact identity of every rank step, so the first step is rnd(term) (or term)
     dz_acc = tl.full([TB, BP], -0.0, tl.float32)
+    o_acc = tl.full([TB, BP], -0.0, tl.float32)  # the forward's reduced output, carried over the ranks
     # per-rank dmimo partial sums of this program, stored after the rank loop
     rk = tl.arange(0, RPAD)
     po_acc = fzeros(RPAD, BP)
@@ -849,11 +909,20 @@ def _out_program(
         if NATIVE_DIAG:
             acc = acc.to(tl.float32)
         diag = rnd_if(acc * gamma_t[:, None], DIAG_GAMMA, LPK)
-        o = o + diag
-        if HAS_D:
-            # D·ΨV of the row's own (t, r)
-            o = o + d_h * _load_tile(psiv_ptr, psiv_tok + (r_s * P)[:, None], PSIV, LPK)
-        out = rnd_if(o, OUT, LPK)
+        if FORWARD:
+            # the forward: rnd(diag + D·ΨV) (d_term), then o = inter + intra + that, never rounded before the gate
+            if HAS_D:
+                d_term = rnd_if(diag + d_h * _load_tile(psiv_ptr, psiv_tok + (r_s * P)[:, None], PSIV, LPK),
+                                D_TERM, LPK)
+            else:
+                d_term = diag
+            out = o + d_term
+        else:
+            o = o + diag
+            if HAS_D:
+                # D·ΨV of the row's own (t, r)
+                o = o + d_h * _load_tile(psiv_ptr, psiv_tok + (r_s * P)[:, None], PSIV, LPK)
+            out = rnd_if(o, OUT, LPK)
         if RECORD:
             okr = ok & (tt < lim0)
             if HALVES:
@@ -869,11 +938,19 @@ def _out_program(
             _record_tile(rec_ptr, SLOT_DIAG_ACCUM, slot_stride, rec_base, frow, ok, pp, P, acc, W)
             _record_tile(rec_ptr, SLOT_DIAG, slot_stride, rec_base, frow, ok, pp, P, diag, W)
             _record_tile(rec_ptr, SLOT_OUT, slot_stride, rec_base, frow, ok, pp, P, out, W)
+            if FORWARD and HAS_D:
+                _record_tile(rec_ptr, SLOT_D_TERM, slot_stride, rec_base, frow, ok, pp, P, d_term, W)
         if HAS_Z:
             zeta = _rank_rows(mimo_z_ptr + h * (R * P), prow_p, pp, RBK == 1)
             x = z_t * zeta
             gate, sig_x, sig_negx = silu_parts(x, SILU_TANH, RCP_APPROX)
-        if REDUCE_O:
+        else:
+            gate = out  # never read without Z
+        if FORWARD:
+            o_acc = _forward_output(o_acc, out, gate, mimo_o_ptr + h * (R * P), prow_p, pp, o_ptr, dfull_base, frow,
+                                    ok, rr, rec_ptr, slot_stride, rec_base, TB, BP, RBK, W, LPK, PHI_WEIGHT, GATE,
+                                    PHI_GATE, OUT_PROJ, OUT_ACCUM, HAS_Z, REDUCE_O, RECORD, H, P)
+        elif REDUCE_O:
             if HAS_Z:
                 gated = gate * out
             else:
@@ -887,27 +964,31 @@ def _out_program(
                 d_r = dec(tl.load(dout_ptr + dfull_base + frow[:, None] * (H * P) + pp[None, :],
                                   mask=ok[:, None], other=0), LPK)
                 dphio = rnd_if(d_r * out, DPHIO, LPK)
-        if HAS_Z:
+        if HAS_Z and not FORWARD:
             dzz = dphio * sig_x * (1.0 + x * sig_negx)
             # invalid rows (and ranks ≥ R) add −0.0: no change
             term = tl.where(ok[:, None], dzz * zeta, -0.0)
-            if RBK == 1:
-                dz_acc = _dz_step(dz_acc, term, DZ_ACCUM, LPK)
-            else:
-                term3 = tl.reshape(term, [RBK, TB, BP])
-                k3 = tl.arange(0, RBK)[:, None, None]
-                for k in tl.static_range(RBK):
-                    dz_acc = _dz_step(dz_acc, tsum(tl.where(k3 == k, term3, -0.0), axis=0), DZ_ACCUM, LPK)
+            dz_acc = _carried_in_ranks(dz_acc, term, rr, TB, BP, RBK, DZ_ACCUM, LPK)
             pz_acc = _rank_sums_into(pz_acc, tl.where(ok[:, None], dzz * z_t, 0.0), rr, rb, rk, RBK)
             if RECORD:
                 _record_tile(rec_ptr, SLOT_GATE, slot_stride, rec_base, frow, ok, pp, P, gate, W)
                 _record_tile(rec_ptr, SLOT_DPHIO, slot_stride, rec_base, frow, ok, pp, P, dphio, W)
                 _record_tile(rec_ptr, SLOT_DZZ, slot_stride, rec_base, frow, ok, pp, P, dzz, W)
-    if REDUCE_O:
-        _store_rank_sums(part_o_ptr + part_base, po_acc, rk, pp, R, P)
-    if HAS_Z:
-        _store_rank_sums(part_z_ptr + part_base, pz_acc, rk, pp, R, P)
-    if HAS_Z:
+    if FORWARD:
+        if REDUCE_O:
+            # the rank sum o_sum of the block's tokens: the reduced output [B, S, H, P]
+            ttb = tb * TB + tl.arange(0, TB)
+            okb = (ttb < C) & (cC + ttb < S)
+            ttb_s = tl.where(okb, ttb, 0)
+            tl.store(o_ptr + v_base + ttb_s[:, None] * (H * P) + pp[None, :], enc(o_acc, LPK), mask=okb[:, None])
+            if RECORD:
+                _record_tile(rec_ptr, SLOT_O_SUM, slot_stride, rec_base, ttb_s * R, okb, pp, P, o_acc, W)
+    else:
+        if REDUCE_O:
+            _store_rank_sums(part_o_ptr + part_base, po_acc, rk, pp, R, P)
+        if HAS_Z:
+            _store_rank_sums(part_z_ptr + part_base, pz_acc, rk, pp, R, P)
+    if HAS_Z and not FORWARD:
         ttb = tb * TB + tl.arange(0, TB)
         okb = (ttb < C) & (cC + ttb < S)
         ttb_s = tl.where(okb, ttb, 0)
@@ -919,8 +1000,8 @@ def _out_program(
 @triton.jit
 def _mimo_out_kernel(
     dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr, trap_ptr, d_ptr,
-    segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr, B, S,
-    H, HPG, nc, n_tb, n_pt, n_virtual, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
+    segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, o_ptr, part_o_ptr, part_z_ptr, rec_ptr, rec_cs_ptr,
+    B, S, H, HPG, nc, n_tb, n_pt, n_virtual, N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr,
     TB: tl.constexpr, RBK: tl.constexpr, RPAD: tl.constexpr, JB: tl.constexpr, LP: tl.constexpr, BP: tl.constexpr,
     AW: tl.constexpr, W: tl.constexpr, LPK: tl.constexpr,
     QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, QK_DOT_INTERNAL: tl.constexpr, ROTARY: tl.constexpr,
@@ -930,9 +1011,11 @@ def _mimo_out_kernel(
     DPHIO: tl.constexpr, DZ_ACCUM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
     REDUCE_O: tl.constexpr, DOT_INTER_LP: tl.constexpr, DOT_SCORES_LP: tl.constexpr, DOT_INTRA_LP: tl.constexpr,
     NATIVE_DIAG: tl.constexpr, RECORD: tl.constexpr, DIAG_LOOP: tl.constexpr, PERSISTENT: tl.constexpr,
-    RCP_APPROX: tl.constexpr,
+    RCP_APPROX: tl.constexpr, FORWARD: tl.constexpr, D_TERM: tl.constexpr, GATE: tl.constexpr,
+    PHI_GATE: tl.constexpr, OUT_PROJ: tl.constexpr, OUT_ACCUM: tl.constexpr,
 ):
-    """Everything that depends on rnd(h_c): o, out, the gradient branches and the dmimo partials of one chunk.
+    """Everything that depends on rnd(h_c): o, out, the gradient branches and the dmimo partials of one chunk
+    (stage 1), or the forward's output o (FORWARD).
 
     Grid: 1-D, up to n_virtual = B·H·nc·n_tb·n_pt programs looping over virtual programs; virtual program → (b, h,
     chunk c, block of TB tokens, P tile of BP columns). The program's rows are RBK ranks × TB tokens (row
@@ -967,31 +1050,39 @@ def _mimo_out_kernel(
         triton-to-unstructure pass at N = P = 64, R = 4) instead of unrolled. RCP_APPROX (CUDA): the Z gate's
         reciprocal as div.approx (the bits of the div.full.f32 of ``/`` for its denominators in [1, 2]).
 
-    Rounding sites: S4, S12 (q̃), S16 (q rotation), S19 (operand), S22, S26 (diag_accum, diag_mode), S27, S30,
-    S34, S35, S36, S38 (dz_accum; DZ store); FP32: S9, S20, S21, S23, S24, S25, S28, S29, S31–S33, S37, S39.
+        FORWARD: the forward operator ``mamba_mimo_fwd`` instead of stage 1: no dout, no gradient branches, no
+        partials; writes ``o`` (``o_ptr``: [B, S, H, P] reduced, [B, S, R, H, P] not) from the same inter, intra
+        and diagonal. D_TERM, GATE, PHI_GATE, OUT_PROJ, OUT_ACCUM: the forward's own switches (off in stage 1;
+        OUT, DPHIO, DZ_ACCUM are off in the forward).
+
+    Rounding sites, stage 1: S4, S12 (q̃), S16 (q rotation), S19 (operand), S22, S26 (diag_accum, diag_mode), S27,
+    S30, S34, S35, S36, S38 (dz_accum; DZ store); FP32: S9, S20, S21, S23, S24, S25, S28, S29, S31–S33, S37, S39.
+    Forward (``mimo_numerics/ops/mamba_mimo_fwd/sites.py`` names): qk_bias, qk_biased, rotary (q), state_operand,
+    causal_scores, diag_accum (diag_mode), diag_gamma, d_term, gate (silu_form), phi_weight, phi_gate, out_proj,
+    out_accum, the o store; FP32: γ, exp(da_cs), the inter and intra GEMMs, o = inter + intra + d_term.
     """
     if PERSISTENT:
         # loop over virtual programs: Ascend caps a launch at 65535 programs
         for pid in tl.range(tl.program_id(0), n_virtual, tl.num_programs(0)):
             _out_program(
                 pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr,
-                trap_ptr, d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr,
-                rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, RPAD, JB, LP, BP, AW, W,
+                trap_ptr, d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, o_ptr, part_o_ptr,
+                part_z_ptr, rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, RPAD, JB, LP, BP, AW, W,
                 LPK,
                 QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
                 STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM,
                 SILU_TANH, HAS_Z, HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD,
-                DIAG_LOOP, RCP_APPROX)
+                DIAG_LOOP, RCP_APPROX, FORWARD, D_TERM, GATE, PHI_GATE, OUT_PROJ, OUT_ACCUM)
     else:
         pid = tl.program_id(0)
         _out_program(
             pid, dout_ptr, q_ptr, q_bias_ptr, mimo_o_ptr, z_ptr, mimo_z_ptr, cs_ptr, sn_ptr, da_cs_ptr, dt_ptr,
-            trap_ptr, d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, part_o_ptr, part_z_ptr,
-            rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, RPAD, JB, LP, BP, AW, W, LPK,
+            trap_ptr, d_ptr, segsum_ptr, khat_ptr, psiv_ptr, hop_ptr, qkin_ptr, dz_ptr, o_ptr, part_o_ptr,
+            part_z_ptr, rec_ptr, rec_cs_ptr, B, S, H, HPG, nc, n_tb, n_pt, N, P, R, C, TB, RBK, RPAD, JB, LP, BP, AW, W, LPK,
             QK_BIAS, QK_BIASED, QK_DOT_INTERNAL, ROTARY, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE, K_SCALED, PSIV,
             STATE_OPERAND, CAUSAL_SCORES, DIAG_ACCUM, DIAG_FMA, DIAG_GAMMA, OUT, PHI_WEIGHT, DPHIO, DZ_ACCUM,
             SILU_TANH, HAS_Z, HAS_D, REDUCE_O, DOT_INTER_LP, DOT_SCORES_LP, DOT_INTRA_LP, NATIVE_DIAG, RECORD,
-            DIAG_LOOP, RCP_APPROX)
+            DIAG_LOOP, RCP_APPROX, FORWARD, D_TERM, GATE, PHI_GATE, OUT_PROJ, OUT_ACCUM)
 
 
 @triton.jit

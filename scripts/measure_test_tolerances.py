@@ -189,6 +189,30 @@ def measure_kernels() -> dict:
     }
 
 
+def measure_fwd_kernels() -> dict:
+    """The forward Triton kernel under the interpreter vs the forward reference, on the cases and policies of
+    ``tests/ops/mamba_mimo_fwd/test_fwd_kernels.py`` (``ops.mamba_mimo_fwd.cases.kernel_cases``)."""
+    from mimo_numerics import kernels
+    from mimo_numerics.metrics import ulp_distance
+    from mimo_numerics.ops.mamba_mimo_fwd.cases import kernel_cases, kernel_policies, make_inputs
+    from mimo_numerics.ops.mamba_mimo_fwd.reference import mamba_mimo_fwd
+    from mimo_numerics.ops.mamba_mimo_fwd.spec import INPUT_NAMES
+
+    rows = []
+    for spec in kernel_cases():
+        x = make_inputs(spec)
+        args = [x[n] for n in INPUT_NAMES]
+        kw = dict(chunk_size=x["chunk_size"], rotary_dim_divisor=x["rotary_dim_divisor"])
+        for name, policy in kernel_policies(spec):
+            got = kernels.mamba_mimo_fwd(*args, **kw, policy=policy, poison=True).o
+            want = mamba_mimo_fwd(*args, **kw, policy=policy).o
+            rows.append({"case": f"{spec.case_id}-{name}", "rel_rms": _rel_rms(got.float(), want.float()),
+                         "differing": _differing(got, want), "numel": want.numel(),
+                         "max_ulps": int(ulp_distance(got, want, want.dtype).abs().max().item())})
+    return {"rows": rows, "worst_rel_rms": max(r["rel_rms"] for r in rows),
+            "max_lp_differing": max(r["differing"] for r in rows), "max_lp_ulps": max(r["max_ulps"] for r in rows)}
+
+
 # ---------------------------------------------------------------------------------------------------- stage 2
 def stage2_synthetic_specs():
     """SYNTHETIC of tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py."""
@@ -534,6 +558,7 @@ def measure_bit_equal(group: str) -> dict:
 
 GROUPS: Dict[str, Callable[[], dict]] = {
     "kernels": measure_kernels,
+    "fwd_kernels": measure_fwd_kernels,
     "stage2_paths": lambda: measure_bit_equal("stage2_paths"),
     "stage2_state_update": measure_stage2_state_update,
     "stage2_fp64": lambda: measure_recorded("stage2_fp64"),
@@ -552,6 +577,7 @@ GROUPS: Dict[str, Callable[[], dict]] = {
 SUMMARY = {
     "kernels": {"worst_rel_rms": max, "worst_lp_rel_rms": max, "worst_fp32_rel_rms": max, "max_lp_differing": max,
                 "max_lp_ulps": max, "max_one_flip": max, "pairs_exactly_equal": min},
+    "fwd_kernels": {"worst_rel_rms": max, "max_lp_differing": max, "max_lp_ulps": max},
     "stage2_paths": {"failed": max},
     "stage2_state_update": {"worst_rel_rms": max},
     "epilogue": {"max_exact_differing": max, "min_dTrap_bit_equal": min, "max_dTrap_near_midpoint_8ulp": max},

@@ -30,9 +30,9 @@ the FP64 oracles record no internal stages, only outputs) and the epilogue's out
 (``mamba3_mimo_epilogue.dQ``, ..., ``mamba3_mimo_epilogue.ddt_core``). The forward fills it when called, the backward
 when it runs. :func:`golden_sections` turns a record into the golden file's sections.
 
-``backend="triton"`` runs stage 1 with the package's Triton kernels (``mimo_numerics.kernels``: compiled on CUDA,
-Triton's interpreter on CPU, triton-ascend on NPU); the preprocessing, the forward, stage 2 and the epilogue have no
-kernel yet and run the reference: each call says so with a :class:`BackendFallbackWarning` naming them
+``backend="triton"`` runs the forward and stage 1 with the package's Triton kernels (``mimo_numerics.kernels``:
+compiled on CUDA, Triton's interpreter on CPU, triton-ascend on NPU); the preprocessing, stage 2 and the epilogue have
+no kernel yet and run the reference: each call says so with a :class:`BackendFallbackWarning` naming them
 (:data:`TRITON_STAGES`), once per message and code location (Python's default warning filter).
 
 Not implemented (they raise ``NotImplementedError``): ``return_state=True`` and ``cu_seqlens`` (varlen).
@@ -61,7 +61,7 @@ BACKENDS = ("reference", "triton")
 #: What each step of the chain runs under ``backend="triton"``: "triton" or "reference" (no kernel yet).
 TRITON_STAGES: Dict[str, str] = {
     "mamba3_mimo_preprocess": "reference",
-    "mamba_mimo_fwd": "reference",
+    "mamba_mimo_fwd": "triton",
     "mamba_mimo_bwd_fwd": "triton",
     "mamba_mimo_bwd_bwd": "reference",
     "mamba3_mimo_epilogue": "reference",
@@ -174,7 +174,7 @@ class _Mamba3MimoFunction(torch.autograd.Function):
         inputs = dict(zip(OP_INPUT_NAMES, tensors))
         inputs["chunk_size"], inputs["rotary_dim_divisor"] = config.chunk_size, config.rotary_dim_divisor
         pre = chain.run_preprocess(inputs, config.policy, record=config.record)
-        out = chain.run_forward(inputs, pre, config.policy, record=config.record)
+        out = chain.run_forward(inputs, pre, config.policy, backend=config.backend, record=config.record)
         ctx.config, ctx.pre = config, pre
         ctx.save_for_backward(*tensors)
         return out
@@ -202,15 +202,17 @@ def _check_backend(backend: str, policy, tensors: Dict[str, Optional[torch.Tenso
     if not kernels.triton_available():
         raise ImportError("backend='triton' needs Triton: install the 'triton' extra (pip install "
                           "'mimo_numerics[triton]'), or the 'npu' extra on Ascend; backend='reference' needs none")
-    kernels.policy_constexprs(policy)  # UnsupportedPolicyError naming the field (fp64, round_outputs=False, ...)
+    for operator in ("mamba_mimo_fwd", "mamba_mimo_bwd_fwd"):
+        # UnsupportedPolicyError naming the field (fp64, round_outputs=False, ...)
+        kernels.policy_constexprs(policy, operator)
     N, P, R = tensors["Q"].shape[-1], tensors["V"].shape[-1], tensors["Q"].shape[2]
     for letter, size, source in (("N", N, "Q"), ("P", P, "V")):
         if size not in kernels.SUPPORTED_DIMS:
-            raise ValueError(f"backend='triton': {source} has {letter}={size}; the stage-1 Triton kernels support "
+            raise ValueError(f"backend='triton': {source} has {letter}={size}; the Triton kernels support "
                              f"{letter} in {kernels.SUPPORTED_DIMS} (backend='reference' takes any size)")
     if chunk_size * R > _stage1_kernel.MAX_FUSED_ROWS:
         raise ValueError(f"backend='triton': chunk_size={chunk_size} with R={R} gives C*R={chunk_size * R} fused "
-                         f"rows; the stage-1 Triton kernels support C*R <= {_stage1_kernel.MAX_FUSED_ROWS}")
+                         f"rows; the Triton kernels support C*R <= {_stage1_kernel.MAX_FUSED_ROWS}")
     fallback = [step for step, runs in TRITON_STAGES.items() if runs == "reference"]
     warnings.warn(f"backend='triton': only {', '.join(s for s, r in TRITON_STAGES.items() if r == 'triton')} "
                   f"runs a Triton kernel; {', '.join(fallback)} have none yet and run the reference",
@@ -236,7 +238,7 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
         dtype (torch.dtype | None): upstream's argument; when given it must be the dtype of ``Q``.
         policy (RoundingPolicy | str): a policy, a preset name or a policy JSON path; it must define the sections
             of ``mamba_mimo_fwd``, ``mamba_mimo_bwd_fwd`` and ``mamba_mimo_bwd_bwd``.
-        backend (str): ``"reference"`` or ``"triton"`` (stage 1 by kernel; :data:`TRITON_STAGES`).
+        backend (str): ``"reference"`` or ``"triton"`` (the forward and stage 1 by kernel; :data:`TRITON_STAGES`).
         record (dict, optional): filled with the named stages of the chain (module docstring).
         return_state, cu_seqlens: upstream's final-state and varlen paths: not implemented (they raise).
 

@@ -266,15 +266,24 @@ def run_preprocess(inputs: dict, policy, *, record: Optional[dict] = None) -> Di
     return pre
 
 
-def run_forward(inputs: dict, pre: dict, policy, *, record: Optional[dict] = None) -> torch.Tensor:
+def run_forward(inputs: dict, pre: dict, policy, *, backend: str = "reference",
+                record: Optional[dict] = None) -> torch.Tensor:
     """``Out`` of the forward operator under ``policy`` (the FP64 oracle under the fp64 chain).
 
-    ``record`` gets ``mamba_mimo_fwd.<stage>`` (the reference's ``spec.STAGES``; none under fp64) and
+    ``backend="triton"`` runs ``mimo_numerics.kernels.mamba_mimo_fwd`` (reference chain only). ``record`` gets
+    ``mamba_mimo_fwd.<stage>`` (the reference's ``spec.STAGES``, the kernel's as well; none under fp64) and
     ``mamba_mimo_fwd.outputs.o``.
     """
     policy = _presets.resolve(policy)
     if chain_kind(policy) == "fp64":
         out = mamba_mimo_fwd_oracle(*forward_args(inputs, pre), **stage2_kwargs(inputs))
+    elif backend == "triton":
+        from ... import kernels  # imports triton only when called
+
+        stages = None if record is None else {}
+        out = kernels.mamba_mimo_fwd(*forward_args(inputs, pre), **stage2_kwargs(inputs), policy=policy,
+                                     record=stages).o
+        _store(record, "mamba_mimo_fwd", stages)
     else:
         out = _per_batch_slice(lambda x, p, rec: _forward_reference(x, p, policy, rec), inputs, pre, record=record)
     _store(record, "mamba_mimo_fwd.outputs", {"o": out})

@@ -239,7 +239,7 @@ def test_device_mismatch_names_the_argument():
 
 
 @pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")
-def test_triton_backend_runs_stage1_by_kernel_and_says_what_falls_back():
+def test_triton_backend_runs_forward_and_stage1_by_kernel_and_says_what_falls_back():
     spec = small_case(seqlen=16, chunk_size=8, value_dim=16)
     inputs = make_op_inputs(spec)
     record = {}
@@ -248,9 +248,13 @@ def test_triton_backend_runs_stage1_by_kernel_and_says_what_falls_back():
         got = gf.run_op(inputs, "upstream_sm90", backend="triton", record=record)
     fallback = [w for w in caught if issubclass(w.category, BackendFallbackWarning)]
     assert len(fallback) == 1
-    for step in ("mamba_mimo_fwd", "mamba_mimo_bwd_bwd", "mamba3_mimo_epilogue", "mamba3_mimo_preprocess"):
-        assert step in str(fallback[0].message)
-    assert "mamba_mimo_bwd_fwd.state" in record  # the kernel's record, under the reference's stage names
+    message = str(fallback[0].message)
+    kernel_steps, fallback_steps = message.split("; ")
+    assert kernel_steps == "backend='triton': only mamba_mimo_fwd, mamba_mimo_bwd_fwd runs a Triton kernel", message
+    for step in ("mamba_mimo_bwd_bwd", "mamba3_mimo_epilogue", "mamba3_mimo_preprocess"):
+        assert step in fallback_steps
+    # the kernels' records, under the reference's stage names
+    assert "mamba_mimo_bwd_fwd.state" in record and "mamba_mimo_fwd.o_rank" in record
     want = gf.run_op(inputs, "upstream_sm90")
     for key in gf.OUTPUT_KEYS:  # one policy, two implementations: FP32 summation order only
         if want[key] is not None:
@@ -265,5 +269,5 @@ def test_triton_backend_rejects_policies_the_kernels_cannot_express():
         return
     with pytest.raises(kernels.UnsupportedPolicyError, match="math_dtype"):
         mamba3_mimo(*_with(inputs), chunk_size=8, rotary_dim_divisor=4, backend="triton", policy="fp64")
-    with pytest.raises(ValueError, match="P=8; the stage-1 Triton kernels support"):  # before the forward runs
+    with pytest.raises(ValueError, match="P=8; the Triton kernels support"):  # before the forward runs
         mamba3_mimo(*_with(inputs), chunk_size=8, rotary_dim_divisor=4, backend="triton")
