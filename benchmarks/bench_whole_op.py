@@ -68,14 +68,21 @@ def _timed_call(sizes: dict, device, op_call):
     return call
 
 
-def whole_op_call(sizes: dict, device, policy: str):
+def whole_op_call(sizes: dict, device, policy: str, backend: str = "reference"):
     """``call()``: one forward + backward of ``mn.mamba3_mimo`` at ``sizes`` (B, S, H) and :data:`FIXED` on
-    ``device`` under ``policy``, from fresh leaves each time; returns ``(Out, leaves)``. Only names every commit's
-    package has (``--baseline`` runs it against an old one); also used by ``profile_whole_op.py``."""
+    ``device`` under ``policy`` and ``backend``, from fresh leaves each time; returns ``(Out, leaves)``. Only names
+    every commit's package has (``--baseline`` runs it against an old one); also used by ``profile_whole_op.py``."""
+    import warnings
+
     import mimo_numerics as mn
 
-    return _timed_call(sizes, device, lambda leaves, chunk_size: mn.mamba3_mimo(
-        *leaves, chunk_size=chunk_size, rotary_dim_divisor=4, policy=policy))
+    def op(leaves, chunk_size):
+        with warnings.catch_warnings():  # backend="triton" says which steps still run the reference, every call
+            warnings.simplefilter("ignore", UserWarning)
+            return mn.mamba3_mimo(*leaves, chunk_size=chunk_size, rotary_dim_divisor=4, policy=policy,
+                                  backend=backend)
+
+    return _timed_call(sizes, device, op)
 
 
 def upstream_call(sizes: dict, device):
@@ -98,7 +105,7 @@ def worker(args) -> int:
     if args.policy == UPSTREAM:
         call = upstream_call(SHAPES[args.shape], device)
     else:
-        call = whole_op_call(SHAPES[args.shape], device, args.policy)
+        call = whole_op_call(SHAPES[args.shape], device, args.policy, args.backend)
     out, leaves = call()
     if args.save:  # Out and the gradients of the first call, to compare bits between implementations
         values = {"Out": out.detach().cpu()}
@@ -139,7 +146,8 @@ def _run_worker(path: Path, args, policy: str, save: Path) -> dict:
     # the package under test first; the rest of PYTHONPATH kept (use_upstream_wheels.sh puts TileLang there)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(path), os.environ.get("PYTHONPATH")) if p))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--shape", args.shape, "--device", args.device,
-           "--policy", policy, "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--save", str(save)]
+           "--policy", policy, "--backend", args.backend if path == ROOT else "reference",
+           "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--save", str(save)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(path))
     if done.returncode:
         return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
@@ -152,6 +160,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="a")
     parser.add_argument("--policies", default="upstream_sm90,fp32")
+    parser.add_argument("--backend", default="reference", choices=("reference", "triton"),
+                        help="mn.mamba3_mimo's backend for the current package (the baseline runs the reference)")
     parser.add_argument("--baseline", default=None, help="a commit whose package is timed too, in the same session")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
@@ -203,7 +213,8 @@ def main(argv=None) -> int:
             "repeats": args.repeats, "rows": rows, "upstream": upstream_row}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"whole_op_{device_type}" + ("" if args.shape in ("a", "cpu") else f"_{args.shape}")
+    stem = (f"whole_op_{device_type}" + ("" if args.shape in ("a", "cpu") else f"_{args.shape}")
+            + ("" if args.backend == "reference" else f"_{args.backend}"))
     (out / f"{stem}.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
 
     def cells(r: dict) -> str:
@@ -213,15 +224,16 @@ def main(argv=None) -> int:
         if "kernels" not in r:
             return f"{median:.1f} | {min(r['wall_ms']):.1f} | - | - | - | -"
         busy = r["kernel_ms"] / median
-        return (f"{median:.1f} | {min(r['wall_ms']):.1f} | {r['kernels']} | {r['kernel_ms']:.1f} | "
+        return (f"{median:.1f} | {min(r['wall_ms']):.1f} | {r['kernels']} | {r['kernel_ms']:.2f} | "
                 f"{100 * min(busy, 1.0):.0f} % | {r['peak_bytes'] / 2**30:.2f}")
 
     shape = SHAPES[args.shape]
-    lines = [f"# The whole op's reference, forward + backward ({device_type}, shape {args.shape})", "",
+    what = "reference" if args.backend == "reference" else f"backend={args.backend!r}"
+    lines = [f"# The whole op's {what}, forward + backward ({device_type}, shape {args.shape})", "",
              provenance.markdown_header(prov) + f" {meta['date']}.", "",
              ("**Smoke run (shape `smoke`): checks that the script runs; not a benchmark.** "
               if args.shape == "smoke" else "")
-             + f"`mn.mamba3_mimo(..., policy=P)` and `Out.backward(dout)` from leaves that require grad, B={shape['batch']}, "
+             + f"`mn.mamba3_mimo(..., policy=P, backend={args.backend!r})` and `Out.backward(dout)` from leaves that require grad, B={shape['batch']}, "
              f"S={shape['seqlen']}, H={shape['heads']}, G=1, N=P=64, R=4, C=16, reduced DOUT, Z, D. Median and min of "
              f"{args.repeats} calls after {args.warmup} warm-up calls, one worker process per cell; `kernels`: device "
              "kernels launched by one profiled call (the kernels of replayed CUDA graphs included); `kernel ms`: their "

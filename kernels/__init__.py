@@ -34,5 +34,5 @@ from .mimo_bwd_fwd import (  # noqa: F401
 from .mimo_fwd import mamba_mimo_fwd  # noqa: F401
 
 __all__ = ["mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "policy_constexprs", "launch_config", "LaunchConfig",
-           "TUNING_KEYS", "UnsupportedPolicyError", "SlowInterpreterError", "triton_available", "estimate_interpreter_seconds",
-           "plan", "SUPPORTED_DIMS", "INTERPRETER_LIMIT_S"]
+           "TUNING_KEYS", "UnsupportedPolicyError", "SlowInterpreterError", "triton_available",
+           "estimate_interpreter_seconds", "plan", "SUPPORTED_DIMS", "INTERPRETER_LIMIT_S"]

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
+from mimo_numerics.ops.mamba_mimo_fwd.spec import INPUT_NAMES as _FORWARD_INPUTS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -618,6 +619,25 @@ CI_CASES: Tuple[GateCase, ...] = (
 )
 
 
+#: The forward's CI scope (``mimo_numerics.kernels.mimo_fwd``): its angles, prep and state launches are stage 1's
+#: specializations (deduplicated), so these calls add the output kernel with ``FORWARD``: every branch combination,
+#: every preset with forward semantics (``seed_bf16`` has none), the largest tiles, R = 1 and C·R = 18 padded.
+FORWARD_CI_CASES: Tuple[GateCase, ...] = (
+    ("upstream_sm90", 128, 128, 16, 4, True, True, True),         # roZD: gate, phi_gate, out_proj, out_accum, d_term
+    ("upstream_sm90", 128, 128, 32, 4, False, True, False),       # foZ- at LP 128: gate, the per-rank o store
+    ("fp32", 128, 128, 32, 4, True, True, True),                  # every switch off: FP32 operands and workspaces
+    ("upstream_sm90_fp16", 64, 64, 16, 4, True, True, True),      # fp16, roZD
+    ("upstream_sm90_fp16", 64, 64, 16, 4, False, False, True),    # fp16, fo-D
+    ("upstream_sm80", 32, 32, 16, 2, True, False, True),          # mul_then_add diagonal, ro-D
+    ("upstream_sm80_fp16", 16, 128, 6, 3, False, False, False),   # fo--, C·R = 18 padded
+    ("fp32", 16, 16, 8, 2, True, True, False),                    # roZ-, smallest tiles
+    ("upstream_sm90", 64, 32, 128, 1, True, False, False),        # ro--, R = 1, CP 128
+)
+#: The operators the gate builds launches for, with the launcher module of each.
+OPERATOR_LAUNCHERS = {"mamba_mimo_bwd_fwd": "mimo_numerics.kernels.mimo_bwd_fwd",
+                      "mamba_mimo_fwd": "mimo_numerics.kernels.mimo_fwd"}
+
+
 def ci_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
     """``CI_CASES`` restricted to ``presets`` (see there); about 50 distinct specializations per part."""
     return [cs for cs in CI_CASES if cs[0] in presets]
@@ -629,7 +649,8 @@ def _unique(cases: Iterable[GateCase]) -> List[GateCase]:
 
 
 def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
-                  cases: Optional[Sequence[GateCase]] = None) -> List[LaunchPlan]:
+                  cases: Optional[Sequence[GateCase]] = None,
+                  operators: Sequence[str] = tuple(OPERATOR_LAUNCHERS)) -> List[LaunchPlan]:
     """The launches the project's launcher makes for the gated cases, asked from the launcher itself.
 
     ``mimo_numerics.kernels.mimo_bwd_fwd.build_launches(..., backend="npu")`` validates the inputs, derives the
@@ -638,6 +659,11 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
     constexprs and grids it compiles are exactly the launcher's. Runtime ints (B, S, H, …) are one
     representative size per case: B = 2, H = 2, G = 1, S = 3·C − 1 (three chunks, the last one padded), so none is
     specialised as 1 or as a multiple of 16 the way a unit batch would be.
+
+    ``operators``: stage 1 (``mamba_mimo_bwd_fwd``) on ``cases`` (or the scope's), and the forward
+    (``mamba_mimo_fwd``, ``mimo_numerics.kernels.mimo_fwd.build_launches``) on :data:`FORWARD_CI_CASES` under the
+    ci scope (the other scopes: on their stage-1 cases whose preset has forward semantics), or on ``cases`` when
+    given. Forward plans are labelled ``fwd_…``.
     """
     import torch
 
@@ -645,6 +671,10 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
     from mimo_numerics import presets as _presets
 
     presets = tuple(presets or GATE_PRESETS)
+    unknown = sorted(set(operators) - set(OPERATOR_LAUNCHERS))
+    if unknown:
+        raise ValueError(f"operators {unknown} unknown; known: {sorted(OPERATOR_LAUNCHERS)}")
+    forward_cases = cases
     if cases is None:
         if scope == "full":
             cases = full_cases(presets)
@@ -654,14 +684,21 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
             cases = ci_cases(presets)
         else:
             raise ValueError(f"scope must be 'ci', 'wide' or 'full', got {scope!r}")
-    launcher = importlib.import_module("mimo_numerics.kernels.mimo_bwd_fwd")
-    build = getattr(launcher, "build_launches", None)
-    if build is None:
-        raise GateEnvironmentError("mimo_numerics.kernels.mimo_bwd_fwd has no build_launches(); the gate needs the "
-                                   "launcher to describe its launches without running them (docs/ascend_findings.md)")
+        forward_cases = [cs for cs in FORWARD_CI_CASES if cs[0] in presets] if scope == "ci" else cases
+    jobs = []
+    for operator in operators:
+        module = OPERATOR_LAUNCHERS[operator]
+        build = getattr(importlib.import_module(module), "build_launches", None)
+        if build is None:
+            raise GateEnvironmentError(f"{module} has no build_launches(); the gate needs the launcher to describe "
+                                       "its launches without running them (docs/ascend_findings.md)")
+        for case in (forward_cases if operator == "mamba_mimo_fwd" else cases):
+            if operator == "mamba_mimo_fwd" and not _presets.get(case[0]).defines("mamba_mimo_fwd"):
+                continue
+            jobs.append((operator, build, case))
     plans: List[LaunchPlan] = []
     inputs_cache: Dict[Tuple, Any] = {}
-    for preset, n, p, c, r, ro, z, d in cases:
+    for operator, build, (preset, n, p, c, r, ro, z, d) in jobs:
         policy = _presets.get(preset)
         shape = (n, p, c, r, ro, z, d, policy.lp_dtype)
         if shape not in inputs_cache:
@@ -671,12 +708,17 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
                                    dtype=policy.lp_dtype)
             inputs_cache[shape] = stage1_cases.make_inputs(spec, "cpu")
         inputs = inputs_cache[shape]
-        label = f"N{n}_P{p}_R{r}_C{c}_" + ("ro" if ro else "fo") + ("Z" if z else "-") + ("D" if d else "-")
+        label = (("fwd_" if operator == "mamba_mimo_fwd" else "") + f"N{n}_P{p}_R{r}_C{c}_"
+                 + ("ro" if ro else "fo") + ("Z" if z else "-") + ("D" if d else "-"))
+        if operator == "mamba_mimo_fwd":
+            args = [inputs[name] for name in _FORWARD_INPUTS]
+        else:
+            args = stage1_cases.as_args(inputs)
         with torch.no_grad(), warnings.catch_warnings():
             # without CANN, triton-ascend's driver probe warns "No such file or directory: 'ccec'" on every call
             # (the launcher asks it for the core count and falls back to a default)
             warnings.filterwarnings("ignore", message=r".*ccec.*", category=UserWarning)
-            prep = build(*stage1_cases.as_args(inputs), **stage1_cases.as_kwargs(inputs), policy=policy, backend="npu")
+            prep = build(*args, **stage1_cases.as_kwargs(inputs), policy=policy, backend="npu")
         for launch in prep.launches:
             grid = launch.grid if isinstance(launch.grid, (tuple, list)) else (int(launch.grid),)
             plans.append(LaunchPlan(kernel=launch.kernel, args=tuple(launch.args),

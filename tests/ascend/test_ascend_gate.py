@@ -146,6 +146,22 @@ def test_project_launcher_enumerates_every_kernel_and_preset():
     assert hasattr(launcher, "build_launches")
 
 
+def test_forward_ci_cases_cover_every_branch_and_forward_preset():
+    """The forward's CI scope: every branch combination, every preset with forward semantics; its plans are the
+    forward launcher's (``fwd_`` labels, the output kernel with FORWARD)."""
+    from mimo_numerics import presets
+
+    cases = gate.FORWARD_CI_CASES
+    assert {c[5:] for c in cases} == set(gate.GATE_BRANCHES)
+    assert {c[0] for c in cases} == {p for p in gate.GATE_PRESETS if presets.get(p).defines("mamba_mimo_fwd")}
+    plans = gate.project_plans(scope="ci", operators=("mamba_mimo_fwd",))
+    assert plans and all(p.name.startswith("fwd_") for p in plans)
+    outs = [p for p in plans if p.kernel_name == "_mimo_out_kernel"]
+    assert len(outs) == len(cases) and all(p.kwargs["FORWARD"] for p in outs)
+    with pytest.raises(ValueError, match="operators"):
+        gate.project_plans(scope="ci", operators=("mamba_mimo_bwd_bwd",))
+
+
 def test_ci_cases_cover_every_preset_branch_dim_and_tile_class():
     cases = gate.ci_cases()
     assert {c[0] for c in cases} == set(gate.GATE_PRESETS)

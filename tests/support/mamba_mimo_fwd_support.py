@@ -1,12 +1,13 @@
-"""Shared set-up of tests/ops/mamba_mimo_fwd/test_fwd_reference.py and scripts/measure_fwd_golden.py: policies, the golden file's
-path, and calls of the forward reference on golden cases and on ``mimo_numerics.cases`` inputs (the golden-case
-arguments and table live in the package: ``mimo_numerics.ops.mamba_mimo_fwd.golden``)."""
+"""Shared set-up of tests/ops/mamba_mimo_fwd/test_fwd_reference.py, test_fwd_kernels(_gpu).py and
+scripts/measure_fwd_golden.py: policies, the golden file's path, and calls of the forward reference on golden cases
+and on ``mimo_numerics.cases`` inputs (the golden-case arguments and table live in the package:
+``mimo_numerics.ops.mamba_mimo_fwd.golden``); the forward kernel's golden gate."""
 
 from __future__ import annotations
 
 import torch
 
-from mimo_numerics import golden_data, presets
+from mimo_numerics import golden_data, presets, tolerances
 from mimo_numerics.ops.mamba_mimo_fwd.golden import golden_args, golden_table  # noqa: F401  (re-exported)
 from mimo_numerics.ops.mamba_mimo_fwd.reference import mamba_mimo_fwd
 from mimo_numerics.ops.mamba_mimo_fwd.sites import SITES
@@ -65,3 +66,36 @@ def site_is_live(site: str, kw: dict, inputs: dict) -> bool:
     live = {"phi_weight": reduced, "out_proj": reduced and kw["R"] > 1, "phi_gate": reduced and has_z,
             "out_accum": reduced and kw["R"] > 2, "gate": has_z, "d_term": has_d}
     return live.get(site, True)
+
+
+def kernel_golden_rows(device) -> list:
+    """Per golden case, the forward Triton kernel on ``device`` against upstream's ``fwd.o``: rel RMS under
+    ``upstream_sm90`` and ``fp32`` (each in the case's lp dtype), the bit-equal fraction under ``upstream_sm90``."""
+    from mimo_numerics import kernels
+    from mimo_numerics.metrics import bit_equal_fraction, rel_rms
+
+    rows = []
+    for name, case in sorted(load_golden().items()):
+        args = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in golden_args(case).items()}
+        want = case["fwd"]["o"].to(device)
+        row = {"case": name, "fp16": case["inputs"]["Q"].dtype == torch.float16}
+        for preset in ("upstream_sm90", "fp32"):
+            got = kernels.mamba_mimo_fwd(**args, policy=case_policy(preset, case), poison=True).o
+            row[preset] = rel_rms(got, want)
+            if preset == "upstream_sm90":
+                row["bit_equal"] = bit_equal_fraction(got, want)
+        rows.append(row)
+    return rows
+
+
+def check_kernel_golden(device) -> list:
+    """The forward reference's golden gates applied to the forward kernel on ``device`` (issue 23, acceptance 2):
+    within ``fwd_golden_upstream_sm90_rel_rms`` of upstream, bit-equal on at least ``fwd_golden_bit_equal_min``
+    (``_fp16``) of the elements, and ``fp32`` at least ``fwd_golden_fp32_over_sm90_ratio_min`` times further."""
+    rows = kernel_golden_rows(device)
+    for row in rows:
+        print(row)
+        assert row["upstream_sm90"] <= tolerances.get("fwd_golden_upstream_sm90_rel_rms"), row
+        assert row["bit_equal"] >= tolerances.get("fwd_golden_bit_equal_min" + ("_fp16" if row["fp16"] else "")), row
+        assert row["fp32"] >= tolerances.get("fwd_golden_fp32_over_sm90_ratio_min") * row["upstream_sm90"], row
+    return rows
