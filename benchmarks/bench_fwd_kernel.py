@@ -62,6 +62,23 @@ def bytes_moved(x: dict, out: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in _args(x) if t is not None) + out.numel() * out.element_size()
 
 
+def device_ms(fn, calls: int = 10) -> dict:
+    """Device time per call of ``fn`` by ``torch.profiler`` (the summed durations of the GPU kernels it launches,
+    copies included; host work excluded: for upstream's forward, whose every call goes through TileLang's kernel
+    cache lookup on the host, this is its kernel-only time), and the kernels per call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {"device_ms": sum(e.time_range.elapsed_us() for e in events) / 1e3 / calls,
+            "kernels": len(events) / calls}
+
+
 def bench_shape(shape: str, do_bench, rep: int, with_upstream: bool, with_reference: bool) -> dict:
     spec = kernel_shape(shape)
     dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -74,10 +91,18 @@ def bench_shape(shape: str, do_bench, rep: int, with_upstream: bool, with_refere
         ok = err <= GATE_RTOL and not torch.isnan(got.float()).any().item()
         cell = {"gate_rel_rms": err, "gate_ok": ok, "bytes": bytes_moved(x, got)}
         if ok:
-            cell["ms"] = do_bench(lambda: kernels.mamba_mimo_fwd(*_args(x), **_kw(x), policy=policy), rep=rep)
-            cell["gbps"] = cell["bytes"] / (cell["ms"] * 1e-3) / 1e9
-            prep = mimo_fwd.build_launches(*_args(x), **_kw(x), policy=policy)
+            pol = mn.presets.get(policy)
+            cell["ms"] = do_bench(lambda: kernels.mamba_mimo_fwd(*_args(x), **_kw(x), policy=pol), rep=rep)
+            prep = mimo_fwd.build_launches(*_args(x), **_kw(x), policy=pol)
+            cell["launches_ms"] = do_bench(lambda: [la.run() for la in prep.launches], rep=rep)
+            cell["gbps"] = cell["bytes"] / (cell["launches_ms"] * 1e-3) / 1e9
             cell["launch_ms"] = {la.name: do_bench(la.run, rep=rep) for la in prep.launches}
+            if dev.type == "cuda":
+                cell.update(device_ms(lambda: kernels.mamba_mimo_fwd(*_args(x), **_kw(x), policy=pol)))
+                start = time.perf_counter()
+                for _ in range(20):
+                    mimo_fwd.build_launches(*_args(x), **_kw(x), policy=pol)
+                cell["host_build_ms"] = (time.perf_counter() - start) / 20 * 1e3
         if with_reference and policy == "upstream_sm90":
             row["reference_ms"] = do_bench(lambda: forward_reference(*_args(x), **_kw(x), policy=policy), rep=rep)
         row[policy] = cell
@@ -85,7 +110,9 @@ def bench_shape(shape: str, do_bench, rep: int, with_upstream: bool, with_refere
     if with_upstream:
         try:
             up = op_upstream.run_forward(*_args(x), **_kw(x)).o
-            row["upstream_ms"] = do_bench(lambda: op_upstream.run_forward(*_args(x), **_kw(x)), rep=rep)
+            row["upstream_wall_ms"] = do_bench(lambda: op_upstream.run_forward(*_args(x), **_kw(x)), rep=rep)
+            dm = device_ms(lambda: op_upstream.run_forward(*_args(x), **_kw(x)))
+            row["upstream_ms"], row["upstream_kernels"] = dm["device_ms"], dm["kernels"]
             for policy in POLICIES:
                 row[policy]["vs_upstream_rel_rms"] = rel_rms(row["outputs"][policy].float(), up.float())
         except Exception as exc:  # no TileLang / mamba-ssm source, or not on CUDA: reported, not fatal
@@ -136,13 +163,20 @@ def markdown(rows: list, meta: dict) -> str:
     lines = ["# Forward kernel `mamba_mimo_fwd`: Triton vs upstream TileLang vs the reference", "",
              provenance.markdown_header(meta["provenance"]) + f" {meta['date']}.", "",
              ("**Smoke run: checks that the script runs; not a benchmark.** " if meta["smoke"] else "")
-             + "Median ms of `triton.testing.do_bench`; each configuration gated first (kernel vs the reference on the "
-             f"GPU, same policy, rel RMS <= {GATE_RTOL:g}, poisoned launch). Upstream: `mamba_mimo_forward` of "
-             "mamba-ssm 2.3.2.post1 (TileLang), compiled by an untimed first call. GB/s: bytes the shape must move "
-             "(inputs once, output once) over the median time (H200 copy rate ~4,300 GB/s).", "",
-             "| shape | Triton upstream_sm90 ms | GB/s | Triton fp32 ms | upstream TileLang ms | reference (GPU) ms | "
-             "Triton vs upstream | gate rel RMS | vs upstream rel RMS (upstream_sm90 / fp32) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             + "Each configuration gated first (kernel vs the reference on the GPU, same policy, rel RMS <= "
+             f"{GATE_RTOL:g}, poisoned launch). `launches ms`: median of `triton.testing.do_bench` over the call's "
+             "four launches, built once (kernel only); `call ms`: the same for the whole call "
+             "`kernels.mamba_mimo_fwd(...)` (validation, buffers, launch configuration and launches: host work "
+             "included); `device ms`: the summed GPU time of one call's kernels by `torch.profiler`. Upstream: "
+             "`mamba_mimo_forward` of mamba-ssm 2.3.2.post1 (TileLang, compiled by an untimed first call), its "
+             "kernel's GPU time by `torch.profiler` (kernel only; its every call also looks the kernel up in "
+             "TileLang's cache on the host: `upstream call ms`). GB/s: bytes the shape must move (inputs once, "
+             "output once) over `launches ms` (H200 copy rate ~4,300 GB/s). Speed-up: upstream's kernel ms over "
+             "ours.", "",
+             "| shape | Triton upstream_sm90 launches ms | call ms | device ms | GB/s | Triton fp32 launches ms | "
+             "upstream kernel ms | upstream call ms | reference (GPU) ms | speed-up | gate rel RMS | "
+             "vs upstream rel RMS (upstream_sm90 / fp32) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def ms(v):
         return "-" if v is None else f"{v:.3f}"
@@ -150,12 +184,15 @@ def markdown(rows: list, meta: dict) -> str:
     for r in rows:
         a, f = r["upstream_sm90"], r["fp32"]
         up = r.get("upstream_ms")
-        speed = f"{up / a['ms']:.1f}x" if up and a.get("ms") else "-"
+        speed = f"{up / a['launches_ms']:.1f}x" if up and a.get("launches_ms") else "-"
         vs = " / ".join(f"{r[p].get('vs_upstream_rel_rms', float('nan')):.1e}" for p in POLICIES)
-        lines.append(f"| {r['shape']} `{r['case']}` | {ms(a.get('ms'))} | {a.get('gbps', 0):.0f} | {ms(f.get('ms'))} | "
-                     f"{ms(up) if up else r.get('upstream_error', 'not run')[:60]} | {ms(r.get('reference_ms'))} | "
-                     f"{speed} | {a['gate_rel_rms']:.1e} | {vs} |")
-    lines += ["", "Per launch (upstream_sm90, ms): " + "; ".join(
+        lines.append(f"| {r['shape']} `{r['case']}` | {ms(a.get('launches_ms'))} | {ms(a.get('ms'))} | "
+                     f"{ms(a.get('device_ms'))} | {a.get('gbps', 0):.0f} | {ms(f.get('launches_ms'))} | "
+                     f"{ms(up) if up else r.get('upstream_error', 'not run')[:60]} | {ms(r.get('upstream_wall_ms'))} | "
+                     f"{ms(r.get('reference_ms'))} | {speed} | {a['gate_rel_rms']:.1e} | {vs} |")
+    lines += ["", "Host time of `build_launches` (validation, buffers, configuration), ms: " + "; ".join(
+        f"{r['shape']} {r['upstream_sm90'].get('host_build_ms', float('nan')):.2f}" for r in rows) + ".",
+        "", "Per launch (upstream_sm90, ms): " + "; ".join(
         f"{r['shape']}: " + ", ".join(f"{k} {v:.3f}" for k, v in r["upstream_sm90"].get("launch_ms", {}).items())
         for r in rows) + "."]
     if meta.get("compile_time"):

@@ -625,7 +625,7 @@ CI_CASES: Tuple[GateCase, ...] = (
 FORWARD_CI_CASES: Tuple[GateCase, ...] = (
     ("upstream_sm90", 128, 128, 16, 4, True, True, True),         # roZD: gate, phi_gate, out_proj, out_accum, d_term
     ("upstream_sm90", 128, 128, 32, 4, False, True, False),       # foZ- at LP 128: gate, the per-rank o store
-    ("fp32", 128, 128, 32, 4, True, True, True),                  # every switch off: FP32 operands and workspaces
+    ("fp32", 128, 128, 32, 4, False, True, True),                 # foZD, every switch off: FP32 operands
     ("upstream_sm90_fp16", 64, 64, 16, 4, True, True, True),      # fp16, roZD
     ("upstream_sm90_fp16", 64, 64, 16, 4, False, False, True),    # fp16, fo-D
     ("upstream_sm80", 32, 32, 16, 2, True, False, True),          # mul_then_add diagonal, ro-D

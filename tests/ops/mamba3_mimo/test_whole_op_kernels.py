@@ -18,8 +18,9 @@ from mimo_numerics.studies import golden_figures as gf
 
 pytestmark = pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")
 
-#: Sums over all B·S tokens whose terms cancel: gated at the looser tolerance.
-CANCELLING = ("dAngles", "dD", "dDT", "dADT", "dMIMO_Out", "dMIMO_Z")
+#: Sums over all B·S tokens whose terms cancel: gated at the looser tolerance (the per-head and per-rank
+#: parameters' gradients: the angle and time-step sums, D, the MIMO weights of Φ and ζ, and the biases' sums).
+CANCELLING = ("dAngles", "dD", "dDT", "dADT", "dMIMO_Out", "dMIMO_Z", "dQ_bias", "dK_bias")
 CASES = {
     "small": small_case(seqlen=32, chunk_size=8, value_dim=16, heads=2, groups=2, reduce_o=False, seed=3),
     "S512": small_case(seqlen=512, heads=2, groups=1, state_dim=16, value_dim=16, rank=2, chunk_size=16, seed=4),

@@ -2,7 +2,7 @@
 
 * against the reference chain on the GPU under the same policy at S up to 8192: ``Out`` and every gradient within
   ``whole_op_kernels_vs_reference_rel_rms``, the cancelling sums within ``..._cancelling_rel_rms`` (the interpreter
-  test's gates, ``test_whole_op_kernels.py``);
+  test's gates, ``test_whole_op_kernels.py``), at S = 8192 within ``..._cancelling_long_rel_rms``;
 * the golden whole-op cases: the reference's own golden gates (``whole_op_golden_sm90_rel_rms`` on the gated
   outputs, ``upstream_sm90`` at least ``whole_op_golden_fp32_over_sm90_ratio_min`` times closer to upstream than
   ``fp32`` on every output) hold with the kernels in the chain.
@@ -50,8 +50,10 @@ def test_gpu_whole_op_on_kernels_matches_the_reference_chain(case, policy):
     got, want = _run(inputs, policy, "triton"), _run(inputs, policy, "reference")
     rows = {k: rel_rms(got[k], want[k]) for k in gf.OUTPUT_KEYS if want[k] is not None}
     print(case, policy, {k: f"{v:.1e}" for k, v in rows.items()})
+    # at S = 8192 the epilogue's reverse cumulative sum over S carries dAngles' cancellation further: its own gate
+    long = CASES[case].seqlen > 2048
     for key, err in rows.items():
-        name = "cancelling_rel_rms" if key in CANCELLING else "rel_rms"
+        name = ("cancelling_long_rel_rms" if long else "cancelling_rel_rms") if key in CANCELLING else "rel_rms"
         assert err <= tolerances.get(f"whole_op_kernels_vs_reference_{name}"), (key, err)
 
 
