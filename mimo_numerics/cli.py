@@ -370,7 +370,8 @@ def cmd_run(args) -> int:
         extra_meta["upstream_source"] = info
     name_of_device = envinfo.device_name(device)
     if backend == "triton":
-        operator_module(op, "kernels").policy_constexprs(base_policy)  # a policy the kernels cannot express: refused
+        # a policy the kernels cannot express: refused
+        operator_module(op, "kernels").policy_constexprs(base_policy, op.name)
         if torch.device(device).type == "cpu":
             _check_interpreter_time(found, args, op)
     kind_of_outputs = outputs_type(op)

@@ -122,5 +122,6 @@ OPERATOR = Operator(
     knob_sites={"diag_mode": ("diag_accum",)},
     outputs_type="mimo_numerics.ops.mamba_mimo_fwd.spec:MimoFwdOutputs",
     upstream="mimo_numerics.ops.mamba3_mimo.upstream:run_forward",
+    kernels="mimo_numerics.kernels:mamba_mimo_fwd",
     docs="docs/forward.md",
 )
