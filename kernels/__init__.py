@@ -32,7 +32,8 @@ from .mimo_bwd_fwd import (  # noqa: F401
     triton_available,
 )
 from .mimo_fwd import mamba_mimo_fwd  # noqa: F401
+from .mimo_bwd_bwd import mamba_mimo_bwd_bwd, stage2_constexprs  # noqa: F401
 
-__all__ = ["mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "policy_constexprs", "launch_config", "LaunchConfig",
+__all__ = ["mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "mamba_mimo_bwd_bwd", "stage2_constexprs", "policy_constexprs", "launch_config", "LaunchConfig",
            "TUNING_KEYS", "UnsupportedPolicyError", "SlowInterpreterError", "triton_available",
            "estimate_interpreter_seconds", "plan", "SUPPORTED_DIMS", "INTERPRETER_LIMIT_S"]

@@ -17,7 +17,7 @@ import sys
 import threading
 import types
 
-_KERNEL_MODULES = ("_rounding", "_mimo_kernels")
+_KERNEL_MODULES = ("_rounding", "_mimo_kernels", "_bwd_bwd_kernels")
 _PKG = __name__.rsplit(".", 1)[0]
 _INTERP_PKG = _PKG + "._interpreted"
 _lock = threading.Lock()
@@ -107,6 +107,14 @@ def kernel_module(interpreted: bool):
             else:
                 _cache[interpreted] = importlib.import_module(f"{_PKG}._mimo_kernels")
         return _cache[interpreted]
+
+
+def stage2_module(interpreted: bool):
+    """The ``_bwd_bwd_kernels`` module (stage 2) of the same build as ``kernel_module(interpreted)``."""
+    kernel_module(interpreted)
+    if interpreted:
+        return sys.modules[f"{_INTERP_PKG}._bwd_bwd_kernels"]
+    return importlib.import_module(f"{_PKG}._bwd_bwd_kernels")
 
 
 def rounding_module(interpreted: bool):

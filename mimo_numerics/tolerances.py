@@ -112,11 +112,12 @@ TOLERANCES: Dict[str, Tolerance] = {
         "tests/ops/mamba3_mimo/test_whole_op_kernels.py::test_whole_op_on_kernels_matches_the_reference_chain"),
     "whole_op_kernels_vs_reference_cancelling_rel_rms": Tolerance(
         1e-3,
-        "the same, for the sums over all B·S tokens whose terms cancel (dAngles, dD, dDT, dADT, dMIMO_Out, dMIMO_Z, "
-        "dQ_bias, dK_bias): worst 2.3e-4 on the CPU (dMIMO_Z, upstream_sm90, S = 512: its per-token terms sum in "
-        "magnitude to ~12x the result, so one lp rounding that the kernel and the reference take to different sides "
-        "moves it by 12x its share); on the H200 at S = 8192 dQ_bias 3.9e-4 (reports/gpu_tests_h200.md). The value "
-        "is issue 23's gate for such sums",
+        "the same, for the sums whose terms cancel (over all B·S tokens: dAngles, dD, dDT, dADT, dMIMO_Out, dMIMO_Z, "
+        "dQ_bias, dK_bias; and dTrap, the epilogue's combination of stage 2's dfactor and dγ_diag): worst 6.2e-4 on "
+        "the CPU (dTrap, upstream_sm90, S = 512, with stage 2 by kernel: stage 2's dfactor differs by 2.3e-5, a few "
+        "lp flips, and the epilogue's cancellation amplifies it 27x; dMIMO_Z 2.3e-4: its per-token terms sum in "
+        "magnitude to ~12x the result); on the H200 at S = 2048 dQ_bias 2.2e-4 (reports/gpu_tests_h200.md). The "
+        "value is issue 23's gate for such sums",
         "tests/ops/mamba3_mimo/test_whole_op_kernels.py::test_whole_op_on_kernels_matches_the_reference_chain"),
     "whole_op_kernels_vs_reference_cancelling_long_rel_rms": Tolerance(
         2.5e-3,

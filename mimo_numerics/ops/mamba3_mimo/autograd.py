@@ -30,9 +30,9 @@ the FP64 oracles record no internal stages, only outputs) and the epilogue's out
 (``mamba3_mimo_epilogue.dQ``, ..., ``mamba3_mimo_epilogue.ddt_core``). The forward fills it when called, the backward
 when it runs. :func:`golden_sections` turns a record into the golden file's sections.
 
-``backend="triton"`` runs the forward and stage 1 with the package's Triton kernels (``mimo_numerics.kernels``:
-compiled on CUDA, Triton's interpreter on CPU, triton-ascend on NPU); the preprocessing, stage 2 and the epilogue have
-no kernel yet and run the reference: each call says so with a :class:`BackendFallbackWarning` naming them
+``backend="triton"`` runs the forward, stage 1 and stage 2 with the package's Triton kernels
+(``mimo_numerics.kernels``: compiled on CUDA, Triton's interpreter on CPU, triton-ascend on NPU); the preprocessing
+and the FP32 epilogue have no kernel yet and run the reference: each call says so with a :class:`BackendFallbackWarning` naming them
 (:data:`TRITON_STAGES`), once per message and code location (Python's default warning filter).
 
 Not implemented (they raise ``NotImplementedError``): ``return_state=True`` and ``cu_seqlens`` (varlen).
@@ -63,7 +63,7 @@ TRITON_STAGES: Dict[str, str] = {
     "mamba3_mimo_preprocess": "reference",
     "mamba_mimo_fwd": "triton",
     "mamba_mimo_bwd_fwd": "triton",
-    "mamba_mimo_bwd_bwd": "reference",
+    "mamba_mimo_bwd_bwd": "triton",
     "mamba3_mimo_epilogue": "reference",
 }
 #: The key prefixes of ``record``, in chain order.
@@ -205,6 +205,7 @@ def _check_backend(backend: str, policy, tensors: Dict[str, Optional[torch.Tenso
     for operator in ("mamba_mimo_fwd", "mamba_mimo_bwd_fwd"):
         # UnsupportedPolicyError naming the field (fp64, round_outputs=False, ...)
         kernels.policy_constexprs(policy, operator)
+    kernels.stage2_constexprs(policy)
     N, P, R = tensors["Q"].shape[-1], tensors["V"].shape[-1], tensors["Q"].shape[2]
     for letter, size, source in (("N", N, "Q"), ("P", P, "V")):
         if size not in kernels.SUPPORTED_DIMS:
@@ -238,7 +239,7 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
         dtype (torch.dtype | None): upstream's argument; when given it must be the dtype of ``Q``.
         policy (RoundingPolicy | str): a policy, a preset name or a policy JSON path; it must define the sections
             of ``mamba_mimo_fwd``, ``mamba_mimo_bwd_fwd`` and ``mamba_mimo_bwd_bwd``.
-        backend (str): ``"reference"`` or ``"triton"`` (the forward and stage 1 by kernel; :data:`TRITON_STAGES`).
+        backend (str): ``"reference"`` or ``"triton"`` (the three operators by kernel; :data:`TRITON_STAGES`).
         record (dict, optional): filled with the named stages of the chain (module docstring).
         return_state, cu_seqlens: upstream's final-state and varlen paths: not implemented (they raise).
 

@@ -330,14 +330,20 @@ def _stage1_reference_step(inputs: dict, pre: dict, policy, record: Optional[dic
     return out.as_dict()
 
 
-def run_stage2(inputs: dict, pre: dict, bwd_fwd: dict, policy, *,
+def run_stage2(inputs: dict, pre: dict, bwd_fwd: dict, policy, *, backend: str = "reference",
                record: Optional[dict] = None) -> Dict[str, Optional[torch.Tensor]]:
     """Stage 2 (``mamba_mimo_bwd_bwd``) under ``policy`` on stage 1's ``states`` and ``qk_dot`` (the package's or
-    upstream's recorded ones): golden ``bwd_bwd`` names. ``record`` gets ``mamba_mimo_bwd_bwd.<stage>`` (none under
-    fp64) and ``mamba_mimo_bwd_bwd.outputs.<name>``."""
+    upstream's recorded ones): golden ``bwd_bwd`` names. ``backend="triton"`` runs
+    ``mimo_numerics.kernels.mamba_mimo_bwd_bwd`` (reference chain only; it records outputs, no stages). ``record``
+    gets ``mamba_mimo_bwd_bwd.<stage>`` (reference; none under fp64) and ``mamba_mimo_bwd_bwd.outputs.<name>``."""
     policy = _presets.resolve(policy)
     if chain_kind(policy) == "fp64":
         result = dict(mamba_mimo_bwd_bwd_oracle(*stage2_args(inputs, pre, bwd_fwd), **stage2_kwargs(inputs)))
+    elif backend == "triton":
+        from ... import kernels  # imports triton only when called
+
+        result = kernels.mamba_mimo_bwd_bwd(*stage2_args(inputs, pre, bwd_fwd), **stage2_kwargs(inputs),
+                                            policy=policy).as_dict()
     else:
         result = _per_batch_slice(lambda x, p, s1, rec: _stage2_reference_step(x, p, s1, policy, rec), inputs, pre,
                                   bwd_fwd, record=record)
@@ -377,7 +383,7 @@ def run_backward(inputs: dict, pre: dict, policy, *, backend: str = "reference",
     """Stage 1 -> stage 2 -> epilogue under ``policy`` from the raw inputs (with ``dout``) and the preprocessing:
     the epilogue's outputs (14 gradients, ``ddt_core``, ``dDT_angle``)."""
     bwd_fwd = run_stage1(inputs, pre, policy, backend=backend, record=record)
-    bwd_bwd = run_stage2(inputs, pre, bwd_fwd, policy, record=record)
+    bwd_bwd = run_stage2(inputs, pre, bwd_fwd, policy, backend=backend, record=record)
     return run_epilogue(inputs, pre, bwd_fwd, bwd_bwd, policy, record=record)
 
 

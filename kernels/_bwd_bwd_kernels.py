@@ -1,0 +1,417 @@
+"""Triton kernels of ``mamba_mimo_bwd_bwd`` (Mamba-3 MIMO backward, stage 2) under a ``RoundingPolicy``.
+
+One source for NVIDIA GPUs, Triton-Ascend and Triton's CPU interpreter, the rules of ``_mimo_kernels.py`` (lp values
+as int16 bits, integer RNE helpers, FP32 math, masked in-bounds accesses, 1-D grids). The math is the stage-2
+reference's (``mimo_numerics/ops/mamba_mimo_bwd_bwd/reference.py``, ``docs/stage2.md``); the site names are those of
+``mimo_numerics/ops/mamba_mimo_bwd_bwd/sites.py``, each an upper-case bool constexpr. Fused rows of a chunk are
+i = t_local·R + r (C·R of them, padded to LP); rows past C·R or past S are zero in every workspace.
+
+Upstream walks all chunks of a (batch, head) in one program; here only the reverse dstates walk is sequential:
+
+1. ``_bwd2_rows_kernel``   grid B·H·nc: per fused row q̃, k̃ and their rotations, k̂ = R(k_rot·trap_scale), ΨV,
+   dΦO (with the Z gate), R(dΦO·exp(da_cs)) and the row's D terms. Sites: qk_bias, qk_biased, rotary, dt_input,
+   shifted_gamma, trap_scale, k_scaled, psi_weight, psiv, phi_weight, dphio, zeta_weight, z_zeta, dphio_gate,
+   dphio_scaled, dd_term. Writes FP32 workspaces (values on the lp grid where the policy rounds them).
+2. ``_bwd2_dstates_kernel`` grid B·H·(N tiles)·(P tiles): the reverse walk D_{nc−1} = 0, D_{c−1} = D_c·decay_c (+)
+   q_rot_cᵀ·R(dΦO_c·exp(da_cs)) (``state_update``), FP32 D_c stored for every chunk (stage 1's state step, run
+   backwards over other operands).
+3. ``_bwd2_chunk_kernel``  grid B·H·nc: everything of one chunk that needs D_c and the whole chunk: dΨV (inter,
+   the reverse-causal scores, the D term, the diagonal terms), dk (inter, intra, the scaled dk), dq (inter, combined),
+   dSSdA, the per-row parts of ddA_cs_rev, dfactor, ddA_cs and dγ_diag, the chunk's ddA. Sites: dstates_operand,
+   lkq, lkq_masked, dpsiv_diag_qk, gamma_diag, dpsiv_diag_gamma, dpsiv, dk_inter, dssda_term, dkq_masked,
+   dk_scaled, dq_inter, dq_combined.
+4. ``_bwd2_token_kernel``  grid B·H·nc: per token, over its R rows in ascending rank order: dv (dv_accum,
+   ``diag_mode``), the dmimo_v partials, dangles, the inverse rotations (dk_unrotate, dq_unrotate), the same-token
+   terms of dq and dk, the token sums; writes every output but dmimo_v (then ``_mimo_reduce_kernel``).
+
+FP32-level orders that differ from upstream (none is a site): GEMMs as IEEE FP32 ``tl.dot`` (upstream: wgmma with
+bf16 operands); the token and chunk sums (chunk_sum, dSSdA's rank-pair sums, dD, ddA, dmimo_v) as tree sums in the
+program, then in chunk order (upstream: its own thread layout and a running sum over time); special functions as
+in ``_mimo_kernels.py`` (``_rounding.sincos``, ``tl.exp``, the Z gate's ``silu_parts``).
+"""
+
+import triton
+import triton.language as tl
+
+from ._mimo_kernels import _biased_rotated, _gamma_trap_scale, _rank_rows, _rotation, _state_chunk_step
+from ._rounding import dec, enc, fzeros, rnd, rnd_if, rnd_sum, silu_parts, tsum
+
+
+@triton.jit
+def _rows_of_chunk(c, S, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr):
+    """Fused rows i of chunk c: (i, t_local, rank, token t, ok = i < C·R and t < S)."""
+    i = tl.arange(0, LP)
+    t_loc = i // R
+    t = c * C + t_loc
+    ok = (i < C * R) & (t < S)
+    return i, t_loc, i % R, t, ok
+
+
+@triton.jit
+def _bwd2_rows_kernel(
+    dout_ptr, q_ptr, k_ptr, v_ptr, z_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, mimo_o_ptr, mimo_z_ptr, cs_ptr, sn_ptr,
+    dt_ptr, trap_ptr, da_cs_ptr, qb_ptr, kb_ptr, qrot_ptr, krot_ptr, khat_ptr, dphio_ptr, dps_ptr, psiv_ptr, dd_ptr,
+    S, H, HPG, nc,
+    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, AW: tl.constexpr,
+    LPK: tl.constexpr, QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, ROTARY: tl.constexpr, DT_INPUT: tl.constexpr,
+    SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, K_SCALED: tl.constexpr, PSI_WEIGHT: tl.constexpr,
+    PSIV: tl.constexpr, PHI_WEIGHT: tl.constexpr, DPHIO: tl.constexpr, ZETA_WEIGHT: tl.constexpr,
+    Z_ZETA: tl.constexpr, DPHIO_GATE: tl.constexpr, DPHIO_SCALED: tl.constexpr, DD_TERM: tl.constexpr,
+    SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr, REDUCE_O: tl.constexpr,
+):
+    """The per-row quantities of one chunk (program → (b, h, chunk c)).
+
+    Inputs: dout, q, k, v, z, trap (int16 bits) and the FP32 tensors of the API; cs, sn [B, S, H, AW] from
+    ``_mimo_angles_kernel``. Outputs (FP32, [B·H·nc, LP, N] or [B·H·nc, LP, P], invalid rows 0): qb = q̃, kb = k̃,
+    qrot, krot (rotated), khat = k̂, dphio = dΦO (after the Z gate), dps = R(dΦO·exp(da_cs)), psiv = ΨV; dd [B·H·nc]:
+    the chunk's Σ R(dΦO·(v·Ψ)) (HAS_D).
+
+    Compile-time constants: N, P, R, C, LP, AW (rotated columns per half), LPK; the policy switches named as the
+    sites; SILU_TANH (``silu_form``); HAS_Z, HAS_D, REDUCE_O (branches).
+    """
+    bhc = tl.program_id(0)
+    c = bhc % nc
+    bh = bhc // nc
+    b = bh // H
+    h = bh % H
+    g = h // HPG
+    G = H // HPG
+    i, t_loc, r_i, t, ok = _rows_of_chunk(c, S, R, C, LP)
+    t_s = tl.where(ok, t, 0)
+    i_s = tl.where(ok, i, 0)
+    n = tl.arange(0, N)
+    p = tl.arange(0, P)
+    row0 = b.to(tl.int64) * S + c * C
+    hs_base = bh.to(tl.int64) * S
+    qk_base = (row0 * R * G + g) * N
+    v_base = (row0 * H + h) * P
+    a_base = (row0 * H + h) * AW
+    tok_p = tl.where(ok, t_loc, 0)[:, None] * (H * P) + p[None, :]
+    prow_n = r_i * N
+    prow_p = r_i * P
+
+    _, _, ts = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
+                                 TRAP_SCALE)
+    cs, sn = _rotation(cs_ptr + a_base, sn_ptr + a_base, tl.where(ok, t_loc, 0) * (H * AW), ok, N, AW)
+    qb, qr = _biased_rotated(q_ptr + qk_base, q_bias_ptr + h * (R * N), i_s * (G * N), prow_n, ok, cs, sn, N, AW, LPK,
+                             QK_BIAS, QK_BIASED, ROTARY, False)
+    kb, kr = _biased_rotated(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N), prow_n, ok, cs, sn, N, AW, LPK,
+                             QK_BIAS, QK_BIASED, ROTARY, False)
+    khat = rnd_if(kr * ts[:, None], K_SCALED, LPK)
+
+    vv = dec(tl.load(v_ptr + v_base + tok_p, mask=ok[:, None], other=0), LPK)
+    psi_raw = _rank_rows(mimo_v_ptr + h * (R * P), prow_p, p, False)
+    psiv = rnd_if(vv * rnd_if(psi_raw, PSI_WEIGHT, LPK), PSIV, LPK)
+    if REDUCE_O:
+        do_t = dec(tl.load(dout_ptr + v_base + tok_p, mask=ok[:, None], other=0), LPK)
+        phi = rnd_if(_rank_rows(mimo_o_ptr + h * (R * P), prow_p, p, False), PHI_WEIGHT, LPK)
+        dphio = rnd_if(do_t * phi, DPHIO, LPK)
+    else:
+        # DOUT_r [B, S, R, H, P], read exactly
+        dfull = (row0 * R * H + h) * P + i_s[:, None] * (H * P) + p[None, :]
+        dphio = dec(tl.load(dout_ptr + dfull, mask=ok[:, None], other=0), LPK)
+    if HAS_Z:
+        z_t = dec(tl.load(z_ptr + v_base + tok_p, mask=ok[:, None], other=0), LPK)
+        zeta = rnd_if(_rank_rows(mimo_z_ptr + h * (R * P), prow_p, p, False), ZETA_WEIGHT, LPK)
+        x = rnd_if(z_t * zeta, Z_ZETA, LPK)
+        gate, _, _ = silu_parts(x, SILU_TANH, False)
+        dphio = rnd_if(dphio * gate, DPHIO_GATE, LPK)
+    e_cs = tl.exp(tl.load(da_cs_ptr + hs_base + t_s, mask=ok, other=0.0))
+    dps = rnd_if(dphio * e_cs[:, None], DPHIO_SCALED, LPK)
+    if HAS_D:
+        dd = rnd_if(dphio * (vv * psi_raw), DD_TERM, LPK)
+        tl.store(dd_ptr + bhc, tsum(tsum(tl.where(ok[:, None], dd, 0.0), axis=1), axis=0))
+
+    okn = ok[:, None]
+    rows_n = bhc.to(tl.int64) * (LP * N) + i[:, None] * N + n[None, :]
+    rows_p = bhc.to(tl.int64) * (LP * P) + i[:, None] * P + p[None, :]
+    tl.store(qb_ptr + rows_n, tl.where(okn, qb, 0.0))
+    tl.store(kb_ptr + rows_n, tl.where(okn, kb, 0.0))
+    tl.store(qrot_ptr + rows_n, tl.where(okn, qr, 0.0))
+    tl.store(krot_ptr + rows_n, tl.where(okn, kr, 0.0))
+    tl.store(khat_ptr + rows_n, tl.where(okn, khat, 0.0))
+    tl.store(dphio_ptr + rows_p, tl.where(okn, dphio, 0.0))
+    tl.store(dps_ptr + rows_p, tl.where(okn, dps, 0.0))
+    tl.store(psiv_ptr + rows_p, tl.where(okn, psiv, 0.0))
+
+
+@triton.jit
+def _bwd2_dstates_kernel(
+    qrot_ptr, dps_ptr, da_cs_ptr, dst_ptr, S, nc, n_nt, n_pt,
+    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, BN: tl.constexpr,
+    BP: tl.constexpr, LPK: tl.constexpr, ACCUMULATE: tl.constexpr,
+):
+    """The reverse walk over the chunks: dst[c] = D_c, D_{nc−1} = 0, D_{c−1} = D_c·decay_c (+) q_rot_cᵀ·dps_c.
+
+    Grid: 1-D, B·H·n_nt·n_pt programs; program → (b, h, N tile of BN rows, P tile of BP columns), walking the chunks
+    from the last one down. Inputs: qrot [B·H·nc, LP, N], dps [B·H·nc, LP, P] (FP32, from ``_bwd2_rows_kernel``),
+    da_cs [B, H, S]. Output: dst [B, H, nc, N, P] FP32. ACCUMULATE: ``state_update="accumulate_into"`` (16 rows at a
+    time into the decayed D) else ``"separate"``. No rounding site (dstates_operand is applied where D is read).
+    """
+    pid = tl.program_id(0)
+    pt = pid % n_pt
+    rest = pid // n_pt
+    nt = rest % n_nt
+    bh = rest // n_nt
+    nn = nt * BN + tl.arange(0, BN)
+    pp = pt * BP + tl.arange(0, BP)
+    hs_base = bh.to(tl.int64) * S
+    st_offs = nn[:, None] * P + pp[None, :]
+    state = fzeros(BN, BP)
+    for cc in range(0, nc):
+        c = nc - 1 - cc
+        tl.store(dst_ptr + (bh.to(tl.int64) * nc + c) * (N * P) + st_offs, state)
+        last = tl.minimum((c + 1) * C, S) - 1
+        decay = tl.exp(tl.load(da_cs_ptr + hs_base + last))
+        chunk = bh.to(tl.int64) * nc + c
+        state = _state_chunk_step(state, decay, qrot_ptr, dps_ptr, chunk, nn, pp, dps_ptr, 0, c, 0.0, S, 1, N, P, LP,
+                                  R, C, LPK, False, False, False, ACCUMULATE, True, False, False)
+
+
+@triton.jit
+def _reverse_causal(x, rc, seg_ptr, seg_offs):
+    """x·exp(segsum[t_j, t_i]) where t_i < t_j (``rc``), else 0: the reverse-causal decay of the stage-2 scores."""
+    seg = tl.load(seg_ptr + seg_offs)
+    return tl.where(rc, x * tl.exp(tl.where(rc, seg, 0.0)), 0.0)
+
+
+@triton.jit
+def _bwd2_chunk_kernel(
+    qk_ptr, states_ptr, dt_ptr, trap_ptr, da_cs_ptr, da_cs_rev_ptr, d_ptr, segsum_ptr, qrot_ptr, krot_ptr, khat_ptr,
+    dphio_ptr, psiv_ptr, dst_ptr, dpsiv_ptr, dqk_ptr, dkrot_ptr, dqrot_ptr, rowsum_ptr, dssda_ptr, dda_ptr,
+    S, H, nc,
+    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, CP: tl.constexpr,
+    LPK: tl.constexpr, DT_INPUT: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr,
+    DSTATES_OPERAND: tl.constexpr, LKQ: tl.constexpr, LKQ_MASKED: tl.constexpr, DPSIV_DIAG_QK: tl.constexpr,
+    GAMMA_DIAG: tl.constexpr, DPSIV_DIAG_GAMMA: tl.constexpr, DPSIV: tl.constexpr, DK_INTER: tl.constexpr,
+    DSSDA_TERM: tl.constexpr, DKQ_MASKED: tl.constexpr, DK_SCALED: tl.constexpr, DQ_INTER: tl.constexpr,
+    DQ_COMBINED: tl.constexpr, HAS_D: tl.constexpr,
+):
+    """The chunk's gradients that need D_c and the whole chunk (program → (b, h, chunk c), all LP rows).
+
+    Inputs: qk_dot [B, H, S, R, R] and states [B, H, nc, N, P] (stage 1's, int16 bits); dt, trap, da_cs, da_cs_rev,
+    d, segsum as in the API; the workspaces of ``_bwd2_rows_kernel`` and dst of ``_bwd2_dstates_kernel``.
+    Outputs (FP32 workspaces, rows as the inputs'): dpsiv = R(dΨV) [.., LP, P]; dqk [.., LP, R]: row (t, r_out),
+    column r_in: Σ_p dΦO[t, r_out]·ΨV[t, r_in] (not rounded); dkrot = R(dk_nodiag·trap_scale), dqrot = R(dq_inter +
+    dkqᵀ·k̂) [.., LP, N]; rowsum [.., 4, LP]: per row Σ_n k̂·dk_inter_raw, Σ_n k_rot·dk_nodiag, Σ_n q_rot·dq_inter_raw,
+    Σ_r_in qk·dqk (the token sums' terms); dssda [B·H·nc, CP, CP]: dSSdA of the chunk (token pairs); dda
+    [B·H·nc]: Σ states·D·decay.
+
+    Compile-time constants: N, P, R, C, LP, CP (padded tokens per chunk), LPK, the policy switches named as the
+    sites, HAS_D.
+    """
+    bhc = tl.program_id(0)
+    c = bhc % nc
+    bh = bhc // nc
+    h = bh % H
+    i, t_loc, r_i, t, ok = _rows_of_chunk(c, S, R, C, LP)
+    t_s = tl.where(ok, t, 0)
+    n = tl.arange(0, N)
+    p = tl.arange(0, P)
+    hs_base = bh.to(tl.int64) * S
+    okn = ok[:, None]
+    rows_n = bhc.to(tl.int64) * (LP * N) + i[:, None] * N + n[None, :]
+    rows_p = bhc.to(tl.int64) * (LP * P) + i[:, None] * P + p[None, :]
+    qrot = tl.load(qrot_ptr + rows_n)
+    khat = tl.load(khat_ptr + rows_n)
+    krot = tl.load(krot_ptr + rows_n)
+    dphio = tl.load(dphio_ptr + rows_p)
+    psiv = tl.load(psiv_ptr + rows_p)
+    st_offs = bhc.to(tl.int64) * (N * P) + n[:, None] * P + p[None, :]
+    dst = tl.load(dst_ptr + st_offs)  # D_c, FP32
+    dop = rnd_if(dst, DSTATES_OPERAND, LPK)
+    states = dec(tl.load(states_ptr + st_offs), LPK)
+    gamma, _, ts = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
+                                     TRAP_SCALE)
+    e_cs = tl.exp(tl.load(da_cs_ptr + hs_base + t_s, mask=ok, other=0.0))
+    e_rev = tl.exp(tl.load(da_cs_rev_ptr + hs_base + t_s, mask=ok, other=0.0))
+
+    # reverse-causal mask t_i < t_j and exp(segsum[t_j, t_i]) (rows i: k side, columns j: q side)
+    t_j = t_loc
+    rc = (t_loc[:, None] < t_j[None, :]) & okn & ok[None, :]
+    seg_offs = bhc.to(tl.int64) * (C * C) + tl.minimum(t_j, C - 1)[None, :] * C + tl.minimum(t_loc, C - 1)[:, None]
+
+    # ---- dΨV
+    dpsiv = tl.dot(khat, dop, input_precision="ieee") * e_rev[:, None]
+    lkq = tl.dot(khat, tl.trans(qrot), input_precision="ieee")
+    lkq_st = rnd_if(lkq, LKQ, LPK)
+    if R == 1:
+        lkq_m = rnd_if(_reverse_causal(lkq_st, rc, segsum_ptr, seg_offs), LKQ_MASKED, LPK)
+    else:
+        lkq_m = rnd_if(_reverse_causal(lkq, rc, segsum_ptr, seg_offs), LKQ_MASKED, LPK)
+    dpsiv = dpsiv + tl.dot(lkq_m, dphio, input_precision="ieee")
+    if HAS_D:
+        dpsiv = dpsiv + dphio * tl.load(d_ptr + h)
+    # same-token terms: dΨV[t, r_in] += R(R(dΦO[t, r_out]·qk[t, r_out, r_in])·R(γ_t)) for r_out ascending
+    gamma_lp = rnd_if(gamma, GAMMA_DIAG, LPK)
+    qk_tok = (hs_base + t_s) * (R * R)
+    tok_rows = bhc.to(tl.int64) * LP + (t_loc * R)
+    for r_out in tl.static_range(R):
+        d_out = tl.load(dphio_ptr + (tok_rows + r_out)[:, None] * P + p[None, :], mask=okn, other=0.0)
+        qk = dec(tl.load(qk_ptr + qk_tok + r_out * R + r_i, mask=ok, other=0), LPK)
+        term = rnd_if(d_out * qk[:, None], DPSIV_DIAG_QK, LPK)
+        dpsiv = dpsiv + rnd_if(term * gamma_lp[:, None], DPSIV_DIAG_GAMMA, LPK)
+    dpsiv = tl.where(okn, rnd_if(dpsiv, DPSIV, LPK), 0.0)
+    tl.store(dpsiv_ptr + rows_p, dpsiv)
+
+    # ---- same-token dqk = dΦO[t, r_out]·ΨV[t, r_in] and its γ sum term Σ_r_in qk·dqk
+    dg_row = tl.full([LP], 0.0, tl.float32)
+    for r_in in tl.static_range(R):
+        ps_in = tl.load(psiv_ptr + (tok_rows + r_in)[:, None] * P + p[None, :], mask=okn, other=0.0)
+        dqk = tsum(dphio * ps_in, axis=1)
+        tl.store(dqk_ptr + (bhc.to(tl.int64) * LP + i) * R + r_in, tl.where(ok, dqk, 0.0))
+        qk = dec(tl.load(qk_ptr + qk_tok + r_i * R + r_in, mask=ok, other=0), LPK)
+        dg_row = dg_row + qk * dqk
+
+    # ---- dk
+    dk_inter_raw = tl.dot(psiv, tl.trans(dop), input_precision="ieee")
+    s_dacs_rev = tsum(khat * dk_inter_raw, axis=1)
+    dk_inter = rnd_if(dk_inter_raw * e_rev[:, None], DK_INTER, LPK)
+    dk_intra = tl.dot(psiv, tl.trans(dphio), input_precision="ieee")
+    dssda = rnd_if(lkq_st * dk_intra, DSSDA_TERM, LPK)
+    # dSSdA[t_i, t_j]: the sum over the rank pairs of the token pair, as two one-hot GEMMs (exact selections)
+    tok = tl.arange(0, CP)
+    sel = tl.where((t_loc[None, :] == tok[:, None]) & ok[None, :], 1.0, 0.0)  # [CP, LP]
+    pair = tl.dot(tl.dot(sel, dssda, input_precision="ieee"), tl.trans(sel), input_precision="ieee")
+    tl.store(dssda_ptr + bhc.to(tl.int64) * (CP * CP) + tok[:, None] * CP + tok[None, :], pair)
+    dkq = rnd_if(_reverse_causal(dk_intra, rc, segsum_ptr, seg_offs), DKQ_MASKED, LPK)
+    dk_nodiag = dk_inter + tl.dot(dkq, qrot, input_precision="ieee")
+    s_dfactor = tsum(krot * dk_nodiag, axis=1)
+    dk_rot = rnd_if(dk_nodiag * ts[:, None], DK_SCALED, LPK)
+    tl.store(dkrot_ptr + rows_n, tl.where(okn, dk_rot, 0.0))
+
+    # ---- state passing and dq
+    last = tl.minimum((c + 1) * C, S) - 1
+    decay = tl.exp(tl.load(da_cs_ptr + hs_base + last))
+    tl.store(dda_ptr + bhc, tsum(tsum(states * dst * decay, axis=1), axis=0))
+    dq_inter_raw = tl.dot(dphio, tl.trans(states), input_precision="ieee")
+    s_dacs = tsum(qrot * dq_inter_raw, axis=1)
+    dq_inter = rnd_if(dq_inter_raw * e_cs[:, None], DQ_INTER, LPK)
+    dq_rot = rnd_if(dq_inter + tl.dot(tl.trans(dkq), khat, input_precision="ieee"), DQ_COMBINED, LPK)
+    tl.store(dqrot_ptr + rows_n, tl.where(okn, dq_rot, 0.0))
+
+    rs = rowsum_ptr + bhc.to(tl.int64) * (4 * LP) + i
+    tl.store(rs, tl.where(ok, s_dacs_rev, 0.0))
+    tl.store(rs + LP, tl.where(ok, s_dfactor, 0.0))
+    tl.store(rs + 2 * LP, tl.where(ok, s_dacs, 0.0))
+    tl.store(rs + 3 * LP, tl.where(ok, dg_row, 0.0))
+
+
+@triton.jit
+def _angle_pair(g1, g2, p1, p2, cs, sn):
+    """The two dangles products of one rotated tensor, added: g1·(−p1·s − p2·c) + g2·(p1·c − p2·s) (g: the gradient
+    of the rotated tensor, p: the tensor before the rotation; the rotated column pairs j, N/2 + j, j < AW)."""
+    return g1 * (-p1 * sn - p2 * cs) + g2 * (p1 * cs - p2 * sn)
+
+
+@triton.jit
+def _bwd2_token_kernel(
+    v_ptr, mimo_v_ptr, cs_ptr, sn_ptr, dt_ptr, trap_ptr, qb_ptr, kb_ptr, dpsiv_ptr, dqk_ptr, dkrot_ptr, dqrot_ptr,
+    rowsum_ptr, dda_ptr, dq_ptr, dk_ptr, dv_ptr, dangles_ptr, part_ptr, tok_out_ptr, S, H, nc, BHS,
+    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, CP: tl.constexpr,
+    AW: tl.constexpr, LPK: tl.constexpr, PSI_WEIGHT: tl.constexpr, DV_ACCUM: tl.constexpr, DIAG_FMA: tl.constexpr,
+    DK_UNROTATE: tl.constexpr, DQ_UNROTATE: tl.constexpr, DT_INPUT: tl.constexpr, SHIFTED_GAMMA: tl.constexpr,
+    TRAP_SCALE: tl.constexpr,
+):
+    """Per token of one chunk, over its R rows in ascending rank order (program → (b, h, chunk c), CP token rows).
+
+    Outputs: dv [B, S, H, P], dq, dk [B, S, R, H, N] (int16 bits), dangles [B, S, H, AW] FP32; part [B·H·nc, R·P]:
+    the chunk's Σ_t dΨV·v (dmimo_v partials); tok_out [5, B, H, S] FP32 (BHS = B·H·S): ddA_cs_rev, dfactor, ddA_cs, dγ_diag (the
+    token sums of the chunk kernel's row terms, ranks ascending), ddA (the chunk's value on each token).
+
+    Compile-time constants: N, P, R, C, LP, CP, AW, LPK; PSI_WEIGHT, DV_ACCUM, DK_UNROTATE, DQ_UNROTATE, DT_INPUT,
+    SHIFTED_GAMMA, TRAP_SCALE (sites); DIAG_FMA (``diag_mode="fma"``: dv's rank steps rounded once).
+    """
+    bhc = tl.program_id(0)
+    c = bhc % nc
+    bh = bhc // nc
+    b = bh // H
+    h = bh % H
+    tt = tl.arange(0, CP)
+    t = c * C + tt
+    ok = (tt < C) & (t < S)
+    okc = ok[:, None]
+    t_s = tl.where(ok, t, 0)
+    tt_s = tl.where(ok, tt, 0)
+    p = tl.arange(0, P)
+    n = tl.arange(0, N)
+    w = tl.arange(0, AW)
+    HALF: tl.constexpr = N // 2
+    j = tl.arange(0, HALF)
+    hs_base = bh.to(tl.int64) * S
+    row0 = b.to(tl.int64) * S + c * C
+    v_offs = (row0 * H + h) * P + tt_s[:, None] * (H * P) + p[None, :]
+    vv = dec(tl.load(v_ptr + v_offs, mask=okc, other=0), LPK)
+    a_row = (row0 * H + h) * AW + tt_s[:, None] * (H * AW)
+    a_offs = a_row + w[None, :]
+    cs = tl.load(cs_ptr + a_offs, mask=okc, other=1.0)
+    sn = tl.load(sn_ptr + a_offs, mask=okc, other=0.0)
+    gamma, _, _ = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
+                                    TRAP_SCALE)
+    rows = bhc.to(tl.int64) * LP + tt_s * R  # the token's first fused row
+    dv_acc = tl.full([CP, P], -0.0, tl.float32)
+    dang = tl.full([CP, AW], -0.0, tl.float32)
+    for r in tl.static_range(R):
+        row = rows + r
+        dps = tl.load(dpsiv_ptr + row[:, None] * P + p[None, :], mask=okc, other=0.0)
+        psi = rnd_if(tl.load(mimo_v_ptr + h * (R * P) + r * P + p), PSI_WEIGHT, LPK)
+        prod = dps * psi[None, :]
+        if DV_ACCUM:
+            if DIAG_FMA:
+                dv_acc = rnd_sum(dv_acc, prod, LPK)
+            else:
+                dv_acc = rnd(dv_acc + rnd(prod, LPK), LPK)
+        else:
+            dv_acc = dv_acc + prod
+        pm = tsum(tl.where(okc, dps * vv, 0.0), axis=0)
+        tl.store(part_ptr + bhc.to(tl.int64) * (R * P) + r * P + p, pm)
+        # dangles: the k and the q products of rank r, (k pair) + (q pair), ranks ascending
+        nk = row[:, None] * N
+        g1 = tl.load(dkrot_ptr + nk + w[None, :], mask=okc, other=0.0)
+        g2 = tl.load(dkrot_ptr + nk + HALF + w[None, :], mask=okc, other=0.0)
+        p1 = tl.load(kb_ptr + nk + w[None, :], mask=okc, other=0.0)
+        p2 = tl.load(kb_ptr + nk + HALF + w[None, :], mask=okc, other=0.0)
+        k_pair = _angle_pair(g1, g2, p1, p2, cs, sn)
+        g1 = tl.load(dqrot_ptr + nk + w[None, :], mask=okc, other=0.0)
+        g2 = tl.load(dqrot_ptr + nk + HALF + w[None, :], mask=okc, other=0.0)
+        p1 = tl.load(qb_ptr + nk + w[None, :], mask=okc, other=0.0)
+        p2 = tl.load(qb_ptr + nk + HALF + w[None, :], mask=okc, other=0.0)
+        q_pair = _angle_pair(g1, g2, p1, p2, cs, sn)
+        dang = dang + (k_pair + q_pair)
+        # dk, dq of rank r by column halves: the inverse rotation of the rotated columns, then the same-token terms
+        # dk[t, r] += Σ_{r2 ascending} dqk[t, r2, r]·γ·q̃[t, r2], dq[t, r] += Σ_{r2} dqk[t, r, r2]·γ·k̃[t, r2]
+        rot = (j < AW)[None, :]
+        ch = tl.load(cs_ptr + a_row + tl.where(okc & rot, j[None, :], 0), mask=okc & rot, other=1.0)
+        sh = tl.load(sn_ptr + a_row + tl.where(okc & rot, j[None, :], 0), mask=okc & rot, other=0.0)
+        x1 = tl.load(dkrot_ptr + nk + j[None, :], mask=okc, other=0.0)
+        x2 = tl.load(dkrot_ptr + nk + HALF + j[None, :], mask=okc, other=0.0)
+        dk1 = tl.where(rot, rnd_if(ch * x1 + sh * x2, DK_UNROTATE, LPK), x1)
+        dk2 = tl.where(rot, rnd_if(-sh * x1 + ch * x2, DK_UNROTATE, LPK), x2)
+        x1 = tl.load(dqrot_ptr + nk + j[None, :], mask=okc, other=0.0)
+        x2 = tl.load(dqrot_ptr + nk + HALF + j[None, :], mask=okc, other=0.0)
+        dq1 = tl.where(rot, rnd_if(ch * x1 + sh * x2, DQ_UNROTATE, LPK), x1)
+        dq2 = tl.where(rot, rnd_if(-sh * x1 + ch * x2, DQ_UNROTATE, LPK), x2)
+        for r2 in tl.static_range(R):
+            row2 = rows + r2
+            g_k = tl.load(dqk_ptr + row2 * R + r, mask=ok, other=0.0) * gamma
+            g_q = tl.load(dqk_ptr + row * R + r2, mask=ok, other=0.0) * gamma
+            n2 = row2[:, None] * N
+            dk1 = dk1 + g_k[:, None] * tl.load(qb_ptr + n2 + j[None, :], mask=okc, other=0.0)
+            dk2 = dk2 + g_k[:, None] * tl.load(qb_ptr + n2 + HALF + j[None, :], mask=okc, other=0.0)
+            dq1 = dq1 + g_q[:, None] * tl.load(kb_ptr + n2 + j[None, :], mask=okc, other=0.0)
+            dq2 = dq2 + g_q[:, None] * tl.load(kb_ptr + n2 + HALF + j[None, :], mask=okc, other=0.0)
+        out_n = ((row0 + tt_s) * R + r)[:, None] * (H * N) + h * N + j[None, :]
+        tl.store(dk_ptr + out_n, enc(dk1, LPK), mask=okc)
+        tl.store(dk_ptr + out_n + HALF, enc(dk2, LPK), mask=okc)
+        tl.store(dq_ptr + out_n, enc(dq1, LPK), mask=okc)
+        tl.store(dq_ptr + out_n + HALF, enc(dq2, LPK), mask=okc)
+    tl.store(dv_ptr + v_offs, enc(dv_acc, LPK), mask=okc)
+    tl.store(dangles_ptr + a_offs, dang, mask=okc)
+    # token sums of the chunk kernel's row terms, ranks ascending; the chunk's ddA on each of its tokens
+    so = hs_base + t_s
+    for q in tl.static_range(4):
+        acc = tl.full([CP], -0.0, tl.float32)
+        for r in tl.static_range(R):
+            acc = acc + tl.load(rowsum_ptr + bhc.to(tl.int64) * (4 * LP) + q * LP + tt_s * R + r, mask=ok, other=0.0)
+        tl.store(tok_out_ptr + q * BHS + so, acc, mask=ok)
+    tl.store(tok_out_ptr + 4 * BHS + so, tl.full([CP], 0.0, tl.float32) + tl.load(dda_ptr + bhc), mask=ok)

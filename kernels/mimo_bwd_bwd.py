@@ -1,0 +1,206 @@
+"""Launcher of the Triton stage-2 kernels ``mamba_mimo_bwd_bwd``: validation, constexprs, workspaces, launches.
+
+``mamba_mimo_bwd_bwd(*tensors, chunk_size, rotary_dim_divisor, dtype, policy)`` takes the stage-2 reference's 19
+tensors (``mimo_numerics/ops/mamba_mimo_bwd_bwd/reference.py``) in the same order and returns the same
+``MimoBwdBwdOutputs`` after the same validation. Kernels: ``_bwd_bwd_kernels.py`` (and stage 1's angles kernel and
+dmimo sum). Every switch of ``policy.mamba_mimo_bwd_bwd`` reaches the kernels as an upper-case constexpr
+(:func:`stage2_constexprs`, the one place for this operator).
+
+Plan: one program per chunk for the chunk-parallel kernels (all fused rows, N and P: the interpreter's fewest
+programs; on GPUs a first version, not tuned), the reverse walk on tiles of at most 64 × 64 (16 × 16 on Ascend).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Dict, Mapping, Optional
+
+import torch
+
+from mimo_numerics import presets as _presets
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.sites import SITES
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import MimoBwdBwdOutputs
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.validation import validate_inputs
+from mimo_numerics.policy import FUTURE_KNOBS, RoundingPolicy
+
+from . import _backend
+from ._config import ANGLES_BLOCK, UnsupportedPolicyError
+from ._launch import LP_NAN_BITS, Launch, check_sizes, require_triton
+
+#: The policy section that configures these kernels.
+OPERATOR_NAME = "mamba_mimo_bwd_bwd"
+#: Columns per program of the dmimo_v sum.
+_SUM_BLOCK = 32
+
+
+def stage2_constexprs(policy) -> Dict[str, object]:
+    """The policy as the stage-2 kernels' constexprs: one upper-case bool per site of
+    ``policy.section("mamba_mimo_bwd_bwd")``, ``LPK`` (0 bf16, 1 fp16), ``DIAG_FMA``, ``ACCUMULATE``, ``SILU_TANH``.
+
+    Raises:
+        UnsupportedPolicyError: ``math_dtype="float64"``, ``round_outputs=False`` or an FP32-level knob other than its
+            honoured value (the message names the field). PolicyUndefined: no stage-2 section (``seed_bf16``).
+    """
+    policy = _presets.resolve(policy)
+    if not isinstance(policy, RoundingPolicy):
+        raise TypeError(f"policy must resolve to a RoundingPolicy, got {type(policy).__name__}")
+    if policy.math_dtype != "float32":
+        raise UnsupportedPolicyError(f"RoundingPolicy.math_dtype={policy.math_dtype!r} cannot be expressed by the "
+                                     "Triton kernels: they compute in float32 only; use the reference")
+    if policy.round_outputs is not True:
+        raise UnsupportedPolicyError("RoundingPolicy.round_outputs=False cannot be expressed by the Triton kernels: "
+                                     "dq, dk and dv are always stored in the lp dtype; use the reference")
+    for knob, allowed in FUTURE_KNOBS.items():
+        if getattr(policy, knob) != allowed[0]:
+            raise UnsupportedPolicyError(
+                f"RoundingPolicy.{knob}={getattr(policy, knob)!r} is not implemented by the Triton kernels")
+    sites = policy.section(OPERATOR_NAME)
+    cx: Dict[str, object] = {name.upper(): bool(sites[name]) for name in SITES}
+    cx.update(LPK=0 if policy.lp_dtype == "bfloat16" else 1, DIAG_FMA=policy.diag_mode == "fma",
+              ACCUMULATE=policy.state_update == "accumulate_into", SILU_TANH=policy.silu_form == "tanh")
+    return cx
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def mamba_mimo_bwd_bwd(
+    dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, qk_dot,
+    segsum, chunk_size: int = 16, rotary_dim_divisor: int = 4, dtype=None, *, policy="upstream_sm90",
+    poison: bool = False,
+) -> MimoBwdBwdOutputs:
+    """Stage 2 of the Mamba-3 MIMO backward pass in Triton, rounded as ``policy.mamba_mimo_bwd_bwd`` says.
+
+    Args:
+        dout … segsum: the 19 tensors of the stage-2 reference, same order, shapes and dtypes (dout ``[B, S, H, P]``
+            with mimo_o else ``[B, S, R, H, P]``; q, k ``[B, S, R, G, N]``; v, z ``[B, S, H, P]``; states
+            ``[B, H, nc, N, P]`` and qk_dot ``[B, H, S, R, R]`` in lp from stage 1; the rest as in the forward). All
+            on one device: ``cpu`` (Triton's interpreter), ``cuda`` or ``npu``.
+        chunk_size (int): C. rotary_dim_divisor (int): 2 or 4. dtype: upstream's argument (checked).
+        policy (RoundingPolicy | str): a policy or preset name with a stage-2 section.
+        poison (bool): NaN-fill the outputs and workspaces first (a test hook).
+
+    Returns:
+        MimoBwdBwdOutputs: dq, dk ``[B, S, R, H, N]`` and dv ``[B, S, H, P]`` in lp; dmimo_v ``[B, H, R, P]``, dD
+        ``[B, H]`` (None without d), dangles ``[B, S, H, N/d]``, dfactor, dgamma_diag, ddA, ddA_cs_rev, ddA_cs
+        ``[B, H, S]``, dSSdA ``[B, H, nc, C, C]`` in float32.
+
+    Raises:
+        ImportError: without ``triton``. UnsupportedPolicyError, PolicyUndefined: see :func:`stage2_constexprs`.
+        TypeError, ValueError: bad inputs (the reference's validation) or unsupported sizes.
+    """
+    launches, finish = build_launches(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles,
+                                      da_cs, da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor,
+                                      dtype, policy=policy, poison=poison)
+    if q.device.type != "cpu" and any(_backend.is_interpreted(la.kernel) for la in launches):
+        raise RuntimeError("TRITON_INTERPRET=1 is set, so the kernels for these device tensors would run in Triton's "
+                           "interpreter with device constexprs; unset it")
+    for launch in launches:
+        launch.run()
+    return finish()
+
+
+def build_launches(
+    dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, qk_dot,
+    segsum, chunk_size: int = 16, rotary_dim_divisor: int = 4, dtype=None, *, policy="upstream_sm90",
+    poison: bool = False, backend: Optional[str] = None,
+):
+    """Validate, allocate and describe the stage-2 launches: ``(launches, finish)``; ``finish()`` returns the
+    outputs once the launches have run."""
+    require_triton()
+    policy = _presets.resolve(policy)
+    cx = stage2_constexprs(policy)
+    dims = validate_inputs(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
+                           da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor, dtype,
+                           lp_dtype=policy.lp_torch_dtype)
+    check_sizes(dims)
+    backend = backend or _backend.backend_of(dims.device)
+    interpreted = backend == "interpreter"
+    mod1 = _backend.kernel_module(interpreted)
+    mod2 = _backend.stage2_module(interpreted)
+    B, S, H, N, P, R, C, nc = (dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank,
+                               dims.chunk_size, dims.nchunks)
+    LP, CP, AW = max(16, _pow2(C * R)), max(16, _pow2(C)), N // dims.rotary_dim_divisor
+    lp, dev, f32 = dims.lp_dtype, dims.device, torch.float32
+    BN = BP = 16 if backend == "npu" else 64
+    BN, BP = min(N, BN), min(P, BP)
+
+    def cont(x):
+        return None if x is None else x.contiguous()
+
+    (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d,
+     qk_dot, segsum) = (cont(x) for x in (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles,
+                                          da_cs, da_cs_rev, dt, trap, d, qk_dot, segsum))
+    chunks = B * H * nc
+
+    def ws(width):
+        return torch.empty((chunks, LP, width), dtype=f32, device=dev)
+
+    qb, kb, qrot, krot, khat = ws(N), ws(N), ws(N), ws(N), ws(N)
+    dphio, dps, psiv, dpsiv = ws(P), ws(P), ws(P), ws(P)
+    dkrot, dqrot, dqk = ws(N), ws(N), ws(R)
+    dd = torch.empty(chunks, dtype=f32, device=dev)
+    dst = torch.empty((B, H, nc, N, P), dtype=f32, device=dev)
+    rowsum = torch.empty((chunks, 4, LP), dtype=f32, device=dev)
+    dssda = torch.empty((chunks, CP, CP), dtype=f32, device=dev)
+    dda = torch.empty(chunks, dtype=f32, device=dev)
+    cs = torch.empty((B, S, H, AW), dtype=f32, device=dev)
+    sn = torch.empty((B, S, H, AW), dtype=f32, device=dev)
+    part = torch.empty((1, chunks, R * P), dtype=f32, device=dev)
+    dmimo_v = torch.empty((1, B, H, R, P), dtype=f32, device=dev)
+    tok_out = torch.empty((5, B, H, S), dtype=f32, device=dev)
+    dq = torch.empty((B, S, R, H, N), dtype=lp, device=dev)
+    dk = torch.empty((B, S, R, H, N), dtype=lp, device=dev)
+    dv = torch.empty((B, S, H, P), dtype=lp, device=dev)
+    dangles = torch.empty((B, S, H, AW), dtype=f32, device=dev)
+    if poison:
+        for t in (qb, kb, qrot, krot, khat, dphio, dps, psiv, dpsiv, dkrot, dqrot, dqk, dd, dst, rowsum, dssda, dda,
+                  cs, sn, part, dmimo_v, tok_out, dangles):
+            t.fill_(float("nan"))
+        for t in (dq, dk, dv):
+            t.view(torch.int16).fill_(LP_NAN_BITS[lp])
+
+    def arg(t):
+        if t is None:
+            return q_bias  # never read: the branch that would read it is off
+        return t.view(torch.int16) if t.dtype in (torch.bfloat16, torch.float16) else t
+
+    shared = dict(cx, N=N, P=P, R=R, C=C, LP=LP, CP=CP, AW=AW, HAS_Z=dims.has_z, HAS_D=dims.has_d,
+                  REDUCE_O=dims.reduce_o, BN=BN, BP=BP)
+    n_sum = -(-(R * P) // _SUM_BLOCK)
+    plan = [
+        ("angles", mod1._mimo_angles_kernel, -(-cs.numel() // ANGLES_BLOCK), (angles, cs, sn, cs.numel()),
+         {"BLOCK": ANGLES_BLOCK}),
+        ("rows", mod2._bwd2_rows_kernel, chunks,
+         (arg(dout), arg(q), arg(k), arg(v), arg(z), q_bias, k_bias, mimo_v, arg(mimo_o), arg(mimo_z), cs, sn, dt,
+          arg(trap), da_cs, qb, kb, qrot, krot, khat, dphio, dps, psiv, dd, S, H, dims.heads_per_group, nc), shared),
+        ("dstates", mod2._bwd2_dstates_kernel, B * H * (N // BN) * (P // BP),
+         (qrot, dps, da_cs, dst, S, nc, N // BN, P // BP), shared),
+        ("chunk", mod2._bwd2_chunk_kernel, chunks,
+         (arg(qk_dot), arg(states), dt, arg(trap), da_cs, da_cs_rev, arg(d), segsum, qrot, krot, khat, dphio, psiv,
+          dst, dpsiv, dqk, dkrot, dqrot, rowsum, dssda, dda, S, H, nc), shared),
+        ("token", mod2._bwd2_token_kernel, chunks,
+         (arg(v), mimo_v, cs, sn, dt, arg(trap), qb, kb, dpsiv, dqk, dkrot, dqrot, rowsum, dda, arg(dq), arg(dk),
+          arg(dv), dangles, part[0], tok_out, S, H, nc, B * H * S), shared),
+        ("reduce", mod1._mimo_reduce_kernel, B * H * n_sum, (part, dmimo_v, nc, n_sum),
+         {"RP": R * P, "BLK": _SUM_BLOCK, "CB": 64}),
+    ]
+    options = {"num_warps": 4, "enable_fp_fusion": False} if backend == "cuda" else {}
+    launches = [Launch(name, kernel, grid, args, {k: v for k, v in cxs.items() if k in kernel.arg_names},
+                       dict(options))
+                for name, kernel, grid, args, cxs in plan]
+
+    def finish() -> MimoBwdBwdOutputs:
+        return MimoBwdBwdOutputs(
+            dq=dq, dk=dk, dv=dv, dmimo_v=dmimo_v[0], dD=dd.view(B, H, nc).sum(dim=2) if dims.has_d else None,
+            dangles=dangles, dfactor=tok_out[1], dgamma_diag=tok_out[3], ddA=tok_out[4],
+            dSSdA=dssda.view(B, H, nc, CP, CP)[..., :C, :C].contiguous(), ddA_cs_rev=tok_out[0], ddA_cs=tok_out[2])
+
+    return launches, finish
+
+
+#: The constexprs of a call, for tools (read-only).
+def launch_constexprs(policy) -> Mapping[str, object]:
+    """``stage2_constexprs(policy)`` as a read-only mapping."""
+    return MappingProxyType(stage2_constexprs(policy))

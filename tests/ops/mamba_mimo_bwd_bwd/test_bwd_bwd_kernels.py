@@ -1,0 +1,187 @@
+"""CPU (Triton interpreter) tests of the stage-2 Triton kernels ``mimo_numerics.kernels.mamba_mimo_bwd_bwd``.
+
+Gates (issue 23, acceptance 1): on the forward kernel's case list (``ops.mamba_mimo_fwd.cases.kernel_cases``: reduced
+and full output, Z and D on and off, G = 1 < H and G = H, R in {1, 2, 3, 4, 8}, tails, bf16 and fp16), stage 2's
+inputs drawn from it, the kernels under policy P match the stage-2 reference under P on every output (rel RMS <=
+same_policy_rel_rms = 3e-4; outputs and workspaces poisoned with NaN first) and are closer to it than to the
+reference under another preset with stage-2 semantics; every stage-2 site and knob is honoured; bad inputs and
+policies raise the reference's errors; the launches compile for sm_90.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mimo_numerics as mn
+from mimo_numerics import kernels, tolerances
+from mimo_numerics.cases import CaseSpec
+from mimo_numerics.metrics import rel_rms
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.cases import make_inputs
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.reference import mamba_mimo_bwd_bwd as stage2_reference
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.sites import SITES
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES, OUTPUT_NAMES
+from mimo_numerics.ops.mamba_mimo_fwd.cases import kernel_cases, kernel_policies
+from mimo_numerics.policy import PolicyUndefined
+
+pytestmark = pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")
+
+GATE_RTOL = tolerances.get("same_policy_rel_rms")
+CASES = kernel_cases()
+GATE_PARAMS = [pytest.param(spec, name, pol, id=f"{spec.case_id}-{name}")
+               for spec in CASES for name, pol in kernel_policies(spec)]
+_inputs_cache, _kernel_cache, _ref_cache = {}, {}, {}
+
+
+def _inputs(spec):
+    if spec not in _inputs_cache:
+        _inputs_cache[spec] = make_inputs(spec)
+    return _inputs_cache[spec]
+
+
+def _args(x):
+    return [x[n] for n in INPUT_NAMES]
+
+
+def _kw(x):
+    return dict(chunk_size=x["chunk_size"], rotary_dim_divisor=x["rotary_dim_divisor"])
+
+
+def _kernel(spec, name, policy):
+    if (spec, name) not in _kernel_cache:
+        x = _inputs(spec)
+        _kernel_cache[spec, name] = kernels.mamba_mimo_bwd_bwd(*_args(x), **_kw(x), policy=policy, poison=True)
+    return _kernel_cache[spec, name]
+
+
+def _reference(spec, name, policy):
+    if (spec, name) not in _ref_cache:
+        x = _inputs(spec)
+        _ref_cache[spec, name] = stage2_reference(*_args(x), **_kw(x), policy=policy)
+    return _ref_cache[spec, name]
+
+
+def _distances(a, b) -> dict:
+    return {n: rel_rms(getattr(a, n).float(), getattr(b, n).float()) for n in OUTPUT_NAMES
+            if getattr(b, n) is not None}
+
+
+def _check_same_policy(got, want, what):
+    for n in OUTPUT_NAMES:
+        a, b = getattr(got, n), getattr(want, n)
+        assert (a is None) == (b is None), (what, n)
+        if b is None:
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape, (what, n, a.dtype, b.dtype, a.shape, b.shape)
+        assert not torch.isnan(a.float()).any(), f"{what} {n}: NaN left by the poisoned launch"
+        err = rel_rms(a.float(), b.float())
+        assert err <= GATE_RTOL, f"{what} {n}: kernel vs reference rel RMS {err:.3e} > {GATE_RTOL}"
+
+
+@pytest.mark.parametrize("spec, name, policy", GATE_PARAMS)
+def test_stage2_kernels_match_reference(spec, name, policy):
+    _check_same_policy(_kernel(spec, name, policy), _reference(spec, name, policy), f"{spec.case_id} {name}")
+
+
+@pytest.mark.parametrize("spec, name, policy", GATE_PARAMS)
+def test_stage2_kernels_closest_to_their_own_policy(spec, name, policy):
+    got = _kernel(spec, name, policy)
+    own_ref = _reference(spec, name, policy)
+    own = sum(_distances(got, own_ref).values())
+    compared = 0
+    for other, other_policy in kernel_policies(spec):
+        gap = sum(_distances(_reference(spec, other, other_policy), own_ref).values())
+        if other == name or gap <= 1e-5 + 2 * own:
+            continue
+        compared += 1
+        far = sum(_distances(got, _reference(spec, other, other_policy)).values())
+        assert own < far, f"kernels under {name} closer to the reference under {other}: {far:.3e} <= {own:.3e}"
+    assert compared >= 1
+
+
+_SWITCH_CASE = CaseSpec(seqlen=12, state_dim=16, value_dim=16, rank=2, chunk_size=8, has_z=True, has_d=True)
+_FULL_CASE = CaseSpec(seqlen=12, state_dim=16, value_dim=16, rank=2, chunk_size=8, reduce_o=False, has_z=True,
+                      has_d=True)
+_VARIANTS = ([pytest.param(_SWITCH_CASE, {s: False}, id=f"{s}_off") for s in SITES]
+             + [pytest.param(_FULL_CASE, {"dphio_gate": False}, id="dphio_gate_off_full_dout"),
+                pytest.param(_SWITCH_CASE, {"diag_mode": "mul_then_add"}, id="diag_mul_then_add"),
+                pytest.param(_SWITCH_CASE, {"state_update": "separate"}, id="state_separate"),
+                pytest.param(_SWITCH_CASE, {"silu_form": "sigmoid"}, id="silu_sigmoid")])
+
+
+@pytest.mark.parametrize("spec, change", _VARIANTS)
+def test_every_stage2_switch_and_knob_is_honoured(spec, change):
+    base = mn.presets.get("upstream_sm90")
+    sites = {k: v for k, v in change.items() if k in SITES}
+    knobs = {k: v for k, v in change.items() if k not in SITES}
+    variant = base.replace(**knobs) if knobs else base
+    variant = variant.with_sites("mamba_mimo_bwd_bwd", **sites) if sites else variant
+    x = _inputs(spec)
+    got = kernels.mamba_mimo_bwd_bwd(*_args(x), **_kw(x), policy=variant, poison=True)
+    ref_v = stage2_reference(*_args(x), **_kw(x), policy=variant)
+    ref_b = stage2_reference(*_args(x), **_kw(x), policy=base)
+    _check_same_policy(got, ref_v, str(change))
+    if sum(_distances(ref_v, ref_b).values()) > 1e-5:
+        assert sum(_distances(got, ref_v).values()) < sum(_distances(got, ref_b).values()), change
+
+
+def test_stage2_constexprs():
+    cx = kernels.stage2_constexprs("upstream_sm90")
+    assert all(cx[s.upper()] for s in SITES) and cx["DIAG_FMA"] and cx["ACCUMULATE"] and cx["LPK"] == 0
+    assert not any(kernels.stage2_constexprs("fp32")[s.upper()] for s in SITES)
+    assert kernels.stage2_constexprs("upstream_sm90_fp16")["LPK"] == 1
+    with pytest.raises(PolicyUndefined, match="mamba_mimo_bwd_bwd"):
+        kernels.stage2_constexprs("seed_bf16")
+    for policy, field in (("fp64", "math_dtype"), (mn.presets.get("fp32").replace(round_outputs=False),
+                                                   "round_outputs")):
+        with pytest.raises(kernels.UnsupportedPolicyError, match=field):
+            kernels.stage2_constexprs(policy)
+
+
+def _bad_inputs():
+    x = _inputs(CASES[0])
+    return [("dtype", dict(x, q=x["q"].float())), ("shape", dict(x, v=x["v"][:, :-1])),
+            ("pairing", dict(x, mimo_z=None)), ("states", dict(x, states=x["states"].float())),
+            ("divisor", dict(x, rotary_dim_divisor=3))]
+
+
+@pytest.mark.parametrize("label, bad", _bad_inputs(), ids=[b[0] for b in _bad_inputs()])
+def test_bad_inputs_raise_the_reference_errors(label, bad):
+    with pytest.raises((TypeError, ValueError)) as ref_err:
+        stage2_reference(*_args(bad), **_kw(bad), policy="upstream_sm90")
+    with pytest.raises(type(ref_err.value)) as ker_err:
+        kernels.mamba_mimo_bwd_bwd(*_args(bad), **_kw(bad), policy="upstream_sm90")
+    assert str(ker_err.value) == str(ref_err.value)
+
+
+def test_unsupported_sizes_raise_value_error():
+    x = make_inputs(CaseSpec(seqlen=8, state_dim=8, value_dim=16, rank=2, chunk_size=8))
+    with pytest.raises(ValueError, match="N=8"):
+        kernels.mamba_mimo_bwd_bwd(*_args(x), **_kw(x), policy="upstream_sm90")
+
+
+def test_deterministic():
+    x = _inputs(CASES[4])
+    a = kernels.mamba_mimo_bwd_bwd(*_args(x), **_kw(x), policy="upstream_sm90")
+    b = kernels.mamba_mimo_bwd_bwd(*_args(x), **_kw(x), policy="upstream_sm90", poison=True)
+    for n in OUTPUT_NAMES:
+        if getattr(a, n) is not None:
+            assert torch.equal(getattr(a, n), getattr(b, n)), n
+
+
+def _toolchain():
+    from mimo_numerics.kernels import _devtools
+
+    return _devtools.nvidia_toolchain_available()
+
+
+@pytest.mark.skipif(not _toolchain(), reason="Triton's NVIDIA backend (ptxas) is not installed")
+def test_compiles_for_sm90():
+    """Every stage-2 launch compiles for sm_90 (no GPU needed) at N = P = 64, R = 4, C = 16."""
+    from mimo_numerics.kernels import _devtools, mimo_bwd_bwd
+
+    x = make_inputs(CaseSpec(seqlen=32, heads=2, state_dim=64, value_dim=64, rank=4, chunk_size=16, has_z=True,
+                             has_d=True))
+    launches, _ = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="upstream_sm90", backend="cuda")
+    for launch in launches:
+        assert _devtools.resource_usage(_devtools.compile_launch(launch, arch=90))["regs"] > 0, launch.name
