@@ -33,8 +33,8 @@ in ``_mimo_kernels.py`` (``_rounding.sincos``, ``tl.exp``, the Z gate's ``silu_p
 import triton
 import triton.language as tl
 
-from ._mimo_kernels import _biased_rotated, _gamma_trap_scale, _rank_rows, _rotation, _state_chunk_step
-from ._rounding import dec, enc, fzeros, rnd, rnd_if, rnd_sum, silu_parts, tsum
+from ._mimo_kernels import _biased_rotated, _gamma_trap_scale, _rank_rows, _rotation
+from ._rounding import dec, enc, fzeros, mma, rnd, rnd_if, rnd_sum, silu_parts, tsum
 
 
 @triton.jit
@@ -139,14 +139,16 @@ def _bwd2_rows_kernel(
 def _bwd2_dstates_kernel(
     qrot_ptr, dps_ptr, da_cs_ptr, dst_ptr, S, nc, n_nt, n_pt,
     N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, BN: tl.constexpr,
-    BP: tl.constexpr, LPK: tl.constexpr, ACCUMULATE: tl.constexpr,
+    BP: tl.constexpr, LPK: tl.constexpr, ACCUMULATE: tl.constexpr, DOT_WALK_LP: tl.constexpr,
 ):
     """The reverse walk over the chunks: dst[c] = D_c, D_{nc−1} = 0, D_{c−1} = D_c·decay_c (+) q_rot_cᵀ·dps_c.
 
     Grid: 1-D, B·H·n_nt·n_pt programs; program → (b, h, N tile of BN rows, P tile of BP columns), walking the chunks
     from the last one down. Inputs: qrot [B·H·nc, LP, N], dps [B·H·nc, LP, P] (FP32, from ``_bwd2_rows_kernel``),
     da_cs [B, H, S]. Output: dst [B, H, nc, N, P] FP32. ACCUMULATE: ``state_update="accumulate_into"`` (16 rows at a
-    time into the decayed D) else ``"separate"``. No rounding site (dstates_operand is applied where D is read).
+    time into the decayed D) else ``"separate"``. DOT_WALK_LP (devices): both operands hold lp values (q_rot and
+    R(dΦO·exp(da_cs)) rounded under the policy), so the GEMM takes them as bf16/fp16 (exact products, FP32
+    accumulation). No rounding site (dstates_operand is applied where D is read).
     """
     pid = tl.program_id(0)
     pt = pid % n_pt
@@ -164,8 +166,27 @@ def _bwd2_dstates_kernel(
         last = tl.minimum((c + 1) * C, S) - 1
         decay = tl.exp(tl.load(da_cs_ptr + hs_base + last))
         chunk = bh.to(tl.int64) * nc + c
-        state = _state_chunk_step(state, decay, qrot_ptr, dps_ptr, chunk, nn, pp, dps_ptr, 0, c, 0.0, S, 1, N, P, LP,
-                                  R, C, LPK, False, False, False, ACCUMULATE, True, False, False)
+        state = _walk_step(state, decay, qrot_ptr, dps_ptr, chunk, nn, pp, N, P, LP, LPK, ACCUMULATE, DOT_WALK_LP)
+
+
+@triton.jit
+def _walk_step(state, decay, qrot_ptr, dps_ptr, chunk, nn, pp, N: tl.constexpr, P: tl.constexpr, LP: tl.constexpr,
+               LPK: tl.constexpr, ACCUMULATE: tl.constexpr, DOT_WALK_LP: tl.constexpr):
+    """D ← D·decay (+) q_rotᵀ·dps of chunk ``chunk`` on the tile (rows ``nn``, columns ``pp``): ``accumulate_into``
+    one slice of 16 fused rows at a time into the decayed D, ``separate`` the chunk's sum first."""
+    if ACCUMULATE:
+        state = state * decay
+        for s in tl.static_range(LP // 16):
+            i = s * 16 + tl.arange(0, 16)
+            qt = tl.load(qrot_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
+            pv = tl.load(dps_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
+            state = state + mma(qt, pv, DOT_WALK_LP, LPK)
+    else:
+        i = tl.arange(0, LP)
+        qt = tl.load(qrot_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
+        pv = tl.load(dps_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
+        state = state * decay + mma(qt, pv, DOT_WALK_LP, LPK)
+    return state
 
 
 @triton.jit
@@ -185,7 +206,9 @@ def _bwd2_chunk_kernel(
     DSTATES_OPERAND: tl.constexpr, LKQ: tl.constexpr, LKQ_MASKED: tl.constexpr, DPSIV_DIAG_QK: tl.constexpr,
     GAMMA_DIAG: tl.constexpr, DPSIV_DIAG_GAMMA: tl.constexpr, DPSIV: tl.constexpr, DK_INTER: tl.constexpr,
     DSSDA_TERM: tl.constexpr, DKQ_MASKED: tl.constexpr, DK_SCALED: tl.constexpr, DQ_INTER: tl.constexpr,
-    DQ_COMBINED: tl.constexpr, HAS_D: tl.constexpr,
+    DQ_COMBINED: tl.constexpr, HAS_D: tl.constexpr, DOT_KD_LP: tl.constexpr, DOT_KQ_LP: tl.constexpr,
+    DOT_SD_LP: tl.constexpr, DOT_PD_LP: tl.constexpr, DOT_PP_LP: tl.constexpr, DOT_DQ_LP: tl.constexpr,
+    DOT_QS_LP: tl.constexpr, DOT_DK_LP: tl.constexpr,
 ):
     """The chunk's gradients that need D_c and the whole chunk (program → (b, h, chunk c), all LP rows).
 
@@ -198,7 +221,9 @@ def _bwd2_chunk_kernel(
     [B·H·nc]: Σ states·D·decay.
 
     Compile-time constants: N, P, R, C, LP, CP (padded tokens per chunk), LPK, the policy switches named as the
-    sites, HAS_D.
+    sites, HAS_D. DOT_*_LP (devices): both operands of that GEMM hold lp values under the policy, so it takes them as
+    bf16/fp16 (exact products, FP32 accumulation; else IEEE FP32): KD k̂·D, KQ k̂·q_rotᵀ, SD scores·dΦO, PD ΨV·Dᵀ,
+    PP ΨV·dΦOᵀ, DQ dkq·q_rot, QS dΦO·statesᵀ, DK dkqᵀ·k̂.
     """
     bhc = tl.program_id(0)
     c = bhc % nc
@@ -232,14 +257,14 @@ def _bwd2_chunk_kernel(
     seg_offs = bhc.to(tl.int64) * (C * C) + tl.minimum(t_j, C - 1)[None, :] * C + tl.minimum(t_loc, C - 1)[:, None]
 
     # ---- dΨV
-    dpsiv = tl.dot(khat, dop, input_precision="ieee") * e_rev[:, None]
-    lkq = tl.dot(khat, tl.trans(qrot), input_precision="ieee")
+    dpsiv = mma(khat, dop, DOT_KD_LP, LPK) * e_rev[:, None]
+    lkq = mma(khat, tl.trans(qrot), DOT_KQ_LP, LPK)
     lkq_st = rnd_if(lkq, LKQ, LPK)
     if R == 1:
         lkq_m = rnd_if(_reverse_causal(lkq_st, rc, segsum_ptr, seg_offs), LKQ_MASKED, LPK)
     else:
         lkq_m = rnd_if(_reverse_causal(lkq, rc, segsum_ptr, seg_offs), LKQ_MASKED, LPK)
-    dpsiv = dpsiv + tl.dot(lkq_m, dphio, input_precision="ieee")
+    dpsiv = dpsiv + mma(lkq_m, dphio, DOT_SD_LP, LPK)
     if HAS_D:
         dpsiv = dpsiv + dphio * tl.load(d_ptr + h)
     # same-token terms: dΨV[t, r_in] += R(R(dΦO[t, r_out]·qk[t, r_out, r_in])·R(γ_t)) for r_out ascending
@@ -264,10 +289,10 @@ def _bwd2_chunk_kernel(
         dg_row = dg_row + qk * dqk
 
     # ---- dk
-    dk_inter_raw = tl.dot(psiv, tl.trans(dop), input_precision="ieee")
+    dk_inter_raw = mma(psiv, tl.trans(dop), DOT_PD_LP, LPK)
     s_dacs_rev = tsum(khat * dk_inter_raw, axis=1)
     dk_inter = rnd_if(dk_inter_raw * e_rev[:, None], DK_INTER, LPK)
-    dk_intra = tl.dot(psiv, tl.trans(dphio), input_precision="ieee")
+    dk_intra = mma(psiv, tl.trans(dphio), DOT_PP_LP, LPK)
     dssda = rnd_if(lkq_st * dk_intra, DSSDA_TERM, LPK)
     # dSSdA[t_i, t_j]: the sum over the rank pairs of the token pair, as two one-hot GEMMs (exact selections)
     tok = tl.arange(0, CP)
@@ -275,7 +300,7 @@ def _bwd2_chunk_kernel(
     pair = tl.dot(tl.dot(sel, dssda, input_precision="ieee"), tl.trans(sel), input_precision="ieee")
     tl.store(dssda_ptr + bhc.to(tl.int64) * (CP * CP) + tok[:, None] * CP + tok[None, :], pair)
     dkq = rnd_if(_reverse_causal(dk_intra, rc, segsum_ptr, seg_offs), DKQ_MASKED, LPK)
-    dk_nodiag = dk_inter + tl.dot(dkq, qrot, input_precision="ieee")
+    dk_nodiag = dk_inter + mma(dkq, qrot, DOT_DQ_LP, LPK)
     s_dfactor = tsum(krot * dk_nodiag, axis=1)
     dk_rot = rnd_if(dk_nodiag * ts[:, None], DK_SCALED, LPK)
     tl.store(dkrot_ptr + rows_n, tl.where(okn, dk_rot, 0.0))
@@ -284,10 +309,10 @@ def _bwd2_chunk_kernel(
     last = tl.minimum((c + 1) * C, S) - 1
     decay = tl.exp(tl.load(da_cs_ptr + hs_base + last))
     tl.store(dda_ptr + bhc, tsum(tsum(states * dst * decay, axis=1), axis=0))
-    dq_inter_raw = tl.dot(dphio, tl.trans(states), input_precision="ieee")
+    dq_inter_raw = mma(dphio, tl.trans(states), DOT_QS_LP, LPK)
     s_dacs = tsum(qrot * dq_inter_raw, axis=1)
     dq_inter = rnd_if(dq_inter_raw * e_cs[:, None], DQ_INTER, LPK)
-    dq_rot = rnd_if(dq_inter + tl.dot(tl.trans(dkq), khat, input_precision="ieee"), DQ_COMBINED, LPK)
+    dq_rot = rnd_if(dq_inter + mma(tl.trans(dkq), khat, DOT_DK_LP, LPK), DQ_COMBINED, LPK)
     tl.store(dqrot_ptr + rows_n, tl.where(okn, dq_rot, 0.0))
 
     rs = rowsum_ptr + bhc.to(tl.int64) * (4 * LP) + i

@@ -12,8 +12,9 @@ programs; on GPUs a first version, not tuned), the reverse walk on tiles of at m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Dict, Mapping, Optional
+from typing import Callable, Dict, Mapping, Optional
 
 import torch
 
@@ -31,6 +32,12 @@ from ._launch import LP_NAN_BITS, Launch, check_sizes, require_triton
 OPERATOR_NAME = "mamba_mimo_bwd_bwd"
 #: Columns per program of the dmimo_v sum.
 _SUM_BLOCK = 32
+#: Backends whose compiles of these kernels are known to fail: on Ascend the one-program-per-chunk tiles overflow the
+#: 192 KiB unified buffer (the compile gate, ``scripts/ascend_compile_gate.py --filter bwd2_``: the rows kernel needs
+#: 2.6 Mbit at N = P = 64, R = 4, C = 16, the chunk kernel 20 Mbit, against 1.57 Mbit). ``mamba_mimo_bwd_bwd`` refuses
+#: them; ``build_launches`` still describes their launches for the gate.
+REFUSED_BACKENDS = {"npu": "the stage-2 kernels' one-program-per-chunk tiles overflow Ascend's 192 KiB unified "
+                           "buffer (no Ascend tile plan yet); use the stage-2 reference"}
 
 
 def stage2_constexprs(policy) -> Dict[str, object]:
@@ -61,6 +68,38 @@ def stage2_constexprs(policy) -> Dict[str, object]:
     return cx
 
 
+def lp_dot_operands(cx: Mapping[str, object], dims, on_device: bool) -> Dict[str, bool]:
+    """Which GEMMs of the chunk kernel and the walk take bf16/fp16 operands: on devices, those whose two operands
+    hold lp values under the policy (the products are then exact and only the FP32 accumulation order changes);
+    the interpreter computes every GEMM in IEEE FP32 (numpy cannot multiply bf16)."""
+    q_rot = cx["QK_BIASED"] and cx["ROTARY"]
+    dphio = ((cx["DPHIO"] if dims.reduce_o else True) and (cx["DPHIO_GATE"] if dims.has_z else True))
+    khat, dop, psiv = cx["K_SCALED"], cx["DSTATES_OPERAND"], cx["PSIV"]
+    lp = {"DOT_WALK_LP": q_rot and cx["DPHIO_SCALED"], "DOT_KD_LP": khat and dop, "DOT_KQ_LP": khat and q_rot,
+          "DOT_SD_LP": cx["LKQ_MASKED"] and dphio, "DOT_PD_LP": psiv and dop, "DOT_PP_LP": psiv and dphio,
+          "DOT_DQ_LP": cx["DKQ_MASKED"] and q_rot, "DOT_QS_LP": dphio, "DOT_DK_LP": cx["DKQ_MASKED"] and khat}
+    return {k: bool(on_device and v) for k, v in lp.items()}
+
+
+def walk_tiles(dims, backend: str, sm_count: Optional[int] = None) -> tuple:
+    """(BN, BP) of the reverse walk: 16 × 16 on Ascend; on CUDA halved from 64 × 64 until the walk has at least two
+    programs per SM (its programs are sequential over the chunks: parallelism comes from the tiles); the interpreter
+    walks whole states (fewest programs)."""
+    N, P = dims.state_dim, dims.value_dim
+    if backend == "interpreter":
+        return N, P
+    if backend == "npu":
+        return min(N, 16), min(P, 16)
+    sms = sm_count or torch.cuda.get_device_properties(dims.device).multi_processor_count
+    BN, BP = min(N, 64), min(P, 64)
+    while dims.batch * dims.heads * (N // BN) * (P // BP) < 2 * sms and (BN > 16 or BP > 16):
+        if BP >= BN and BP > 16:
+            BP //= 2
+        else:
+            BN //= 2
+    return BN, BP
+
+
 def _pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
@@ -89,25 +128,40 @@ def mamba_mimo_bwd_bwd(
     Raises:
         ImportError: without ``triton``. UnsupportedPolicyError, PolicyUndefined: see :func:`stage2_constexprs`.
         TypeError, ValueError: bad inputs (the reference's validation) or unsupported sizes.
+        NotImplementedError: NPU tensors (:data:`REFUSED_BACKENDS`).
     """
-    launches, finish = build_launches(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles,
-                                      da_cs, da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor,
-                                      dtype, policy=policy, poison=poison)
-    if q.device.type != "cpu" and any(_backend.is_interpreted(la.kernel) for la in launches):
-        raise RuntimeError("TRITON_INTERPRET=1 is set, so the kernels for these device tensors would run in Triton's "
-                           "interpreter with device constexprs; unset it")
-    for launch in launches:
-        launch.run()
-    return finish()
+    prep = build_launches(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
+                          da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor, dtype, policy=policy,
+                          poison=poison)
+    if prep.backend in REFUSED_BACKENDS:
+        raise NotImplementedError(f"mamba_mimo_bwd_bwd on {prep.backend}: {REFUSED_BACKENDS[prep.backend]}")
+    return prep.run()
+
+
+@dataclass
+class Stage2Launches:
+    """The launches of one stage-2 call (``build_launches``); ``run()`` launches them and returns the outputs."""
+
+    launches: list
+    backend: str
+    finish: Callable[[], MimoBwdBwdOutputs]
+
+    def run(self) -> MimoBwdBwdOutputs:
+        if self.backend != "interpreter" and any(_backend.is_interpreted(la.kernel) for la in self.launches):
+            raise RuntimeError("TRITON_INTERPRET=1 is set, so the kernels for these device tensors would run in "
+                               "Triton's interpreter with device constexprs; unset it")
+        for launch in self.launches:
+            launch.run()
+        return self.finish()
 
 
 def build_launches(
     dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, qk_dot,
     segsum, chunk_size: int = 16, rotary_dim_divisor: int = 4, dtype=None, *, policy="upstream_sm90",
-    poison: bool = False, backend: Optional[str] = None,
+    poison: bool = False, backend: Optional[str] = None, sm_count: Optional[int] = None,
 ):
-    """Validate, allocate and describe the stage-2 launches: ``(launches, finish)``; ``finish()`` returns the
-    outputs once the launches have run."""
+    """Validate, allocate and describe the stage-2 launches without running them (``backend``: plan a device launch
+    from CPU tensors, e.g. for the Ascend compile gate; ``sm_count``: the CUDA device's SMs when planning from CPU)."""
     require_triton()
     policy = _presets.resolve(policy)
     cx = stage2_constexprs(policy)
@@ -123,8 +177,7 @@ def build_launches(
                                dims.chunk_size, dims.nchunks)
     LP, CP, AW = max(16, _pow2(C * R)), max(16, _pow2(C)), N // dims.rotary_dim_divisor
     lp, dev, f32 = dims.lp_dtype, dims.device, torch.float32
-    BN = BP = 16 if backend == "npu" else 64
-    BN, BP = min(N, BN), min(P, BP)
+    BN, BP = walk_tiles(dims, backend, sm_count)
 
     def cont(x):
         return None if x is None else x.contiguous()
@@ -168,6 +221,7 @@ def build_launches(
 
     shared = dict(cx, N=N, P=P, R=R, C=C, LP=LP, CP=CP, AW=AW, HAS_Z=dims.has_z, HAS_D=dims.has_d,
                   REDUCE_O=dims.reduce_o, BN=BN, BP=BP)
+    shared.update(lp_dot_operands(cx, dims, on_device=not interpreted))
     n_sum = -(-(R * P) // _SUM_BLOCK)
     plan = [
         ("angles", mod1._mimo_angles_kernel, -(-cs.numel() // ANGLES_BLOCK), (angles, cs, sn, cs.numel()),
@@ -197,7 +251,7 @@ def build_launches(
             dangles=dangles, dfactor=tok_out[1], dgamma_diag=tok_out[3], ddA=tok_out[4],
             dSSdA=dssda.view(B, H, nc, CP, CP)[..., :C, :C].contiguous(), ddA_cs_rev=tok_out[0], ddA_cs=tok_out[2])
 
-    return launches, finish
+    return Stage2Launches(launches, backend, finish)
 
 
 #: The constexprs of a call, for tools (read-only).

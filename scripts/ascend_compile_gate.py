@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES as _STAGE2_INPUTS
+from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES as _STAGE1_INPUTS
 from mimo_numerics.ops.mamba_mimo_fwd.spec import INPUT_NAMES as _FORWARD_INPUTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -635,7 +637,22 @@ FORWARD_CI_CASES: Tuple[GateCase, ...] = (
 )
 #: The operators the gate builds launches for, with the launcher module of each.
 OPERATOR_LAUNCHERS = {"mamba_mimo_bwd_fwd": "mimo_numerics.kernels.mimo_bwd_fwd",
-                      "mamba_mimo_fwd": "mimo_numerics.kernels.mimo_fwd"}
+                      "mamba_mimo_fwd": "mimo_numerics.kernels.mimo_fwd",
+                      "mamba_mimo_bwd_bwd": "mimo_numerics.kernels.mimo_bwd_bwd"}
+#: The stage-2 kernels' scope (``mimo_numerics.kernels.mimo_bwd_bwd``; ``--operators mamba_mimo_bwd_bwd``): every
+#: branch combination across the presets with stage-2 semantics, the largest and smallest dims, R = 1 and a padded
+#: C·R. Not in the default (CI) operators: the kernels have no Ascend tile plan yet and their one-program-per-chunk
+#: tiles overflow the unified buffer (``kernels.mimo_bwd_bwd.REFUSED_BACKENDS``).
+STAGE2_CI_CASES: Tuple[GateCase, ...] = (
+    ("upstream_sm90", 64, 64, 16, 4, True, True, True),
+    ("upstream_sm90", 128, 128, 32, 4, False, True, False),
+    ("fp32", 64, 64, 16, 4, False, True, True),
+    ("upstream_sm90_fp16", 64, 64, 16, 4, True, False, True),
+    ("upstream_sm80", 32, 32, 16, 2, False, False, True),
+    ("upstream_sm80_fp16", 16, 128, 6, 3, False, False, False),
+    ("fp32", 16, 16, 8, 2, True, True, False),
+    ("upstream_sm90", 64, 32, 128, 1, True, False, False),
+)
 
 
 def ci_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
@@ -650,7 +667,7 @@ def _unique(cases: Iterable[GateCase]) -> List[GateCase]:
 
 def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
                   cases: Optional[Sequence[GateCase]] = None,
-                  operators: Sequence[str] = tuple(OPERATOR_LAUNCHERS)) -> List[LaunchPlan]:
+                  operators: Sequence[str] = ("mamba_mimo_bwd_fwd", "mamba_mimo_fwd")) -> List[LaunchPlan]:
     """The launches the project's launcher makes for the gated cases, asked from the launcher itself.
 
     ``mimo_numerics.kernels.mimo_bwd_fwd.build_launches(..., backend="npu")`` validates the inputs, derives the
@@ -674,7 +691,7 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
     unknown = sorted(set(operators) - set(OPERATOR_LAUNCHERS))
     if unknown:
         raise ValueError(f"operators {unknown} unknown; known: {sorted(OPERATOR_LAUNCHERS)}")
-    forward_cases = cases
+    own_cases = {op: cases for op in OPERATOR_LAUNCHERS}
     if cases is None:
         if scope == "full":
             cases = full_cases(presets)
@@ -684,7 +701,10 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
             cases = ci_cases(presets)
         else:
             raise ValueError(f"scope must be 'ci', 'wide' or 'full', got {scope!r}")
-        forward_cases = [cs for cs in FORWARD_CI_CASES if cs[0] in presets] if scope == "ci" else cases
+        own_cases = {op: cases for op in OPERATOR_LAUNCHERS}
+        if scope == "ci":
+            own_cases["mamba_mimo_fwd"] = [cs for cs in FORWARD_CI_CASES if cs[0] in presets]
+            own_cases["mamba_mimo_bwd_bwd"] = [cs for cs in STAGE2_CI_CASES if cs[0] in presets]
     jobs = []
     for operator in operators:
         module = OPERATOR_LAUNCHERS[operator]
@@ -692,10 +712,9 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
         if build is None:
             raise GateEnvironmentError(f"{module} has no build_launches(); the gate needs the launcher to describe "
                                        "its launches without running them (docs/ascend_findings.md)")
-        for case in (forward_cases if operator == "mamba_mimo_fwd" else cases):
-            if operator == "mamba_mimo_fwd" and not _presets.get(case[0]).defines("mamba_mimo_fwd"):
-                continue
-            jobs.append((operator, build, case))
+        for case in own_cases[operator]:
+            if _presets.get(case[0]).defines(operator):  # seed_bf16 defines stage 1 only
+                jobs.append((operator, build, case))
     plans: List[LaunchPlan] = []
     inputs_cache: Dict[Tuple, Any] = {}
     for operator, build, (preset, n, p, c, r, ro, z, d) in jobs:
@@ -706,14 +725,11 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
             spec = _cases.CaseSpec(formula="realistic", batch=2, heads=2, groups=1, seqlen=3 * c - 1, state_dim=n,
                                    value_dim=p, rank=r, chunk_size=c, reduce_o=ro, has_z=z, has_d=d,
                                    dtype=policy.lp_dtype)
-            inputs_cache[shape] = stage1_cases.make_inputs(spec, "cpu")
+            inputs_cache[shape] = _gate_inputs(spec)
         inputs = inputs_cache[shape]
-        label = (("fwd_" if operator == "mamba_mimo_fwd" else "") + f"N{n}_P{p}_R{r}_C{c}_"
-                 + ("ro" if ro else "fo") + ("Z" if z else "-") + ("D" if d else "-"))
-        if operator == "mamba_mimo_fwd":
-            args = [inputs[name] for name in _FORWARD_INPUTS]
-        else:
-            args = stage1_cases.as_args(inputs)
+        label = _OPERATOR_LABELS[operator] + f"N{n}_P{p}_R{r}_C{c}_" + ("ro" if ro else "fo") + ("Z" if z else "-") \
+            + ("D" if d else "-")
+        args = [inputs[name] for name in _OPERATOR_INPUTS[operator]]
         with torch.no_grad(), warnings.catch_warnings():
             # without CANN, triton-ascend's driver probe warns "No such file or directory: 'ccec'" on every call
             # (the launcher asks it for the core count and falls back to a default)
@@ -725,6 +741,27 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
                                     kwargs={**launch.constexprs, **launch.options}, grid=tuple(grid),
                                     name=label, group=preset))
     return plans
+
+
+#: Each operator's label prefix in the report and its tensor arguments, in launcher order.
+_OPERATOR_LABELS = {"mamba_mimo_bwd_fwd": "", "mamba_mimo_fwd": "fwd_", "mamba_mimo_bwd_bwd": "bwd2_"}
+_OPERATOR_INPUTS = {"mamba_mimo_bwd_fwd": _STAGE1_INPUTS, "mamba_mimo_fwd": _FORWARD_INPUTS,
+                    "mamba_mimo_bwd_bwd": _STAGE2_INPUTS}
+
+
+def _gate_inputs(spec) -> Dict[str, Any]:
+    """Stage 1's CPU inputs for ``spec`` plus stage 2's ``states`` and ``qk_dot`` (zeros of the right shapes and lp
+    dtype: a compile needs their shapes and dtypes only)."""
+    import torch
+
+    inputs = stage1_cases.make_inputs(spec, "cpu")
+    q, v = inputs["q"], inputs["v"]
+    B, S, R, _, N = q.shape
+    H, P = v.shape[2], v.shape[3]
+    nc = -(-S // spec.chunk_size)
+    inputs["states"] = torch.zeros((B, H, nc, N, P), dtype=q.dtype)
+    inputs["qk_dot"] = torch.zeros((B, H, S, R, R), dtype=q.dtype)
+    return inputs
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -811,6 +848,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="ci: 15 launcher calls covering every preset, branch, dim and tile class (~40 min now); "
                          "wide: 200 calls crossing all tile classes with the heavy branches and all switches with "
                          "one tile (~13 min); full: every preset x N x P x (C, R) x branch (days)")
+    ap.add_argument("--operators", default="mamba_mimo_bwd_fwd,mamba_mimo_fwd",
+                    help="comma-separated launchers to compile, of " + ", ".join(OPERATOR_LAUNCHERS))
     ap.add_argument("--filter", default=None, help="only plans whose kernel or specialization contains this")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel bishengir runs")
     ap.add_argument("--max-failures", type=int, default=0,
@@ -827,7 +866,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if a.plans:
             plans = load_plans(a.plans, **({"presets": tuple(presets)} if presets else {}))
         else:
-            plans = project_plans(presets, scope=a.scope)
+            plans = project_plans(presets, scope=a.scope, operators=tuple(o for o in a.operators.split(",") if o))
     except GateEnvironmentError as exc:
         print(f"ascend_compile_gate: {exc}", file=sys.stderr)
         return 2

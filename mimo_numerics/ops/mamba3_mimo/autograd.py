@@ -214,10 +214,22 @@ def _check_backend(backend: str, policy, tensors: Dict[str, Optional[torch.Tenso
     if chunk_size * R > _stage1_kernel.MAX_FUSED_ROWS:
         raise ValueError(f"backend='triton': chunk_size={chunk_size} with R={R} gives C*R={chunk_size * R} fused "
                          f"rows; the Triton kernels support C*R <= {_stage1_kernel.MAX_FUSED_ROWS}")
-    fallback = [step for step, runs in TRITON_STAGES.items() if runs == "reference"]
-    warnings.warn(f"backend='triton': only {', '.join(s for s, r in TRITON_STAGES.items() if r == 'triton')} "
+    stages = triton_stages(tensors["V"].device.type)
+    fallback = [step for step, runs in stages.items() if runs == "reference"]
+    warnings.warn(f"backend='triton': only {', '.join(s for s, r in stages.items() if r == 'triton')} "
                   f"runs a Triton kernel; {', '.join(fallback)} have none yet and run the reference",
                   BackendFallbackWarning, stacklevel=3)
+
+
+def triton_stages(device_type: str) -> Dict[str, str]:
+    """:data:`TRITON_STAGES` on a device of ``device_type``: on Ascend (``npu``) stage 2 runs the reference (its
+    kernels' tiles overflow the unified buffer: ``kernels.mimo_bwd_bwd.REFUSED_BACKENDS``)."""
+    from ...kernels.mimo_bwd_bwd import REFUSED_BACKENDS
+
+    stages = dict(TRITON_STAGES)
+    if device_type in REFUSED_BACKENDS:
+        stages["mamba_mimo_bwd_bwd"] = "reference"
+    return stages
 
 
 def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D, Z,

@@ -339,7 +339,7 @@ def run_stage2(inputs: dict, pre: dict, bwd_fwd: dict, policy, *, backend: str =
     policy = _presets.resolve(policy)
     if chain_kind(policy) == "fp64":
         result = dict(mamba_mimo_bwd_bwd_oracle(*stage2_args(inputs, pre, bwd_fwd), **stage2_kwargs(inputs)))
-    elif backend == "triton":
+    elif backend == "triton" and inputs["V"].device.type not in _stage2_refused():
         from ... import kernels  # imports triton only when called
 
         result = kernels.mamba_mimo_bwd_bwd(*stage2_args(inputs, pre, bwd_fwd), **stage2_kwargs(inputs),
@@ -349,6 +349,14 @@ def run_stage2(inputs: dict, pre: dict, bwd_fwd: dict, policy, *, backend: str =
                                   bwd_fwd, record=record)
     _store(record, "mamba_mimo_bwd_bwd.outputs", result)
     return result
+
+
+def _stage2_refused() -> tuple:
+    """Device types where stage 2 has no usable kernel (``kernels.mimo_bwd_bwd.REFUSED_BACKENDS``): there
+    ``backend="triton"`` runs the stage-2 reference (``autograd.triton_stages`` says so)."""
+    from ...kernels.mimo_bwd_bwd import REFUSED_BACKENDS
+
+    return tuple(REFUSED_BACKENDS)
 
 
 def _stage2_reference_step(inputs: dict, pre: dict, bwd_fwd: dict, policy, record: Optional[dict]) -> dict:

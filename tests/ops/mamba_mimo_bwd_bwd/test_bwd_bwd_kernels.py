@@ -182,6 +182,7 @@ def test_compiles_for_sm90():
 
     x = make_inputs(CaseSpec(seqlen=32, heads=2, state_dim=64, value_dim=64, rank=4, chunk_size=16, has_z=True,
                              has_d=True))
-    launches, _ = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="upstream_sm90", backend="cuda")
-    for launch in launches:
+    prep = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="upstream_sm90", backend="cuda", sm_count=132)
+    assert prep.launches[3].constexprs["DOT_KQ_LP"] and prep.launches[2].constexprs["DOT_WALK_LP"]
+    for launch in prep.launches:
         assert _devtools.resource_usage(_devtools.compile_launch(launch, arch=90))["regs"] > 0, launch.name
