@@ -34,6 +34,16 @@ from .mimo_bwd_fwd import (  # noqa: F401
 from .mimo_fwd import mamba_mimo_fwd  # noqa: F401
 from .mimo_bwd_bwd import mamba_mimo_bwd_bwd, stage2_constexprs  # noqa: F401
 
-__all__ = ["mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "mamba_mimo_bwd_bwd", "stage2_constexprs", "policy_constexprs", "launch_config", "LaunchConfig",
+
+def operator_constexprs(policy, operator: str) -> dict:
+    """The constexprs of ``operator``'s kernels under ``policy`` (``policy_constexprs`` for the forward and stage 1,
+    ``stage2_constexprs`` for stage 2): raises ``UnsupportedPolicyError`` / ``PolicyUndefined`` for a policy they
+    cannot express."""
+    if operator == "mamba_mimo_bwd_bwd":
+        return stage2_constexprs(policy)
+    return policy_constexprs(policy, operator)
+
+__all__ = ["mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "mamba_mimo_bwd_bwd", "stage2_constexprs", "operator_constexprs",
+           "policy_constexprs", "launch_config", "LaunchConfig",
            "TUNING_KEYS", "UnsupportedPolicyError", "SlowInterpreterError", "triton_available",
            "estimate_interpreter_seconds", "plan", "SUPPORTED_DIMS", "INTERPRETER_LIMIT_S"]

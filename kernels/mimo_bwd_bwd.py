@@ -26,7 +26,8 @@ from mimo_numerics.policy import FUTURE_KNOBS, RoundingPolicy
 
 from . import _backend
 from ._config import ANGLES_BLOCK, UnsupportedPolicyError
-from ._launch import LP_NAN_BITS, Launch, check_sizes, require_triton
+from ._launch import (INTERPRETER_LIMIT_S, LP_NAN_BITS, Launch, SlowInterpreterError, check_sizes,
+                      estimate_interpreter_seconds, require_triton)
 
 #: The policy section that configures these kernels.
 OPERATOR_NAME = "mamba_mimo_bwd_bwd"
@@ -107,7 +108,7 @@ def _pow2(x: int) -> int:
 def mamba_mimo_bwd_bwd(
     dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, qk_dot,
     segsum, chunk_size: int = 16, rotary_dim_divisor: int = 4, dtype=None, *, policy="upstream_sm90",
-    poison: bool = False,
+    poison: bool = False, allow_slow_interpreter: bool = False,
 ) -> MimoBwdBwdOutputs:
     """Stage 2 of the Mamba-3 MIMO backward pass in Triton, rounded as ``policy.mamba_mimo_bwd_bwd`` says.
 
@@ -119,6 +120,9 @@ def mamba_mimo_bwd_bwd(
         chunk_size (int): C. rotary_dim_divisor (int): 2 or 4. dtype: upstream's argument (checked).
         policy (RoundingPolicy | str): a policy or preset name with a stage-2 section.
         poison (bool): NaN-fill the outputs and workspaces first (a test hook).
+        allow_slow_interpreter (bool): run on CPU even when the estimated interpreter time exceeds
+            ``INTERPRETER_LIMIT_S`` (the estimate is stage 1's, ``estimate_interpreter_seconds``: not calibrated for
+            these kernels).
 
     Returns:
         MimoBwdBwdOutputs: dq, dk ``[B, S, R, H, N]`` and dv ``[B, S, H, P]`` in lp; dmimo_v ``[B, H, R, P]``, dD
@@ -133,6 +137,12 @@ def mamba_mimo_bwd_bwd(
     prep = build_launches(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
                           da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor, dtype, policy=policy,
                           poison=poison)
+    if prep.backend == "interpreter" and not allow_slow_interpreter:
+        est = estimate_interpreter_seconds(prep.dims)
+        if est > INTERPRETER_LIMIT_S:
+            raise SlowInterpreterError(f"this CPU run goes through Triton's interpreter and would take about {est:.0f} "
+                                       "s (stage 1's estimate); pass allow_slow_interpreter=True to run it anyway, or "
+                                       "use a CUDA device")
     if prep.backend in REFUSED_BACKENDS:
         raise NotImplementedError(f"mamba_mimo_bwd_bwd on {prep.backend}: {REFUSED_BACKENDS[prep.backend]}")
     return prep.run()
@@ -144,6 +154,7 @@ class Stage2Launches:
 
     launches: list
     backend: str
+    dims: object  # the validated ``Dims``
     finish: Callable[[], MimoBwdBwdOutputs]
 
     def run(self) -> MimoBwdBwdOutputs:
@@ -251,7 +262,7 @@ def build_launches(
             dangles=dangles, dfactor=tok_out[1], dgamma_diag=tok_out[3], ddA=tok_out[4],
             dSSdA=dssda.view(B, H, nc, CP, CP)[..., :C, :C].contiguous(), ddA_cs_rev=tok_out[0], ddA_cs=tok_out[2])
 
-    return Stage2Launches(launches, backend, finish)
+    return Stage2Launches(launches, backend, dims, finish)
 
 
 #: The constexprs of a call, for tools (read-only).

@@ -371,7 +371,7 @@ def cmd_run(args) -> int:
     name_of_device = envinfo.device_name(device)
     if backend == "triton":
         # a policy the kernels cannot express: refused
-        operator_module(op, "kernels").policy_constexprs(base_policy, op.name)
+        operator_module(op, "kernels").operator_constexprs(base_policy, op.name)
         if torch.device(device).type == "cpu":
             _check_interpreter_time(found, args, op)
     kind_of_outputs = outputs_type(op)

@@ -88,14 +88,15 @@ def test_run_triton_interpreter_smoke_matches_reference(smoke_reference, tmp_pat
     assert set(metrics["cases"]) == set(load_bundle(smoke_reference).names())
 
 
-def test_run_triton_forward_matches_its_reference(tmp_path, capsys):
-    """The forward has Triton kernels too: ``run --op mamba_mimo_fwd --backend triton`` writes a bundle that
+@pytest.mark.parametrize("op_name", ["mamba_mimo_fwd", "mamba_mimo_bwd_bwd"])
+def test_run_triton_of_the_forward_and_stage2_matches_the_reference(op_name, tmp_path, capsys):
+    """The forward and stage 2 have Triton kernels too: ``run --op OP --backend triton`` writes a bundle that
     ``compare`` finds within 1e-3 of the reference's on the same case."""
     reason = _kernels_unusable()
     if reason:
         pytest.skip(f"Triton backend unusable here: {reason}")
     for backend in ("reference", "triton"):
-        code, _, err = run_cli(capsys, "run", "--op", FWD, "--backend", backend, "--policy", "upstream_sm90",
+        code, _, err = run_cli(capsys, "run", "--op", op_name, "--backend", backend, "--policy", "upstream_sm90",
                                "--case", SMALL, "--out", str(tmp_path / backend), "--quiet")
         assert code == 0, err
     assert {c.backend for c in load_bundle(tmp_path / "triton")} == {"triton"}
@@ -500,8 +501,16 @@ def test_compare_refuses_bundles_of_different_operators(smoke_reference, tmp_pat
 
 
 def test_backends_an_operator_lacks_are_one_line(tmp_path, capsys):
-    code, _, err = run_cli(capsys, "run", "--op", STAGE2, "--backend", "triton", "--case", SMALL, "--out",
-                           str(tmp_path / "t"))
+    from mimo_numerics import operator as _operator
+
+    stage2 = _operator.get(STAGE2)
+    kernels_path = stage2.kernels
+    object.__setattr__(stage2, "kernels", None)  # every operator has kernels now: take stage 2's away (frozen)
+    try:
+        code, _, err = run_cli(capsys, "run", "--op", STAGE2, "--backend", "triton", "--case", SMALL, "--out",
+                               str(tmp_path / "t"))
+    finally:
+        object.__setattr__(stage2, "kernels", kernels_path)
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"mimo-numerics: error: --backend triton: operator {STAGE2} has no kernels (hint: "
                           "--backend triton exists for mamba_mimo_fwd, mamba_mimo_bwd_fwd; use --backend reference "

@@ -201,5 +201,6 @@ OPERATOR = Operator(
     knob_sites={"diag_mode": ("dv_accum",)},
     outputs_type="mimo_numerics.ops.mamba_mimo_bwd_bwd.spec:MimoBwdBwdOutputs",
     upstream="mimo_numerics.ops.mamba3_mimo.upstream:run_stage2",
+    kernels="mimo_numerics.kernels:mamba_mimo_bwd_bwd",
     docs="docs/stage2.md",
 )
