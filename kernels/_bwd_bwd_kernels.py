@@ -33,7 +33,7 @@ in ``_mimo_kernels.py`` (``_rounding.sincos``, ``tl.exp``, the Z gate's ``silu_p
 import triton
 import triton.language as tl
 
-from ._mimo_kernels import _biased_rotated, _gamma_trap_scale, _rank_rows, _rotation
+from ._mimo_kernels import biased_rotated, gamma_trap_scale, rank_rows, rotation
 from ._rounding import dec, enc, fzeros, mma, rnd, rnd_if, rnd_sum, silu_parts, tsum
 
 
@@ -90,21 +90,21 @@ def _bwd2_rows_kernel(
     prow_n = r_i * N
     prow_p = r_i * P
 
-    _, _, ts = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
+    _, _, ts = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
                                  TRAP_SCALE)
-    cs, sn = _rotation(cs_ptr + a_base, sn_ptr + a_base, tl.where(ok, t_loc, 0) * (H * AW), ok, N, AW)
-    qb, qr = _biased_rotated(q_ptr + qk_base, q_bias_ptr + h * (R * N), i_s * (G * N), prow_n, ok, cs, sn, N, AW, LPK,
+    cs, sn = rotation(cs_ptr + a_base, sn_ptr + a_base, tl.where(ok, t_loc, 0) * (H * AW), ok, N, AW)
+    qb, qr = biased_rotated(q_ptr + qk_base, q_bias_ptr + h * (R * N), i_s * (G * N), prow_n, ok, cs, sn, N, AW, LPK,
                              QK_BIAS, QK_BIASED, ROTARY, False)
-    kb, kr = _biased_rotated(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N), prow_n, ok, cs, sn, N, AW, LPK,
+    kb, kr = biased_rotated(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N), prow_n, ok, cs, sn, N, AW, LPK,
                              QK_BIAS, QK_BIASED, ROTARY, False)
     khat = rnd_if(kr * ts[:, None], K_SCALED, LPK)
 
     vv = dec(tl.load(v_ptr + v_base + tok_p, mask=ok[:, None], other=0), LPK)
-    psi_raw = _rank_rows(mimo_v_ptr + h * (R * P), prow_p, p, False)
+    psi_raw = rank_rows(mimo_v_ptr + h * (R * P), prow_p, p, False)
     psiv = rnd_if(vv * rnd_if(psi_raw, PSI_WEIGHT, LPK), PSIV, LPK)
     if REDUCE_O:
         do_t = dec(tl.load(dout_ptr + v_base + tok_p, mask=ok[:, None], other=0), LPK)
-        phi = rnd_if(_rank_rows(mimo_o_ptr + h * (R * P), prow_p, p, False), PHI_WEIGHT, LPK)
+        phi = rnd_if(rank_rows(mimo_o_ptr + h * (R * P), prow_p, p, False), PHI_WEIGHT, LPK)
         dphio = rnd_if(do_t * phi, DPHIO, LPK)
     else:
         # DOUT_r [B, S, R, H, P], read exactly
@@ -112,7 +112,7 @@ def _bwd2_rows_kernel(
         dphio = dec(tl.load(dout_ptr + dfull, mask=ok[:, None], other=0), LPK)
     if HAS_Z:
         z_t = dec(tl.load(z_ptr + v_base + tok_p, mask=ok[:, None], other=0), LPK)
-        zeta = rnd_if(_rank_rows(mimo_z_ptr + h * (R * P), prow_p, p, False), ZETA_WEIGHT, LPK)
+        zeta = rnd_if(rank_rows(mimo_z_ptr + h * (R * P), prow_p, p, False), ZETA_WEIGHT, LPK)
         x = rnd_if(z_t * zeta, Z_ZETA, LPK)
         gate, _, _ = silu_parts(x, SILU_TANH, False)
         dphio = rnd_if(dphio * gate, DPHIO_GATE, LPK)
@@ -246,7 +246,7 @@ def _bwd2_chunk_kernel(
     dst = tl.load(dst_ptr + st_offs)  # D_c, FP32
     dop = rnd_if(dst, DSTATES_OPERAND, LPK)
     states = dec(tl.load(states_ptr + st_offs), LPK)
-    gamma, _, ts = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
+    gamma, _, ts = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
                                      TRAP_SCALE)
     e_cs = tl.exp(tl.load(da_cs_ptr + hs_base + t_s, mask=ok, other=0.0))
     e_rev = tl.exp(tl.load(da_cs_rev_ptr + hs_base + t_s, mask=ok, other=0.0))
@@ -341,8 +341,8 @@ def _bwd2_token_kernel(
     """Per token of one chunk, over its R rows in ascending rank order (program → (b, h, chunk c), CP token rows).
 
     Outputs: dv [B, S, H, P], dq, dk [B, S, R, H, N] (int16 bits), dangles [B, S, H, AW] FP32; part [B·H·nc, R·P]:
-    the chunk's Σ_t dΨV·v (dmimo_v partials); tok_out [5, B, H, S] FP32 (BHS = B·H·S): ddA_cs_rev, dfactor, ddA_cs, dγ_diag (the
-    token sums of the chunk kernel's row terms, ranks ascending), ddA (the chunk's value on each token).
+    the chunk's Σ_t dΨV·v (dmimo_v partials); tok_out [5, B, H, S] FP32 (BHS = B·H·S): ddA_cs_rev, dfactor, ddA_cs,
+    dγ_diag (the token sums of the chunk kernel's row terms, ranks ascending), ddA (the chunk's value on each token).
 
     Compile-time constants: N, P, R, C, LP, CP, AW, LPK; PSI_WEIGHT, DV_ACCUM, DK_UNROTATE, DQ_UNROTATE, DT_INPUT,
     SHIFTED_GAMMA, TRAP_SCALE (sites); DIAG_FMA (``diag_mode="fma"``: dv's rank steps rounded once).
@@ -359,7 +359,6 @@ def _bwd2_token_kernel(
     t_s = tl.where(ok, t, 0)
     tt_s = tl.where(ok, tt, 0)
     p = tl.arange(0, P)
-    n = tl.arange(0, N)
     w = tl.arange(0, AW)
     HALF: tl.constexpr = N // 2
     j = tl.arange(0, HALF)
@@ -371,7 +370,7 @@ def _bwd2_token_kernel(
     a_offs = a_row + w[None, :]
     cs = tl.load(cs_ptr + a_offs, mask=okc, other=1.0)
     sn = tl.load(sn_ptr + a_offs, mask=okc, other=0.0)
-    gamma, _, _ = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
+    gamma, _, _ = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
                                     TRAP_SCALE)
     rows = bhc.to(tl.int64) * LP + tt_s * R  # the token's first fused row
     dv_acc = tl.full([CP, P], -0.0, tl.float32)

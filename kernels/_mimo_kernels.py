@@ -90,7 +90,7 @@ NSLOT = tl.constexpr(24)
 
 
 @triton.jit
-def _rotation(cs_ptr, sn_ptr, a_row, ok, N: tl.constexpr, AW: tl.constexpr):
+def rotation(cs_ptr, sn_ptr, a_row, ok, N: tl.constexpr, AW: tl.constexpr):
     """cos θ and sin θ on [rows, N] from the ``_mimo_angles_kernel`` workspace: column n uses angle j = n mod N/2
     when j < AW (rotated columns), else θ = 0 (cos 1, sin 0). ``a_row``: element offsets of the angle rows, clamped
     (0 where ``ok`` is false)."""
@@ -102,7 +102,7 @@ def _rotation(cs_ptr, sn_ptr, a_row, ok, N: tl.constexpr, AW: tl.constexpr):
 
 @triton.jit
 def _rotation_half(cs_ptr, sn_ptr, a_row, ok, HALF: tl.constexpr, AW: tl.constexpr):
-    """``_rotation`` for one half of the columns: cos θ and sin θ on [rows, HALF] (column j uses angle j when
+    """``rotation`` for one half of the columns: cos θ and sin θ on [rows, HALF] (column j uses angle j when
     j < AW, else cos 1, sin 0); both halves of a row use the same values."""
     j = tl.arange(0, HALF)
     m = ok[:, None] & (j < AW)[None, :]
@@ -127,7 +127,7 @@ def _mimo_angles_kernel(angles_ptr, cs_ptr, sn_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _biased_rotated(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
+def biased_rotated(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
                     N: tl.constexpr, AW: tl.constexpr, LPK: tl.constexpr,
                     QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, ROTARY: tl.constexpr, BIAS_ROW: tl.constexpr):
     """Rows of q̃ = R(q + R(b)) (S4, S12/S13) and of the rotated q̃ (S16/S17); rows are element offsets.
@@ -135,7 +135,7 @@ def _biased_rotated(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
     ``x_row`` must already be clamped (0 where ``ok`` is false). ``b_row``: bias row offsets per row, or with
     ``BIAS_ROW`` one scalar offset whose row is loaded once and broadcast (a row-offset vector that is constant along
     the rows is a zero-stride view, which triton-ascend rejects). Column n is paired with n ± N/2; columns j and
-    N/2 + j with j < AW = N/d rotate by θ (``cs``, ``sn`` from ``_rotation``).
+    N/2 + j with j < AW = N/d rotate by θ (``cs``, ``sn`` from ``rotation``).
     """
     HALF: tl.constexpr = N // 2
     n = tl.arange(0, N)
@@ -143,8 +143,8 @@ def _biased_rotated(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
     m2 = ok[:, None]
     x = dec(tl.load(x_ptr + x_row[:, None] + n[None, :], mask=m2, other=0), LPK)
     xp = dec(tl.load(x_ptr + x_row[:, None] + npart[None, :], mask=m2, other=0), LPK)
-    bias = rnd_if(_rank_rows(bias_ptr, b_row, n, BIAS_ROW), QK_BIAS, LPK)
-    bias_p = rnd_if(_rank_rows(bias_ptr, b_row, npart, BIAS_ROW), QK_BIAS, LPK)
+    bias = rnd_if(rank_rows(bias_ptr, b_row, n, BIAS_ROW), QK_BIAS, LPK)
+    bias_p = rnd_if(rank_rows(bias_ptr, b_row, npart, BIAS_ROW), QK_BIAS, LPK)
     xb = rnd_if(x + bias, QK_BIASED, LPK)
     xbp = rnd_if(xp + bias_p, QK_BIASED, LPK)
     first = (n < HALF)[None, :]
@@ -158,7 +158,7 @@ def _biased_rotated(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
 def _biased_rotated_halves(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
                            N: tl.constexpr, AW: tl.constexpr, LPK: tl.constexpr, QK_BIAS: tl.constexpr,
                            QK_BIASED: tl.constexpr, ROTARY: tl.constexpr, BIAS_ROW: tl.constexpr):
-    """``_biased_rotated`` by halves: (x̃₁, x̃₂, rotated x̃₁, rotated x̃₂), each [rows, N/2], x̃₁ the columns j < N/2
+    """``biased_rotated`` by halves: (x̃₁, x̃₂, rotated x̃₁, rotated x̃₂), each [rows, N/2], x̃₁ the columns j < N/2
     and x̃₂ the columns N/2 + j (``cs``, ``sn`` from ``_rotation_half``). Every element is loaded, biased and rounded
     once (the full-width form loads each row a second time with its halves swapped) and the rotation evaluates
     only its own formula per half; the FP32 operations per element are the same, so are the values.
@@ -168,8 +168,8 @@ def _biased_rotated_halves(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
     m2 = ok[:, None]
     x1 = dec(tl.load(x_ptr + x_row[:, None] + j[None, :], mask=m2, other=0), LPK)
     x2 = dec(tl.load(x_ptr + x_row[:, None] + (HALF + j)[None, :], mask=m2, other=0), LPK)
-    xb1 = rnd_if(x1 + rnd_if(_rank_rows(bias_ptr, b_row, j, BIAS_ROW), QK_BIAS, LPK), QK_BIASED, LPK)
-    xb2 = rnd_if(x2 + rnd_if(_rank_rows(bias_ptr, b_row, HALF + j, BIAS_ROW), QK_BIAS, LPK), QK_BIASED, LPK)
+    xb1 = rnd_if(x1 + rnd_if(rank_rows(bias_ptr, b_row, j, BIAS_ROW), QK_BIAS, LPK), QK_BIASED, LPK)
+    xb2 = rnd_if(x2 + rnd_if(rank_rows(bias_ptr, b_row, HALF + j, BIAS_ROW), QK_BIAS, LPK), QK_BIASED, LPK)
     rot = (j < AW)[None, :]
     xr1 = tl.where(rot, rnd_if(cs * xb1 - sn * xb2, ROTARY, LPK), xb1)
     xr2 = tl.where(rot, rnd_if(sn * xb1 + cs * xb2, ROTARY, LPK), xb2)
@@ -177,7 +177,7 @@ def _biased_rotated_halves(x_ptr, bias_ptr, x_row, b_row, ok, cs, sn,
 
 
 @triton.jit
-def _gamma_trap_scale(dt_ptr, trap_ptr, t, ok, S, LPK: tl.constexpr, DT_INPUT: tl.constexpr,
+def gamma_trap_scale(dt_ptr, trap_ptr, t, ok, S, LPK: tl.constexpr, DT_INPUT: tl.constexpr,
                       SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr):
     """γ_t = R(dt_t)·σ(trap_t) (S8, S9; never rounded), shifted γ (S5, S6) and trap_scale_t = R(γ + sγ) (S10).
 
@@ -277,7 +277,7 @@ def _prep_program(
     else:
         prow_n = r_i * N
         prow_p = r_i * P
-    gamma, shifted, ts = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT,
+    gamma, shifted, ts = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT,
                                            SHIFTED_GAMMA, TRAP_SCALE)
     e_rev = tl.exp(tl.load(da_cs_rev_ptr + hs_base + tl.where(ok, t, 0), mask=ok, other=0.0))
     nk_rows = bhc.to(tl.int64) * (LP * N) + i[:, None] * N
@@ -286,8 +286,8 @@ def _prep_program(
     rec_base = (bh.to(tl.int64) * S + cC) * R * W
     rec = rec_ptr + rec_base + i_s[:, None] * W
     if QK_GEMM or N < 32:
-        cs, sn = _rotation(cs_ptr + a_base, sn_ptr + a_base, t_loc_s * (H * AW), ok, N, AW)
-        kb, krot = _biased_rotated(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N), prow_n, ok, cs, sn,
+        cs, sn = rotation(cs_ptr + a_base, sn_ptr + a_base, t_loc_s * (H * AW), ok, N, AW)
+        kb, krot = biased_rotated(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N), prow_n, ok, cs, sn,
                                    N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY, R == 1)
         _k_scaled_state(kb, krot, n, ts, e_rev, ok, kst_ptr, khat_ptr, nk_rows, rec, slot_stride, LPK, K_SCALED,
                         K_STATE, RECORD)
@@ -305,7 +305,7 @@ def _prep_program(
 
     # ---- same-step q̃·k̃ᵀ (S14) for every r_in: qk[t_i, r_i, r_in] = Σ_n q̃[i, n]·k̃[t_i·R + r_in, n]
     q = dec(tl.load(q_ptr + qk_base + (i_s * (G * N))[:, None] + n[None, :], mask=ok[:, None], other=0), LPK)
-    qbias = rnd_if(_rank_rows(q_bias_ptr + h * (R * N), prow_n, n, R == 1), QK_BIAS, LPK)
+    qbias = rnd_if(rank_rows(q_bias_ptr + h * (R * N), prow_n, n, R == 1), QK_BIAS, LPK)
     qb = rnd_if(q + qbias, QK_BIASED, LPK)
     if QK_GEMM:
         # the whole chunk in this program (RB = LP): one [LP, LP] GEMM, same-step entries picked per r_in
@@ -331,7 +331,7 @@ def _prep_program(
                      rnd_if(qk, QK_DOT_INTERNAL, LPK), mask=ok)
 
     # ---- ΨV = R(v·R(Ψ)) (S3, S11)
-    psi = rnd_if(_rank_rows(mimo_v_ptr + h * (R * P), prow_p, p, R == 1), PSI_WEIGHT, LPK)
+    psi = rnd_if(rank_rows(mimo_v_ptr + h * (R * P), prow_p, p, R == 1), PSI_WEIGHT, LPK)
     vv = dec(tl.load(v_ptr + v_base + (t_loc_s * (H * P))[:, None] + p[None, :], mask=ok[:, None], other=0), LPK)
     psiv = tl.where(ok[:, None], rnd_if(vv * psi, PSIV, LPK), 0.0)
     _store_tile(psiv_ptr, bhc.to(tl.int64) * (LP * P) + i[:, None] * P + p[None, :], psiv, PSIV, LPK)
@@ -578,7 +578,7 @@ def _record_tile(rec_ptr, slot, slot_stride, rec_base, rows, ok, cols, ncols, va
 
 
 @triton.jit
-def _rank_rows(ptr, row, cols, ONE_ROW: tl.constexpr):
+def rank_rows(ptr, row, cols, ONE_ROW: tl.constexpr):
     """Rows of a per-rank parameter (biases, Ψ, Φ, ζ) as a tile [rows, cols]: ``row`` holds each row's element
     offset; with ``ONE_ROW`` it is one scalar offset, the row is loaded once and broadcast ([1, cols]): a row-offset
     vector that is constant along the rows is a zero-stride view, which triton-ascend rejects."""
@@ -731,7 +731,7 @@ def _forward_output(o_acc, out, gate, mimo_o_row_ptr, prow_p, pp, o_ptr, dfull_b
     if HAS_Z:
         gate = rnd_if(gate, GATE, LPK)
     if REDUCE_O:
-        phi = rnd_if(_rank_rows(mimo_o_row_ptr, prow_p, pp, RBK == 1), PHI_WEIGHT, LPK)
+        phi = rnd_if(rank_rows(mimo_o_row_ptr, prow_p, pp, RBK == 1), PHI_WEIGHT, LPK)
         if HAS_Z:
             phi = rnd_if(phi * gate, PHI_GATE, LPK)
         o_rank = rnd_if(out * phi, OUT_PROJ, LPK)
@@ -806,7 +806,7 @@ def _out_program(
     lim0 = tl.where(pt == 0, C, 0)
 
     # ---- per-token quantities (rows of every rank of the block repeat them)
-    gamma_t, sg_t, ts_t = _gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok_t, S, LPK, DT_INPUT,
+    gamma_t, sg_t, ts_t = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok_t, S, LPK, DT_INPUT,
                                             SHIFTED_GAMMA, TRAP_SCALE)
     # N >= 32: q̃ by column halves (each element loaded and rounded once; GEMMs over K = N as two K = N/2 steps)
     HALVES: tl.constexpr = N >= 32
@@ -815,7 +815,7 @@ def _out_program(
     if HALVES:
         cs_t, sn_t = _rotation_half(cs_ptr + a_base, sn_ptr + a_base, tt_s * (H * AW), ok_t, HALF, AW)
     else:
-        cs_t, sn_t = _rotation(cs_ptr + a_base, sn_ptr + a_base, tt_s * (H * AW), ok_t, N, AW)
+        cs_t, sn_t = rotation(cs_ptr + a_base, sn_ptr + a_base, tt_s * (H * AW), ok_t, N, AW)
     tok_offs = tt_s[:, None] * (H * P) + pp[None, :]
     e_da = tl.exp(tl.load(da_cs_ptr + hs_base + tl.where(ok_t, t, 0), mask=ok_t, other=0.0))
     if HALVES:
@@ -875,7 +875,7 @@ def _out_program(
                                                         ROTARY, RBK == 1)
             inter = mma_acc(qr2, hop2, mma(qr1, hop1, DOT_INTER_LP, LPK), DOT_INTER_LP, LPK) * e_da[:, None]
         else:
-            qb1, qr1 = _biased_rotated(q_ptr + qk_base, q_bias_ptr + h * (R * N), frow * (G * N), prow_n, ok,
+            qb1, qr1 = biased_rotated(q_ptr + qk_base, q_bias_ptr + h * (R * N), frow * (G * N), prow_n, ok,
                                        cs_t, sn_t, N, AW, LPK, QK_BIAS, QK_BIASED, ROTARY, RBK == 1)
             qb2 = qb1
             qr2 = qr1
@@ -941,7 +941,7 @@ def _out_program(
             if FORWARD and HAS_D:
                 _record_tile(rec_ptr, SLOT_D_TERM, slot_stride, rec_base, frow, ok, pp, P, d_term, W)
         if HAS_Z:
-            zeta = _rank_rows(mimo_z_ptr + h * (R * P), prow_p, pp, RBK == 1)
+            zeta = rank_rows(mimo_z_ptr + h * (R * P), prow_p, pp, RBK == 1)
             x = z_t * zeta
             gate, sig_x, sig_negx = silu_parts(x, SILU_TANH, RCP_APPROX)
         else:
@@ -957,7 +957,7 @@ def _out_program(
                 gated = out
             po_acc = _rank_sums_into(po_acc, tl.where(ok[:, None], gated * do_t, 0.0), rr, rb, rk, RBK)
             if HAS_Z:
-                phi = rnd_if(_rank_rows(mimo_o_ptr + h * (R * P), prow_p, pp, RBK == 1), PHI_WEIGHT, LPK)
+                phi = rnd_if(rank_rows(mimo_o_ptr + h * (R * P), prow_p, pp, RBK == 1), PHI_WEIGHT, LPK)
                 dphio = rnd_if(rnd_if(do_t * phi, DPHIO, LPK) * out, DPHIO, LPK)
         else:
             if HAS_Z:

@@ -13,7 +13,6 @@ programs; on GPUs a first version, not tuned), the reverse walk on tiles of at m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Callable, Dict, Mapping, Optional
 
 import torch
@@ -263,9 +262,3 @@ def build_launches(
             dSSdA=dssda.view(B, H, nc, CP, CP)[..., :C, :C].contiguous(), ddA_cs_rev=tok_out[0], ddA_cs=tok_out[2])
 
     return Stage2Launches(launches, backend, dims, finish)
-
-
-#: The constexprs of a call, for tools (read-only).
-def launch_constexprs(policy) -> Mapping[str, object]:
-    """``stage2_constexprs(policy)`` as a read-only mapping."""
-    return MappingProxyType(stage2_constexprs(policy))

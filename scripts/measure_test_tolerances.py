@@ -213,6 +213,30 @@ def measure_fwd_kernels() -> dict:
             "max_lp_differing": max(r["differing"] for r in rows), "max_lp_ulps": max(r["max_ulps"] for r in rows)}
 
 
+def measure_stage2_kernels() -> dict:
+    """The stage-2 Triton kernels under the interpreter vs the stage-2 reference, on the cases and policies of
+    ``tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_kernels.py`` (the forward kernel's case list)."""
+    from mimo_numerics import kernels
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.cases import make_inputs
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.reference import mamba_mimo_bwd_bwd
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES, OUTPUT_NAMES
+    from mimo_numerics.ops.mamba_mimo_fwd.cases import kernel_cases, kernel_policies
+
+    rows = []
+    for spec in kernel_cases():
+        x = make_inputs(spec)
+        args = [x[n] for n in INPUT_NAMES]
+        kw = dict(chunk_size=x["chunk_size"], rotary_dim_divisor=x["rotary_dim_divisor"])
+        for name, policy in kernel_policies(spec):
+            got = kernels.mamba_mimo_bwd_bwd(*args, **kw, policy=policy, poison=True)
+            want = mamba_mimo_bwd_bwd(*args, **kw, policy=policy)
+            for o in OUTPUT_NAMES:
+                if getattr(want, o) is not None:
+                    rows.append({"case": f"{spec.case_id}-{name}", "output": o,
+                                 "rel_rms": _rel_rms(getattr(got, o).float(), getattr(want, o).float())})
+    return {"rows": rows, "worst_rel_rms": max(r["rel_rms"] for r in rows)}
+
+
 # ---------------------------------------------------------------------------------------------------- stage 2
 def stage2_synthetic_specs():
     """SYNTHETIC of tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_reference.py."""
@@ -559,6 +583,7 @@ def measure_bit_equal(group: str) -> dict:
 GROUPS: Dict[str, Callable[[], dict]] = {
     "kernels": measure_kernels,
     "fwd_kernels": measure_fwd_kernels,
+    "stage2_kernels": measure_stage2_kernels,
     "stage2_paths": lambda: measure_bit_equal("stage2_paths"),
     "stage2_state_update": measure_stage2_state_update,
     "stage2_fp64": lambda: measure_recorded("stage2_fp64"),
@@ -578,6 +603,7 @@ SUMMARY = {
     "kernels": {"worst_rel_rms": max, "worst_lp_rel_rms": max, "worst_fp32_rel_rms": max, "max_lp_differing": max,
                 "max_lp_ulps": max, "max_one_flip": max, "pairs_exactly_equal": min},
     "fwd_kernels": {"worst_rel_rms": max, "max_lp_differing": max, "max_lp_ulps": max},
+    "stage2_kernels": {"worst_rel_rms": max},
     "stage2_paths": {"failed": max},
     "stage2_state_update": {"worst_rel_rms": max},
     "epilogue": {"max_exact_differing": max, "min_dTrap_bit_equal": min, "max_dTrap_near_midpoint_8ulp": max},
