@@ -3,7 +3,8 @@
 Gates (issue 23, acceptance 1): on the forward kernel's case list (``ops.mamba_mimo_fwd.cases.kernel_cases``: reduced
 and full output, Z and D on and off, G = 1 < H and G = H, R in {1, 2, 3, 4, 8}, tails, bf16 and fp16), stage 2's
 inputs drawn from it, the kernels under policy P match the stage-2 reference under P on every output (rel RMS <=
-same_policy_rel_rms = 3e-4; outputs and workspaces poisoned with NaN first) and are closer to it than to the
+same_policy_rel_rms = 3e-4, measured worst 1.6e-4 in the native, avx2 and scalar configurations: group
+stage2_kernels of ``scripts/measure_test_tolerances.py``; outputs and workspaces poisoned with NaN first) and are closer to it than to the
 reference under another preset with stage-2 semantics; every stage-2 site and knob is honoured; bad inputs and
 policies raise the reference's errors; the launches compile for sm_90.
 """
