@@ -111,6 +111,24 @@ class DemoConfig:
     policies: Tuple[str, ...] = ("fp64", "fp32", "upstream_sm90", f"upstream_sm90 - {DEFAULT_SITE_OFF}")
     eval_every: int = 10
     device: str = "cpu"
+    backend: str = "reference"
+
+
+def backend_for(policy, backend: str) -> str:
+    """The op's backend for one policy of a run asked to use ``backend``: ``"triton"`` only where the kernels can
+    express the policy (``fp64`` and other float64 or unrounded policies run the reference)."""
+    if backend == "reference":
+        return backend
+    if backend != "triton":
+        raise ValueError(f"backend must be 'reference' or 'triton', got {backend!r}")
+    from .. import kernels
+
+    try:
+        for operator in ("mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "mamba_mimo_bwd_bwd"):
+            kernels.operator_constexprs(policy, operator)
+    except kernels.UnsupportedPolicyError:
+        return "reference"
+    return "triton"
 
 
 def policy_from_label(label: str):
@@ -293,7 +311,8 @@ def run_demo(config: DemoConfig, progress: Optional[Callable[[str], None]] = Non
         for label in config.policies:
             runs.setdefault(label, {})[str(seed)] = train(
                 config.layer, config.task, label, seed, config.steps, lr=config.lr,
-                eval_every=config.eval_every, device=config.device)
+                eval_every=config.eval_every, device=config.device,
+                backend=backend_for(policy_from_label(label), config.backend))
             if progress is not None:
                 progress(f"{label} seed {seed}: {runs[label][str(seed)]['seconds']:.1f} s")
     return {"config": asdict(config), "runs": runs}
@@ -432,7 +451,7 @@ def train_demo(out_dir: Union[str, Path] = "reports/training_under_policy", *, s
                seeds: Sequence[int] = (0, 1, 2), policies: Optional[Sequence[str]] = None, device: str = "cpu",
                realistic: bool = False, lr: float = 2e-2, threads: Optional[int] = 1, plots: bool = True,
                progress: Optional[Callable[[str], None]] = None,
-               command: str = "mimo-numerics train-demo", smoke: bool = False) -> dict:
+               command: str = "mimo-numerics train-demo", smoke: bool = False, backend: str = "reference") -> dict:
     """The training experiment from one call (the CLI's ``train-demo``).
 
     Args:
@@ -449,13 +468,17 @@ def train_demo(out_dir: Union[str, Path] = "reports/training_under_policy", *, s
         plots: write the PNGs and the README.
         command: how the run was started, for the README.
         smoke: the run is the generator's smoke check (recorded; the README says its figures are not the report's).
+        backend: ``mamba3_mimo``'s backend for the policies the Triton kernels can express (:func:`backend_for`;
+            ``"triton"``: the package's kernels, compiled on CUDA, in the interpreter on CPU); the others, and the FP64
+            gradient of every step, run the reference.
 
     Returns:
         dict: ``config``, ``runs``, ``summary`` and ``files`` (the paths written).
     """
     layer, task = (realistic_config() if realistic else (LayerConfig(), TaskConfig()))
     config = DemoConfig(layer=layer, task=task, steps=steps, lr=lr, seeds=tuple(seeds),
-                        policies=tuple(policies) if policies else DemoConfig().policies, device=device)
+                        policies=tuple(policies) if policies else DemoConfig().policies, device=device,
+                        backend=backend)
     saved_threads, saved_tf32 = torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32
     if threads is not None and torch.device(device).type == "cpu":
         torch.set_num_threads(threads)
@@ -695,7 +718,7 @@ def write_readme(results: dict, out_dir: Path, command: str = "mimo-numerics tra
     text = f"""# Training one Mamba-3 MIMO layer under a rounding policy
 
 {smoke}{provenance.markdown_header(results.get("provenance") or provenance.collect(command=command))} Code: `mimo_numerics/studies/training.py`; device `{config['device']}`,
-{results.get('threads')} torch thread(s); {wall:.0f} s wall, {cpu:.0f} s of CPU time for the
+backend `{config.get('backend', 'reference')}`, {results.get('threads')} torch thread(s); {wall:.0f} s wall, {cpu:.0f} s of CPU time for the
 {len(labels) * len(seeds)} runs (machine {load} at the end; on a shared machine the wall time grows with the load).
 
 ## Setup
@@ -846,6 +869,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="a preset or '<preset> - <operator>.<site>' (repeat; default: "
                              f"{', '.join(DemoConfig().policies)})")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--backend", default="reference", choices=("reference", "triton"),
+                        help="the op's backend for the policies the Triton kernels express (the others and the FP64 "
+                             "gradient: the reference)")
     parser.add_argument("--realistic", action="store_true", help="shapes near upstream's (for --device cuda)")
     parser.add_argument("--lr", type=float, default=2e-2, help="Adam's learning rate")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads while training (0: leave as is)")
@@ -885,6 +911,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.steps, args.seeds, args.policies, args.lr = 3, [0], list(SMOKE_POLICIES), 1e-2
     result = train_demo(args.out, steps=args.steps, seeds=args.seeds, policies=args.policies, device=args.device,
                         realistic=args.realistic, lr=args.lr, threads=args.threads or None, smoke=args.smoke,
+                        backend=args.backend,
                         plots=not args.no_plots, progress=lambda line: print(line, flush=True), command=command)
     print("wrote " + ", ".join(result["files"]))
     return 0
