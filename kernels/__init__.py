@@ -1,5 +1,5 @@
-"""Policy-configured Triton kernels of ``mamba_mimo_fwd`` and ``mamba_mimo_bwd_fwd`` (installed as
-``mimo_numerics.kernels``).
+"""Policy-configured Triton kernels of ``mamba_mimo_fwd``, ``mamba_mimo_bwd_fwd`` and ``mamba_mimo_bwd_bwd``
+(installed as ``mimo_numerics.kernels``).
 
 Usage::
 
@@ -8,12 +8,14 @@ Usage::
     out = kernels.mamba_mimo_bwd_fwd(*tensors, chunk_size=16, rotary_dim_divisor=4,
                                      policy=mn.presets.get("upstream_sm90"))
     o = kernels.mamba_mimo_fwd(*forward_tensors, chunk_size=16, rotary_dim_divisor=4, policy="upstream_sm90").o
+    grads = kernels.mamba_mimo_bwd_bwd(*stage2_tensors, chunk_size=16, rotary_dim_divisor=4, policy="upstream_sm90")
 
 CPU tensors run in Triton's interpreter (set up internally: nothing to export), CUDA tensors run compiled, NPU
 tensors go to triton-ascend. Importing this package never imports ``triton``; calling the kernels without it
 raises ``ImportError`` naming the extra to install. Benchmarks pass per-call overrides of tiles, warps and the
-bit-identical code forms as ``tuning={...}`` (keys ``TUNING_KEYS``); ``launch_config`` shows the frozen
-``LaunchConfig`` (constexprs, grids, launch options) a call would use. Design, grids and rounding sites:
+bit-identical code forms of the forward and stage 1 as ``tuning={...}`` (keys ``TUNING_KEYS``); ``launch_config``
+shows the frozen ``LaunchConfig`` (constexprs, grids, launch options) a call would use. Stage 2's kernels take no
+tuning yet and refuse NPU tensors (``mimo_bwd_bwd.REFUSED_BACKENDS``). Design, grids and rounding sites:
 ``docs/kernels.md``.
 """
 
