@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Callable, Dict, List
 
 import torch
+from mimo_numerics import operator as _operator
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import cases as stage1_cases
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import reference as stage1_reference
 
@@ -196,13 +197,12 @@ def measure_fwd_kernels() -> dict:
     from mimo_numerics.metrics import ulp_distance
     from mimo_numerics.ops.mamba_mimo_fwd.cases import kernel_cases, kernel_policies, make_inputs
     from mimo_numerics.ops.mamba_mimo_fwd.reference import mamba_mimo_fwd
-    from mimo_numerics.ops.mamba_mimo_fwd.spec import INPUT_NAMES
 
+    op = _operator.get("mamba_mimo_fwd")
     rows = []
     for spec in kernel_cases():
         x = make_inputs(spec)
-        args = [x[n] for n in INPUT_NAMES]
-        kw = dict(chunk_size=x["chunk_size"], rotary_dim_divisor=x["rotary_dim_divisor"])
+        args, kw = op.args(x), op.kwargs(x)
         for name, policy in kernel_policies(spec):
             got = kernels.mamba_mimo_fwd(*args, **kw, policy=policy, poison=True).o
             want = mamba_mimo_fwd(*args, **kw, policy=policy).o
@@ -219,14 +219,14 @@ def measure_stage2_kernels() -> dict:
     from mimo_numerics import kernels
     from mimo_numerics.ops.mamba_mimo_bwd_bwd.cases import make_inputs
     from mimo_numerics.ops.mamba_mimo_bwd_bwd.reference import mamba_mimo_bwd_bwd
-    from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES, OUTPUT_NAMES
+    from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import OUTPUT_NAMES
     from mimo_numerics.ops.mamba_mimo_fwd.cases import kernel_cases, kernel_policies
 
+    op = _operator.get("mamba_mimo_bwd_bwd")
     rows = []
     for spec in kernel_cases():
         x = make_inputs(spec)
-        args = [x[n] for n in INPUT_NAMES]
-        kw = dict(chunk_size=x["chunk_size"], rotary_dim_divisor=x["rotary_dim_divisor"])
+        args, kw = op.args(x), op.kwargs(x)
         for name, policy in kernel_policies(spec):
             got = kernels.mamba_mimo_bwd_bwd(*args, **kw, policy=policy, poison=True)
             want = mamba_mimo_bwd_bwd(*args, **kw, policy=policy)

@@ -16,12 +16,13 @@ import torch
 
 import mimo_numerics as mn
 from mimo_numerics import kernels, tolerances
+from mimo_numerics import operator as _operator
 from mimo_numerics.cases import CaseSpec
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba_mimo_bwd_bwd.cases import make_inputs
 from mimo_numerics.ops.mamba_mimo_bwd_bwd.reference import mamba_mimo_bwd_bwd as stage2_reference
 from mimo_numerics.ops.mamba_mimo_bwd_bwd.sites import SITES
-from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import INPUT_NAMES, OUTPUT_NAMES
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import OUTPUT_NAMES
 from mimo_numerics.ops.mamba_mimo_fwd.cases import kernel_cases, kernel_policies
 from mimo_numerics.policy import PolicyUndefined
 
@@ -40,12 +41,9 @@ def _inputs(spec):
     return _inputs_cache[spec]
 
 
-def _args(x):
-    return [x[n] for n in INPUT_NAMES]
-
-
-def _kw(x):
-    return dict(chunk_size=x["chunk_size"], rotary_dim_divisor=x["rotary_dim_divisor"])
+#: the tensors in API order and the scalar arguments of an inputs dict (the operator's own calling convention)
+_args = _operator.get("mamba_mimo_bwd_bwd").args
+_kw = _operator.get("mamba_mimo_bwd_bwd").kwargs
 
 
 def _kernel(spec, name, policy):

@@ -16,12 +16,13 @@ import torch
 
 import mimo_numerics as mn
 from mimo_numerics import kernels, tolerances
+from mimo_numerics import operator as _operator
 from mimo_numerics.cases import CaseSpec
 from mimo_numerics.metrics import rel_rms, ulp_distance
 from mimo_numerics.ops.mamba_mimo_fwd.cases import kernel_cases, kernel_policies, make_inputs
 from mimo_numerics.ops.mamba_mimo_fwd.reference import mamba_mimo_fwd as forward_reference
 from mimo_numerics.ops.mamba_mimo_fwd.sites import SITES
-from mimo_numerics.ops.mamba_mimo_fwd.spec import INPUT_NAMES, stages_for
+from mimo_numerics.ops.mamba_mimo_fwd.spec import stages_for
 from mimo_numerics.ops.mamba_mimo_fwd.validation import validate_inputs
 from mimo_numerics.policy import PolicyUndefined
 
@@ -43,12 +44,9 @@ def _inputs(spec):
     return _inputs_cache[spec]
 
 
-def _args(x):
-    return [x[n] for n in INPUT_NAMES]
-
-
-def _kw(x):
-    return dict(chunk_size=x["chunk_size"], rotary_dim_divisor=x["rotary_dim_divisor"])
+#: the tensors in API order and the scalar arguments of an inputs dict (the operator's own calling convention)
+_args = _operator.get("mamba_mimo_fwd").args
+_kw = _operator.get("mamba_mimo_fwd").kwargs
 
 
 def _kernel(spec, name, policy):
