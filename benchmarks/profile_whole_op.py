@@ -4,6 +4,7 @@ it starts, grouped by the line of ``mimo_numerics`` that started them.
 
     python benchmarks/profile_whole_op.py --device cpu --seqlen 8192 --heads 1      # op counts, cheap on CPU
     python benchmarks/profile_whole_op.py --device cuda --seqlen 8192 --heads 16    # and the device kernels
+    python benchmarks/profile_whole_op.py --device cuda --seqlen 8192 --heads 16 --backend triton   # on the kernels
 
 Shape: ``G=1, N=P=64, R=4, C=16``, reduced DOUT, Z, D (``bench_whole_op.py``'s fixed part), B/S/H from the
 arguments. A first call warms up (and captures the CUDA graphs); the profiled call's table is printed: per source line
@@ -46,6 +47,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seqlen", type=int, default=8192)
     parser.add_argument("--heads", type=int, default=1)
     parser.add_argument("--policy", default="upstream_sm90")
+    parser.add_argument("--backend", default="reference", choices=("reference", "triton"))
     parser.add_argument("--rows", type=int, default=40)
     parser.add_argument("--cprofile", action="store_true",
                         help="also profile the host with cProfile (cumulative time per mimo_numerics function)")
@@ -53,7 +55,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     sizes = dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads)
     case_id = OpCaseSpec(**sizes, **FIXED).case_id
-    whole_op = whole_op_call(sizes, device, args.policy)
+    whole_op = whole_op_call(sizes, device, args.policy, args.backend)
 
     def call():
         whole_op()
@@ -82,7 +84,7 @@ def main(argv=None) -> int:
             frame = _frame(event)
             count[frame] += 1
             time_us[frame] += event.self_cpu_time_total
-    line = (f"{case_id} on {device} under {args.policy}: {sum(count.values())} top-level ops "
+    line = (f"{case_id} on {device} under {args.policy}, backend {args.backend}: {sum(count.values())} top-level ops "
             f"({sum(time_us.values()) / 1e3:.1f} ms of host self time)")
     if cuda:
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]

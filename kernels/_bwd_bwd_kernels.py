@@ -6,28 +6,36 @@ reference's (``mimo_numerics/ops/mamba_mimo_bwd_bwd/reference.py``, ``docs/stage
 ``mimo_numerics/ops/mamba_mimo_bwd_bwd/sites.py``, each an upper-case bool constexpr. Fused rows of a chunk are
 i = t_local·R + r (C·R of them, padded to LP); rows past C·R or past S are zero in every workspace.
 
-Upstream walks all chunks of a (batch, head) in one program; here only the reverse dstates walk is sequential:
+Upstream walks all chunks of a (batch, head) in one program; here only the reverse dstates walk is sequential. The
+plan (``kernels.mimo_bwd_bwd.Stage2Tiles``): BR fused rows per program, BT tokens per program (constexprs; CUDA
+whole chunks of up to 64 rows; Ascend 16 rows, 16 tokens):
 
-1. ``_bwd2_rows_kernel``   grid B·H·nc: per fused row q̃, k̃ and their rotations, k̂ = R(k_rot·trap_scale), ΨV,
-   dΦO (with the Z gate), R(dΦO·exp(da_cs)) and the row's D terms. Sites: qk_bias, qk_biased, rotary, dt_input,
+1. ``_bwd2_rows_kernel``   grid B·H·nc·LP/BR: per fused row q̃, k̃ and their rotations, k̂ = R(k_rot·trap_scale),
+   ΨV, dΦO (with the Z gate), R(dΦO·exp(da_cs)) and the row's D terms. Sites: qk_bias, qk_biased, rotary, dt_input,
    shifted_gamma, trap_scale, k_scaled, psi_weight, psiv, phi_weight, dphio, zeta_weight, z_zeta, dphio_gate,
    dphio_scaled, dd_term. Writes FP32 workspaces (values on the lp grid where the policy rounds them).
 2. ``_bwd2_dstates_kernel`` grid B·H·(N tiles)·(P tiles): the reverse walk D_{nc−1} = 0, D_{c−1} = D_c·decay_c (+)
    q_rot_cᵀ·R(dΦO_c·exp(da_cs)) (``state_update``), FP32 D_c stored for every chunk (stage 1's state step, run
    backwards over other operands).
-3. ``_bwd2_chunk_kernel``  grid B·H·nc: everything of one chunk that needs D_c and the whole chunk: dΨV (inter,
-   the reverse-causal scores, the D term, the diagonal terms), dk (inter, intra, the scaled dk), dq (inter, combined),
-   dSSdA, the per-row parts of ddA_cs_rev, dfactor, ddA_cs and dγ_diag, the chunk's ddA. Sites: dstates_operand,
-   lkq, lkq_masked, dpsiv_diag_qk, gamma_diag, dpsiv_diag_gamma, dpsiv, dk_inter, dssda_term, dkq_masked,
-   dk_scaled, dq_inter, dq_combined.
-4. ``_bwd2_token_kernel``  grid B·H·nc: per token, over its R rows in ascending rank order: dv (dv_accum,
+3. ``_bwd2_kside_kernel``  grid B·H·nc·LP/BR: the k-side rows' gradients against D_c and every row of the chunk:
+   dΨV (inter, the reverse-causal scores, the D term, the diagonal terms), dk (inter, intra, the scaled
+   dk), the rows' dSSdA terms by column token, the per-row parts of ddA_cs_rev, dfactor and dγ_diag. Sites:
+   dstates_operand, lkq, lkq_masked, dpsiv_diag_qk, gamma_diag, dpsiv_diag_gamma, dpsiv, dk_inter, dssda_term,
+   dkq_masked, dk_scaled.
+4. ``_bwd2_qside_kernel``  grid B·H·nc·LP/BR: the q-side rows' dq (inter, combined with Σ_i dkq·k̂ over the k-side
+   rows), the per-row part of ddA_cs, the chunk's ddA. Sites: dkq_masked, dq_inter, dq_combined.
+5. ``_bwd2_token_kernel``  grid B·H·nc·CP/BT: per token, over its R rows in ascending rank order: dv (dv_accum,
    ``diag_mode``), the dmimo_v partials, dangles, the inverse rotations (dk_unrotate, dq_unrotate), the same-token
-   terms of dq and dk, the token sums; writes every output but dmimo_v (then ``_mimo_reduce_kernel``).
+   terms of dq and dk, the token sums, dSSdA's rows; writes every output but dmimo_v (then ``_mimo_reduce_kernel``).
 
-FP32-level orders that differ from upstream (none is a site): GEMMs as IEEE FP32 ``tl.dot`` (upstream: wgmma with
-bf16 operands); the token and chunk sums (chunk_sum, dSSdA's rank-pair sums, dD, ddA, dmimo_v) as tree sums in the
-program, then in chunk order (upstream: its own thread layout and a running sum over time); special functions as
-in ``_mimo_kernels.py`` (``_rounding.sincos``, ``tl.exp``, the Z gate's ``silu_parts``).
+FP32-level orders that differ from upstream (none is a site): GEMMs as ``tl.dot``, with bf16/fp16 operands on devices
+where both operands are on the lp grid (``DOT_*_LP``: exact products, FP32 accumulation in the backend's order) and
+IEEE FP32 otherwise (the interpreter always; upstream: wgmma with bf16 operands and its truncating alignment); dq's Σ_i dkq·k̂ is computed as
+(dΦO·ΨVᵀ)ᵀ per q-side block (the same products); the token and chunk sums (chunk_sum, dSSdA's rank-pair sums — by
+column token first, then the R rows of a row token —, dD, ddA, dmimo_v) as tree sums in the program, then in block
+and chunk order (upstream: its own thread layout and a running sum over time); special functions as in
+``_mimo_kernels.py`` (``_rounding.sincos``, ``tl.exp``, the Z gate's ``silu_parts``); no FP32 FMA contraction on
+CUDA (upstream contracts).
 """
 
 import triton
@@ -38,9 +46,9 @@ from ._rounding import dec, enc, fzeros, mma, rnd, rnd_if, rnd_sum, silu_parts, 
 
 
 @triton.jit
-def _rows_of_chunk(c, S, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr):
-    """Fused rows i of chunk c: (i, t_local, rank, token t, ok = i < C·R and t < S)."""
-    i = tl.arange(0, LP)
+def _rows_of_block(c, i0, S, R: tl.constexpr, C: tl.constexpr, BR: tl.constexpr):
+    """Fused rows i0 … i0 + BR − 1 of chunk c: (i, t_local, rank, token t, ok = i < C·R and t < S)."""
+    i = i0 + tl.arange(0, BR)
     t_loc = i // R
     t = c * C + t_loc
     ok = (i < C * R) & (t < S)
@@ -52,31 +60,34 @@ def _bwd2_rows_kernel(
     dout_ptr, q_ptr, k_ptr, v_ptr, z_ptr, q_bias_ptr, k_bias_ptr, mimo_v_ptr, mimo_o_ptr, mimo_z_ptr, cs_ptr, sn_ptr,
     dt_ptr, trap_ptr, da_cs_ptr, qb_ptr, kb_ptr, qrot_ptr, krot_ptr, khat_ptr, dphio_ptr, dps_ptr, psiv_ptr, dd_ptr,
     S, H, HPG, nc,
-    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, AW: tl.constexpr,
-    LPK: tl.constexpr, QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, ROTARY: tl.constexpr, DT_INPUT: tl.constexpr,
-    SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, K_SCALED: tl.constexpr, PSI_WEIGHT: tl.constexpr,
-    PSIV: tl.constexpr, PHI_WEIGHT: tl.constexpr, DPHIO: tl.constexpr, ZETA_WEIGHT: tl.constexpr,
-    Z_ZETA: tl.constexpr, DPHIO_GATE: tl.constexpr, DPHIO_SCALED: tl.constexpr, DD_TERM: tl.constexpr,
-    SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr, REDUCE_O: tl.constexpr,
+    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, BR: tl.constexpr,
+    AW: tl.constexpr, LPK: tl.constexpr, QK_BIAS: tl.constexpr, QK_BIASED: tl.constexpr, ROTARY: tl.constexpr,
+    DT_INPUT: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, K_SCALED: tl.constexpr,
+    PSI_WEIGHT: tl.constexpr, PSIV: tl.constexpr, PHI_WEIGHT: tl.constexpr, DPHIO: tl.constexpr,
+    ZETA_WEIGHT: tl.constexpr, Z_ZETA: tl.constexpr, DPHIO_GATE: tl.constexpr, DPHIO_SCALED: tl.constexpr,
+    DD_TERM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
+    REDUCE_O: tl.constexpr,
 ):
-    """The per-row quantities of one chunk (program → (b, h, chunk c)).
+    """The per-row quantities of one block of BR fused rows (program → (b, h, chunk c, row block)).
 
     Inputs: dout, q, k, v, z, trap (int16 bits) and the FP32 tensors of the API; cs, sn [B, S, H, AW] from
     ``_mimo_angles_kernel``. Outputs (FP32, [B·H·nc, LP, N] or [B·H·nc, LP, P], invalid rows 0): qb = q̃, kb = k̃,
-    qrot, krot (rotated), khat = k̂, dphio = dΦO (after the Z gate), dps = R(dΦO·exp(da_cs)), psiv = ΨV; dd [B·H·nc]:
-    the chunk's Σ R(dΦO·(v·Ψ)) (HAS_D).
+    qrot, krot (rotated), khat = k̂, dphio = dΦO (after the Z gate), dps = R(dΦO·exp(da_cs)), psiv = ΨV; dd
+    [B·H·nc·LP/BR]: the block's Σ R(dΦO·(v·Ψ)) (HAS_D).
 
-    Compile-time constants: N, P, R, C, LP, AW (rotated columns per half), LPK; the policy switches named as the
-    sites; SILU_TANH (``silu_form``); HAS_Z, HAS_D, REDUCE_O (branches).
+    Compile-time constants: N, P, R, C, LP, BR (rows per program, dividing LP), AW (rotated columns per half), LPK;
+    the policy switches named as the sites; SILU_TANH (``silu_form``); HAS_Z, HAS_D, REDUCE_O (branches).
     """
-    bhc = tl.program_id(0)
+    pid = tl.program_id(0)
+    NRB: tl.constexpr = LP // BR
+    bhc = pid // NRB
     c = bhc % nc
     bh = bhc // nc
     b = bh // H
     h = bh % H
     g = h // HPG
     G = H // HPG
-    i, t_loc, r_i, t, ok = _rows_of_chunk(c, S, R, C, LP)
+    i, t_loc, r_i, t, ok = _rows_of_block(c, (pid % NRB) * BR, S, R, C, BR)
     t_s = tl.where(ok, t, 0)
     i_s = tl.where(ok, i, 0)
     n = tl.arange(0, N)
@@ -87,24 +98,30 @@ def _bwd2_rows_kernel(
     v_base = (row0 * H + h) * P
     a_base = (row0 * H + h) * AW
     tok_p = tl.where(ok, t_loc, 0)[:, None] * (H * P) + p[None, :]
-    prow_n = r_i * N
-    prow_p = r_i * P
+    # per-rank rows of the parameters; with R = 1 one row, loaded once (a zero-stride view is rejected on Ascend)
+    ONE: tl.constexpr = R == 1
+    if ONE:
+        prow_n = 0
+        prow_p = 0
+    else:
+        prow_n = r_i * N
+        prow_p = r_i * P
 
     _, _, ts = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
                                  TRAP_SCALE)
     cs, sn = rotation(cs_ptr + a_base, sn_ptr + a_base, tl.where(ok, t_loc, 0) * (H * AW), ok, N, AW)
     qb, qr = biased_rotated(q_ptr + qk_base, q_bias_ptr + h * (R * N), i_s * (G * N), prow_n, ok, cs, sn, N, AW, LPK,
-                             QK_BIAS, QK_BIASED, ROTARY, False)
+                             QK_BIAS, QK_BIASED, ROTARY, ONE)
     kb, kr = biased_rotated(k_ptr + qk_base, k_bias_ptr + h * (R * N), i_s * (G * N), prow_n, ok, cs, sn, N, AW, LPK,
-                             QK_BIAS, QK_BIASED, ROTARY, False)
+                             QK_BIAS, QK_BIASED, ROTARY, ONE)
     khat = rnd_if(kr * ts[:, None], K_SCALED, LPK)
 
     vv = dec(tl.load(v_ptr + v_base + tok_p, mask=ok[:, None], other=0), LPK)
-    psi_raw = rank_rows(mimo_v_ptr + h * (R * P), prow_p, p, False)
+    psi_raw = rank_rows(mimo_v_ptr + h * (R * P), prow_p, p, ONE)
     psiv = rnd_if(vv * rnd_if(psi_raw, PSI_WEIGHT, LPK), PSIV, LPK)
     if REDUCE_O:
         do_t = dec(tl.load(dout_ptr + v_base + tok_p, mask=ok[:, None], other=0), LPK)
-        phi = rnd_if(rank_rows(mimo_o_ptr + h * (R * P), prow_p, p, False), PHI_WEIGHT, LPK)
+        phi = rnd_if(rank_rows(mimo_o_ptr + h * (R * P), prow_p, p, ONE), PHI_WEIGHT, LPK)
         dphio = rnd_if(do_t * phi, DPHIO, LPK)
     else:
         # DOUT_r [B, S, R, H, P], read exactly
@@ -112,7 +129,7 @@ def _bwd2_rows_kernel(
         dphio = dec(tl.load(dout_ptr + dfull, mask=ok[:, None], other=0), LPK)
     if HAS_Z:
         z_t = dec(tl.load(z_ptr + v_base + tok_p, mask=ok[:, None], other=0), LPK)
-        zeta = rnd_if(rank_rows(mimo_z_ptr + h * (R * P), prow_p, p, False), ZETA_WEIGHT, LPK)
+        zeta = rnd_if(rank_rows(mimo_z_ptr + h * (R * P), prow_p, p, ONE), ZETA_WEIGHT, LPK)
         x = rnd_if(z_t * zeta, Z_ZETA, LPK)
         gate, _, _ = silu_parts(x, SILU_TANH, False)
         dphio = rnd_if(dphio * gate, DPHIO_GATE, LPK)
@@ -120,7 +137,7 @@ def _bwd2_rows_kernel(
     dps = rnd_if(dphio * e_cs[:, None], DPHIO_SCALED, LPK)
     if HAS_D:
         dd = rnd_if(dphio * (vv * psi_raw), DD_TERM, LPK)
-        tl.store(dd_ptr + bhc, tsum(tsum(tl.where(ok[:, None], dd, 0.0), axis=1), axis=0))
+        tl.store(dd_ptr + pid, tsum(tsum(tl.where(ok[:, None], dd, 0.0), axis=1), axis=0))
 
     okn = ok[:, None]
     rows_n = bhc.to(tl.int64) * (LP * N) + i[:, None] * N + n[None, :]
@@ -197,81 +214,85 @@ def _reverse_causal(x, rc, seg_ptr, seg_offs):
 
 
 @triton.jit
-def _bwd2_chunk_kernel(
-    qk_ptr, states_ptr, dt_ptr, trap_ptr, da_cs_ptr, da_cs_rev_ptr, d_ptr, segsum_ptr, qrot_ptr, krot_ptr, khat_ptr,
-    dphio_ptr, psiv_ptr, dst_ptr, dpsiv_ptr, dqk_ptr, dkrot_ptr, dqrot_ptr, rowsum_ptr, dssda_ptr, dda_ptr,
-    S, H, nc,
-    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, CP: tl.constexpr,
-    LPK: tl.constexpr, DT_INPUT: tl.constexpr, SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr,
-    DSTATES_OPERAND: tl.constexpr, LKQ: tl.constexpr, LKQ_MASKED: tl.constexpr, DPSIV_DIAG_QK: tl.constexpr,
-    GAMMA_DIAG: tl.constexpr, DPSIV_DIAG_GAMMA: tl.constexpr, DPSIV: tl.constexpr, DK_INTER: tl.constexpr,
-    DSSDA_TERM: tl.constexpr, DKQ_MASKED: tl.constexpr, DK_SCALED: tl.constexpr, DQ_INTER: tl.constexpr,
-    DQ_COMBINED: tl.constexpr, HAS_D: tl.constexpr, DOT_KD_LP: tl.constexpr, DOT_KQ_LP: tl.constexpr,
-    DOT_SD_LP: tl.constexpr, DOT_PD_LP: tl.constexpr, DOT_PP_LP: tl.constexpr, DOT_DQ_LP: tl.constexpr,
-    DOT_QS_LP: tl.constexpr, DOT_DK_LP: tl.constexpr,
-):
-    """The chunk's gradients that need D_c and the whole chunk (program → (b, h, chunk c), all LP rows).
-
-    Inputs: qk_dot [B, H, S, R, R] and states [B, H, nc, N, P] (stage 1's, int16 bits); dt, trap, da_cs, da_cs_rev,
-    d, segsum as in the API; the workspaces of ``_bwd2_rows_kernel`` and dst of ``_bwd2_dstates_kernel``.
-    Outputs (FP32 workspaces, rows as the inputs'): dpsiv = R(dΨV) [.., LP, P]; dqk [.., LP, R]: row (t, r_out),
-    column r_in: Σ_p dΦO[t, r_out]·ΨV[t, r_in] (not rounded); dkrot = R(dk_nodiag·trap_scale), dqrot = R(dq_inter +
-    dkqᵀ·k̂) [.., LP, N]; rowsum [.., 4, LP]: per row Σ_n k̂·dk_inter_raw, Σ_n k_rot·dk_nodiag, Σ_n q_rot·dq_inter_raw,
-    Σ_r_in qk·dqk (the token sums' terms); dssda [B·H·nc, CP, CP]: dSSdA of the chunk (token pairs); dda
-    [B·H·nc]: Σ states·D·decay.
-
-    Compile-time constants: N, P, R, C, LP, CP (padded tokens per chunk), LPK, the policy switches named as the
-    sites, HAS_D. DOT_*_LP (devices): both operands of that GEMM hold lp values under the policy, so it takes them as
-    bf16/fp16 (exact products, FP32 accumulation; else IEEE FP32): KD k̂·D, KQ k̂·q_rotᵀ, SD scores·dΦO, PD ΨV·Dᵀ,
-    PP ΨV·dΦOᵀ, DQ dkq·q_rot, QS dΦO·statesᵀ, DK dkqᵀ·k̂.
-    """
-    bhc = tl.program_id(0)
+def _chunk_block(pid, S, nc, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, BR: tl.constexpr):
+    """Program → (chunk bhc, its index c, b·H + h, the block's rows (i, t_local, rank, token, ok))."""
+    NRB: tl.constexpr = LP // BR
+    bhc = pid // NRB
     c = bhc % nc
-    bh = bhc // nc
+    i, t_loc, r_i, t, ok = _rows_of_block(c, (pid % NRB) * BR, S, R, C, BR)
+    return bhc, c, bhc // nc, i, t_loc, r_i, t, ok
+
+
+@triton.jit
+def _bwd2_kside_kernel(
+    qk_ptr, dt_ptr, trap_ptr, da_cs_rev_ptr, d_ptr, segsum_ptr, qrot_ptr, krot_ptr, khat_ptr, dphio_ptr, psiv_ptr,
+    dst_ptr, dpsiv_ptr, dqk_ptr, dkrot_ptr, rowsum_ptr, pairs_ptr, S, H, nc,
+    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, CP: tl.constexpr,
+    BR: tl.constexpr, LPK: tl.constexpr, DT_INPUT: tl.constexpr, SHIFTED_GAMMA: tl.constexpr,
+    TRAP_SCALE: tl.constexpr, DSTATES_OPERAND: tl.constexpr, LKQ: tl.constexpr, LKQ_MASKED: tl.constexpr,
+    DPSIV_DIAG_QK: tl.constexpr, GAMMA_DIAG: tl.constexpr, DPSIV_DIAG_GAMMA: tl.constexpr, DPSIV: tl.constexpr,
+    DK_INTER: tl.constexpr, DSSDA_TERM: tl.constexpr, DKQ_MASKED: tl.constexpr, DK_SCALED: tl.constexpr,
+    HAS_D: tl.constexpr, DOT_KD_LP: tl.constexpr, DOT_KQ_LP: tl.constexpr, DOT_SD_LP: tl.constexpr,
+    DOT_PD_LP: tl.constexpr, DOT_PP_LP: tl.constexpr, DOT_DQ_LP: tl.constexpr,
+):
+    """The gradients of the k-side rows of one block (program → (b, h, chunk c, block of BR fused rows i)): the
+    rows' dΨV, dk and their dSSdA terms, against every row j of the chunk and D_c.
+
+    Inputs: qk_dot [B, H, S, R, R] (stage 1's, int16 bits); dt, trap, da_cs_rev, d, segsum as in the API; the
+    workspaces of ``_bwd2_rows_kernel`` and dst (D_c) of ``_bwd2_dstates_kernel``. Outputs (FP32 workspaces, rows
+    as the inputs'): dpsiv = R(dΨV) [.., LP, P]; dqk [.., LP, R]: row (t, r_out), column r_in: Σ_p dΦO[t, r_out]·
+    ΨV[t, r_in] (not rounded); dkrot = R(dk_nodiag·trap_scale) [.., LP, N]; rowsum [.., 4, LP] rows 0, 1, 3: per
+    row Σ_n k̂·dk_inter_raw, Σ_n k_rot·dk_nodiag, Σ_r_in qk·dqk; pairs [B·H·nc, LP, CP]: per row i and token u of
+    the chunk, Σ over the rows j of u of R(lkq·dk_intra)[i, j] (the token kernel adds the R rows of a token).
+
+    Compile-time constants: N, P, R, C, LP, CP (padded tokens per chunk), BR (rows per program, dividing LP), LPK,
+    the policy switches named as the sites, HAS_D. DOT_*_LP (devices): both operands of that GEMM hold lp values
+    under the policy, so it takes them as bf16/fp16 (exact products, FP32 accumulation; else IEEE FP32): KD k̂·D,
+    KQ k̂·q_rotᵀ, SD scores·dΦO, PD ΨV·Dᵀ, PP ΨV·dΦOᵀ, DQ dkq·q_rot.
+    """
+    bhc, c, bh, i, t_loc, r_i, t, ok = _chunk_block(tl.program_id(0), S, nc, R, C, LP, BR)
     h = bh % H
-    i, t_loc, r_i, t, ok = _rows_of_chunk(c, S, R, C, LP)
     t_s = tl.where(ok, t, 0)
     n = tl.arange(0, N)
     p = tl.arange(0, P)
+    j = tl.arange(0, LP)  # every row of the chunk (q side)
+    t_j = j // R
+    ok_j = (j < C * R) & (c * C + t_j < S)
     hs_base = bh.to(tl.int64) * S
     okn = ok[:, None]
     rows_n = bhc.to(tl.int64) * (LP * N) + i[:, None] * N + n[None, :]
     rows_p = bhc.to(tl.int64) * (LP * P) + i[:, None] * P + p[None, :]
-    qrot = tl.load(qrot_ptr + rows_n)
     khat = tl.load(khat_ptr + rows_n)
     krot = tl.load(krot_ptr + rows_n)
-    dphio = tl.load(dphio_ptr + rows_p)
     psiv = tl.load(psiv_ptr + rows_p)
-    st_offs = bhc.to(tl.int64) * (N * P) + n[:, None] * P + p[None, :]
-    dst = tl.load(dst_ptr + st_offs)  # D_c, FP32
-    dop = rnd_if(dst, DSTATES_OPERAND, LPK)
-    states = dec(tl.load(states_ptr + st_offs), LPK)
+    dphio = tl.load(dphio_ptr + rows_p)
+    qrot_all = tl.load(qrot_ptr + bhc.to(tl.int64) * (LP * N) + j[:, None] * N + n[None, :])
+    dphio_all = tl.load(dphio_ptr + bhc.to(tl.int64) * (LP * P) + j[:, None] * P + p[None, :])
+    dop = rnd_if(tl.load(dst_ptr + bhc.to(tl.int64) * (N * P) + n[:, None] * P + p[None, :]), DSTATES_OPERAND, LPK)
     gamma, _, ts = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
                                      TRAP_SCALE)
-    e_cs = tl.exp(tl.load(da_cs_ptr + hs_base + t_s, mask=ok, other=0.0))
     e_rev = tl.exp(tl.load(da_cs_rev_ptr + hs_base + t_s, mask=ok, other=0.0))
 
     # reverse-causal mask t_i < t_j and exp(segsum[t_j, t_i]) (rows i: k side, columns j: q side)
-    t_j = t_loc
-    rc = (t_loc[:, None] < t_j[None, :]) & okn & ok[None, :]
+    rc = (t_loc[:, None] < t_j[None, :]) & okn & ok_j[None, :]
     seg_offs = bhc.to(tl.int64) * (C * C) + tl.minimum(t_j, C - 1)[None, :] * C + tl.minimum(t_loc, C - 1)[:, None]
 
     # ---- dΨV
     dpsiv = mma(khat, dop, DOT_KD_LP, LPK) * e_rev[:, None]
-    lkq = mma(khat, tl.trans(qrot), DOT_KQ_LP, LPK)
+    lkq = mma(khat, tl.trans(qrot_all), DOT_KQ_LP, LPK)
     lkq_st = rnd_if(lkq, LKQ, LPK)
     if R == 1:
         lkq_m = rnd_if(_reverse_causal(lkq_st, rc, segsum_ptr, seg_offs), LKQ_MASKED, LPK)
     else:
         lkq_m = rnd_if(_reverse_causal(lkq, rc, segsum_ptr, seg_offs), LKQ_MASKED, LPK)
-    dpsiv = dpsiv + mma(lkq_m, dphio, DOT_SD_LP, LPK)
+    dpsiv = dpsiv + mma(lkq_m, dphio_all, DOT_SD_LP, LPK)
     if HAS_D:
         dpsiv = dpsiv + dphio * tl.load(d_ptr + h)
     # same-token terms: dΨV[t, r_in] += R(R(dΦO[t, r_out]·qk[t, r_out, r_in])·R(γ_t)) for r_out ascending
     gamma_lp = rnd_if(gamma, GAMMA_DIAG, LPK)
     qk_tok = (hs_base + t_s) * (R * R)
-    tok_rows = bhc.to(tl.int64) * LP + (t_loc * R)
-    for r_out in tl.static_range(R):
+    tok_rows = bhc.to(tl.int64) * LP + (tl.where(ok, t_loc, 0) * R)
+    for r_out in range(R):
         d_out = tl.load(dphio_ptr + (tok_rows + r_out)[:, None] * P + p[None, :], mask=okn, other=0.0)
         qk = dec(tl.load(qk_ptr + qk_tok + r_out * R + r_i, mask=ok, other=0), LPK)
         term = rnd_if(d_out * qk[:, None], DPSIV_DIAG_QK, LPK)
@@ -280,8 +301,8 @@ def _bwd2_chunk_kernel(
     tl.store(dpsiv_ptr + rows_p, dpsiv)
 
     # ---- same-token dqk = dΦO[t, r_out]·ΨV[t, r_in] and its γ sum term Σ_r_in qk·dqk
-    dg_row = tl.full([LP], 0.0, tl.float32)
-    for r_in in tl.static_range(R):
+    dg_row = tl.full([BR], 0.0, tl.float32)
+    for r_in in range(R):
         ps_in = tl.load(psiv_ptr + (tok_rows + r_in)[:, None] * P + p[None, :], mask=okn, other=0.0)
         dqk = tsum(dphio * ps_in, axis=1)
         tl.store(dqk_ptr + (bhc.to(tl.int64) * LP + i) * R + r_in, tl.where(ok, dqk, 0.0))
@@ -292,34 +313,83 @@ def _bwd2_chunk_kernel(
     dk_inter_raw = mma(psiv, tl.trans(dop), DOT_PD_LP, LPK)
     s_dacs_rev = tsum(khat * dk_inter_raw, axis=1)
     dk_inter = rnd_if(dk_inter_raw * e_rev[:, None], DK_INTER, LPK)
-    dk_intra = mma(psiv, tl.trans(dphio), DOT_PP_LP, LPK)
+    dk_intra = mma(psiv, tl.trans(dphio_all), DOT_PP_LP, LPK)
     dssda = rnd_if(lkq_st * dk_intra, DSSDA_TERM, LPK)
-    # dSSdA[t_i, t_j]: the sum over the rank pairs of the token pair, as two one-hot GEMMs (exact selections)
-    tok = tl.arange(0, CP)
-    sel = tl.where((t_loc[None, :] == tok[:, None]) & ok[None, :], 1.0, 0.0)  # [CP, LP]
-    pair = tl.dot(tl.dot(sel, dssda, input_precision="ieee"), tl.trans(sel), input_precision="ieee")
-    tl.store(dssda_ptr + bhc.to(tl.int64) * (CP * CP) + tok[:, None] * CP + tok[None, :], pair)
+    # dSSdA's column tokens: Σ over the R rows j of each token u, as a one-hot GEMM (exact selections)
+    u = tl.arange(0, CP)
+    pair_offs = bhc.to(tl.int64) * (LP * CP) + i[:, None] * CP + u[None, :]
+    if R == 1:
+        tl.store(pair_offs + pairs_ptr, dssda)  # LP == CP: row j is token j
+    else:
+        sel = tl.where((t_j[None, :] == u[:, None]) & ok_j[None, :], 1.0, 0.0)  # [CP, LP]
+        tl.store(pairs_ptr + pair_offs, tl.dot(dssda, tl.trans(sel), input_precision="ieee"))
     dkq = rnd_if(_reverse_causal(dk_intra, rc, segsum_ptr, seg_offs), DKQ_MASKED, LPK)
-    dk_nodiag = dk_inter + mma(dkq, qrot, DOT_DQ_LP, LPK)
+    dk_nodiag = dk_inter + mma(dkq, qrot_all, DOT_DQ_LP, LPK)
     s_dfactor = tsum(krot * dk_nodiag, axis=1)
     dk_rot = rnd_if(dk_nodiag * ts[:, None], DK_SCALED, LPK)
     tl.store(dkrot_ptr + rows_n, tl.where(okn, dk_rot, 0.0))
 
-    # ---- state passing and dq
-    last = tl.minimum((c + 1) * C, S) - 1
-    decay = tl.exp(tl.load(da_cs_ptr + hs_base + last))
-    tl.store(dda_ptr + bhc, tsum(tsum(states * dst * decay, axis=1), axis=0))
-    dq_inter_raw = mma(dphio, tl.trans(states), DOT_QS_LP, LPK)
-    s_dacs = tsum(qrot * dq_inter_raw, axis=1)
-    dq_inter = rnd_if(dq_inter_raw * e_cs[:, None], DQ_INTER, LPK)
-    dq_rot = rnd_if(dq_inter + mma(tl.trans(dkq), khat, DOT_DK_LP, LPK), DQ_COMBINED, LPK)
-    tl.store(dqrot_ptr + rows_n, tl.where(okn, dq_rot, 0.0))
-
     rs = rowsum_ptr + bhc.to(tl.int64) * (4 * LP) + i
     tl.store(rs, tl.where(ok, s_dacs_rev, 0.0))
     tl.store(rs + LP, tl.where(ok, s_dfactor, 0.0))
-    tl.store(rs + 2 * LP, tl.where(ok, s_dacs, 0.0))
     tl.store(rs + 3 * LP, tl.where(ok, dg_row, 0.0))
+
+
+@triton.jit
+def _bwd2_qside_kernel(
+    states_ptr, da_cs_ptr, segsum_ptr, qrot_ptr, khat_ptr, dphio_ptr, psiv_ptr, dst_ptr, dqrot_ptr, rowsum_ptr,
+    dda_ptr, S, nc,
+    N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, BR: tl.constexpr,
+    LPK: tl.constexpr, DKQ_MASKED: tl.constexpr, DQ_INTER: tl.constexpr, DQ_COMBINED: tl.constexpr,
+    DOT_PP_LP: tl.constexpr, DOT_QS_LP: tl.constexpr, DOT_DK_LP: tl.constexpr,
+):
+    """dq of the q-side rows of one block (program → (b, h, chunk c, block of BR fused rows j)), and the chunk's ddA.
+
+    dq_rot[j] = R(R(dΦO[j]·statesᵀ·exp(da_cs)) + Σ_i dkq[i, j]·k̂[i]) with dkq the masked, rounded ΨV·dΦOᵀ of the
+    k-side kernel (recomputed here as dΦO[j]·ΨVᵀ: the same products). Inputs: states [B, H, nc, N, P] (stage 1's,
+    int16 bits), da_cs, segsum, the workspaces of ``_bwd2_rows_kernel`` and dst. Outputs: dqrot [.., LP, N]; rowsum
+    row 2 (per row Σ_n q_rot·dq_inter_raw); dda [B·H·nc]: Σ states·D·decay (written by each chunk's first block).
+
+    Compile-time constants: N, P, R, C, LP, BR, LPK, the sites DKQ_MASKED, DQ_INTER, DQ_COMBINED; DOT_*_LP as in
+    ``_bwd2_kside_kernel`` (PP dΦO·ΨVᵀ, QS dΦO·statesᵀ, DK dkqᵀ·k̂).
+    """
+    pid = tl.program_id(0)
+    bhc, c, bh, j, t_loc, _, t, ok = _chunk_block(pid, S, nc, R, C, LP, BR)
+    t_s = tl.where(ok, t, 0)
+    n = tl.arange(0, N)
+    p = tl.arange(0, P)
+    i = tl.arange(0, LP)  # every row of the chunk (k side)
+    t_i = i // R
+    ok_i = (i < C * R) & (c * C + t_i < S)
+    hs_base = bh.to(tl.int64) * S
+    okn = ok[:, None]
+    rows_n = bhc.to(tl.int64) * (LP * N) + j[:, None] * N + n[None, :]
+    dphio = tl.load(dphio_ptr + bhc.to(tl.int64) * (LP * P) + j[:, None] * P + p[None, :])
+    qrot = tl.load(qrot_ptr + rows_n)
+    psiv_all = tl.load(psiv_ptr + bhc.to(tl.int64) * (LP * P) + i[:, None] * P + p[None, :])
+    khat_all = tl.load(khat_ptr + bhc.to(tl.int64) * (LP * N) + i[:, None] * N + n[None, :])
+    st_offs = bhc.to(tl.int64) * (N * P) + n[:, None] * P + p[None, :]
+    states = dec(tl.load(states_ptr + st_offs), LPK)
+    e_cs = tl.exp(tl.load(da_cs_ptr + hs_base + t_s, mask=ok, other=0.0))
+
+    # the chunk's ddA = Σ states·D_c·decay_c, once per chunk
+    last = tl.minimum((c + 1) * C, S) - 1
+    decay = tl.exp(tl.load(da_cs_ptr + hs_base + last))
+    if (pid % (LP // BR)) == 0:
+        dst = tl.load(dst_ptr + st_offs)
+        tl.store(dda_ptr + bhc, tsum(tsum(states * dst * decay, axis=1), axis=0))
+
+    dq_inter_raw = mma(dphio, tl.trans(states), DOT_QS_LP, LPK)
+    s_dacs = tsum(qrot * dq_inter_raw, axis=1)
+    dq_inter = rnd_if(dq_inter_raw * e_cs[:, None], DQ_INTER, LPK)
+    # dkqᵀ[j, i]: t_i < t_j, times exp(segsum[t_j, t_i])
+    rc = (t_i[None, :] < t_loc[:, None]) & okn & ok_i[None, :]
+    seg_offs = bhc.to(tl.int64) * (C * C) + tl.minimum(t_loc, C - 1)[:, None] * C + tl.minimum(t_i, C - 1)[None, :]
+    dkq_t = rnd_if(_reverse_causal(mma(dphio, tl.trans(psiv_all), DOT_PP_LP, LPK), rc, segsum_ptr, seg_offs),
+                   DKQ_MASKED, LPK)
+    dq_rot = rnd_if(dq_inter + mma(dkq_t, khat_all, DOT_DK_LP, LPK), DQ_COMBINED, LPK)
+    tl.store(dqrot_ptr + rows_n, tl.where(okn, dq_rot, 0.0))
+    tl.store(rowsum_ptr + bhc.to(tl.int64) * (4 * LP) + 2 * LP + j, tl.where(ok, s_dacs, 0.0))
 
 
 @triton.jit
@@ -332,27 +402,34 @@ def _angle_pair(g1, g2, p1, p2, cs, sn):
 @triton.jit
 def _bwd2_token_kernel(
     v_ptr, mimo_v_ptr, cs_ptr, sn_ptr, dt_ptr, trap_ptr, qb_ptr, kb_ptr, dpsiv_ptr, dqk_ptr, dkrot_ptr, dqrot_ptr,
-    rowsum_ptr, dda_ptr, dq_ptr, dk_ptr, dv_ptr, dangles_ptr, part_ptr, tok_out_ptr, S, H, nc, BHS,
+    rowsum_ptr, pairs_ptr, dda_ptr, dq_ptr, dk_ptr, dv_ptr, dangles_ptr, part_ptr, tok_out_ptr, dssda_ptr,
+    S, H, nc, BHS,
     N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, CP: tl.constexpr,
-    AW: tl.constexpr, LPK: tl.constexpr, PSI_WEIGHT: tl.constexpr, DV_ACCUM: tl.constexpr, DIAG_FMA: tl.constexpr,
-    DK_UNROTATE: tl.constexpr, DQ_UNROTATE: tl.constexpr, DT_INPUT: tl.constexpr, SHIFTED_GAMMA: tl.constexpr,
-    TRAP_SCALE: tl.constexpr,
+    BT: tl.constexpr, AW: tl.constexpr, LPK: tl.constexpr, PSI_WEIGHT: tl.constexpr, DV_ACCUM: tl.constexpr,
+    DIAG_FMA: tl.constexpr, DK_UNROTATE: tl.constexpr, DQ_UNROTATE: tl.constexpr, DT_INPUT: tl.constexpr,
+    SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr,
 ):
-    """Per token of one chunk, over its R rows in ascending rank order (program → (b, h, chunk c), CP token rows).
+    """Per token of one block of BT tokens, over its R rows in ascending rank order (program → (b, h, chunk c, token
+    block)).
 
-    Outputs: dv [B, S, H, P], dq, dk [B, S, R, H, N] (int16 bits), dangles [B, S, H, AW] FP32; part [B·H·nc, R·P]:
-    the chunk's Σ_t dΨV·v (dmimo_v partials); tok_out [5, B, H, S] FP32 (BHS = B·H·S): ddA_cs_rev, dfactor, ddA_cs,
-    dγ_diag (the token sums of the chunk kernel's row terms, ranks ascending), ddA (the chunk's value on each token).
+    Outputs: dv [B, S, H, P], dq, dk [B, S, R, H, N] (int16 bits), dangles [B, S, H, AW] FP32; part
+    [B·H·nc·CP/BT, R·P]: the block's Σ_t dΨV·v (dmimo_v partials); tok_out [5, B, H, S] FP32 (BHS = B·H·S):
+    ddA_cs_rev, dfactor, ddA_cs, dγ_diag (the token sums of the chunk kernels' row terms, ranks ascending), ddA (the
+    chunk's value on each token); dssda [B·H·nc, CP, CP]: the block's token rows, Σ over each token's R rows of the
+    k-side kernel's pairs, ranks ascending.
 
-    Compile-time constants: N, P, R, C, LP, CP, AW, LPK; PSI_WEIGHT, DV_ACCUM, DK_UNROTATE, DQ_UNROTATE, DT_INPUT,
-    SHIFTED_GAMMA, TRAP_SCALE (sites); DIAG_FMA (``diag_mode="fma"``: dv's rank steps rounded once).
+    Compile-time constants: N, P, R, C, LP, CP, BT (tokens per program, dividing CP), AW, LPK; PSI_WEIGHT, DV_ACCUM,
+    DK_UNROTATE, DQ_UNROTATE, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE (sites); DIAG_FMA (``diag_mode="fma"``: dv's rank
+    steps rounded once). The rank loops are runtime loops (one body each, whatever R).
     """
-    bhc = tl.program_id(0)
+    pid = tl.program_id(0)
+    NTB: tl.constexpr = CP // BT
+    bhc = pid // NTB
     c = bhc % nc
     bh = bhc // nc
     b = bh // H
     h = bh % H
-    tt = tl.arange(0, CP)
+    tt = (pid % NTB) * BT + tl.arange(0, BT)
     t = c * C + tt
     ok = (tt < C) & (t < S)
     okc = ok[:, None]
@@ -362,6 +439,7 @@ def _bwd2_token_kernel(
     w = tl.arange(0, AW)
     HALF: tl.constexpr = N // 2
     j = tl.arange(0, HALF)
+    rot = (j < AW)[None, :]
     hs_base = bh.to(tl.int64) * S
     row0 = b.to(tl.int64) * S + c * C
     v_offs = (row0 * H + h) * P + tt_s[:, None] * (H * P) + p[None, :]
@@ -370,12 +448,14 @@ def _bwd2_token_kernel(
     a_offs = a_row + w[None, :]
     cs = tl.load(cs_ptr + a_offs, mask=okc, other=1.0)
     sn = tl.load(sn_ptr + a_offs, mask=okc, other=0.0)
+    ch = tl.load(cs_ptr + a_row + tl.where(okc & rot, j[None, :], 0), mask=okc & rot, other=1.0)
+    sh = tl.load(sn_ptr + a_row + tl.where(okc & rot, j[None, :], 0), mask=okc & rot, other=0.0)
     gamma, _, _ = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
                                     TRAP_SCALE)
     rows = bhc.to(tl.int64) * LP + tt_s * R  # the token's first fused row
-    dv_acc = tl.full([CP, P], -0.0, tl.float32)
-    dang = tl.full([CP, AW], -0.0, tl.float32)
-    for r in tl.static_range(R):
+    dv_acc = tl.full([BT, P], -0.0, tl.float32)
+    dang = tl.full([BT, AW], -0.0, tl.float32)
+    for r in range(R):
         row = rows + r
         dps = tl.load(dpsiv_ptr + row[:, None] * P + p[None, :], mask=okc, other=0.0)
         psi = rnd_if(tl.load(mimo_v_ptr + h * (R * P) + r * P + p), PSI_WEIGHT, LPK)
@@ -388,7 +468,7 @@ def _bwd2_token_kernel(
         else:
             dv_acc = dv_acc + prod
         pm = tsum(tl.where(okc, dps * vv, 0.0), axis=0)
-        tl.store(part_ptr + bhc.to(tl.int64) * (R * P) + r * P + p, pm)
+        tl.store(part_ptr + pid.to(tl.int64) * (R * P) + r * P + p, pm)
         # dangles: the k and the q products of rank r, (k pair) + (q pair), ranks ascending
         nk = row[:, None] * N
         g1 = tl.load(dkrot_ptr + nk + w[None, :], mask=okc, other=0.0)
@@ -404,9 +484,6 @@ def _bwd2_token_kernel(
         dang = dang + (k_pair + q_pair)
         # dk, dq of rank r by column halves: the inverse rotation of the rotated columns, then the same-token terms
         # dk[t, r] += Σ_{r2 ascending} dqk[t, r2, r]·γ·q̃[t, r2], dq[t, r] += Σ_{r2} dqk[t, r, r2]·γ·k̃[t, r2]
-        rot = (j < AW)[None, :]
-        ch = tl.load(cs_ptr + a_row + tl.where(okc & rot, j[None, :], 0), mask=okc & rot, other=1.0)
-        sh = tl.load(sn_ptr + a_row + tl.where(okc & rot, j[None, :], 0), mask=okc & rot, other=0.0)
         x1 = tl.load(dkrot_ptr + nk + j[None, :], mask=okc, other=0.0)
         x2 = tl.load(dkrot_ptr + nk + HALF + j[None, :], mask=okc, other=0.0)
         dk1 = tl.where(rot, rnd_if(ch * x1 + sh * x2, DK_UNROTATE, LPK), x1)
@@ -415,7 +492,7 @@ def _bwd2_token_kernel(
         x2 = tl.load(dqrot_ptr + nk + HALF + j[None, :], mask=okc, other=0.0)
         dq1 = tl.where(rot, rnd_if(ch * x1 + sh * x2, DQ_UNROTATE, LPK), x1)
         dq2 = tl.where(rot, rnd_if(-sh * x1 + ch * x2, DQ_UNROTATE, LPK), x2)
-        for r2 in tl.static_range(R):
+        for r2 in range(R):
             row2 = rows + r2
             g_k = tl.load(dqk_ptr + row2 * R + r, mask=ok, other=0.0) * gamma
             g_q = tl.load(dqk_ptr + row * R + r2, mask=ok, other=0.0) * gamma
@@ -431,11 +508,16 @@ def _bwd2_token_kernel(
         tl.store(dq_ptr + out_n + HALF, enc(dq2, LPK), mask=okc)
     tl.store(dv_ptr + v_offs, enc(dv_acc, LPK), mask=okc)
     tl.store(dangles_ptr + a_offs, dang, mask=okc)
-    # token sums of the chunk kernel's row terms, ranks ascending; the chunk's ddA on each of its tokens
+    # token sums of the chunk kernels' row terms and of dSSdA's rows, ranks ascending; the chunk's ddA on each token
     so = hs_base + t_s
-    for q in tl.static_range(4):
-        acc = tl.full([CP], -0.0, tl.float32)
-        for r in tl.static_range(R):
+    for q in range(4):
+        acc = tl.full([BT], -0.0, tl.float32)
+        for r in range(R):
             acc = acc + tl.load(rowsum_ptr + bhc.to(tl.int64) * (4 * LP) + q * LP + tt_s * R + r, mask=ok, other=0.0)
         tl.store(tok_out_ptr + q * BHS + so, acc, mask=ok)
-    tl.store(tok_out_ptr + 4 * BHS + so, tl.full([CP], 0.0, tl.float32) + tl.load(dda_ptr + bhc), mask=ok)
+    tl.store(tok_out_ptr + 4 * BHS + so, tl.full([BT], 0.0, tl.float32) + tl.load(dda_ptr + bhc), mask=ok)
+    u = tl.arange(0, CP)
+    pair = tl.full([BT, CP], -0.0, tl.float32)
+    for r in range(R):
+        pair = pair + tl.load(pairs_ptr + (rows + r)[:, None] * CP + u[None, :], mask=okc, other=0.0)
+    tl.store(dssda_ptr + bhc.to(tl.int64) * (CP * CP) + tt[:, None] * CP + u[None, :], tl.where(okc, pair, 0.0))

@@ -6,8 +6,10 @@ tensors (``mimo_numerics/ops/mamba_mimo_bwd_bwd/reference.py``) in the same orde
 dmimo sum). Every switch of ``policy.mamba_mimo_bwd_bwd`` reaches the kernels as an upper-case constexpr
 (:func:`stage2_constexprs`, the one place for this operator).
 
-Plan: one program per chunk for the chunk-parallel kernels (all fused rows, N and P: the interpreter's fewest
-programs; on GPUs a first version, not tuned), the reverse walk on tiles of at most 64 × 64 (16 × 16 on Ascend).
+Plan (:func:`stage2_tiles`, :class:`Stage2Tiles`): blocks of fused rows and of tokens per program of the
+chunk-parallel kernels (whole chunks in the interpreter and on CUDA up to 64 rows; 16 rows and 16 tokens on
+Ascend), the reverse walk on tiles of at most 64 × 64 (16 × 16 on Ascend). A plan changes FP32
+summation orders only (``tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_kernels.py::test_stage2_tile_plans_agree``).
 """
 
 from __future__ import annotations
@@ -32,12 +34,27 @@ from ._launch import (INTERPRETER_LIMIT_S, LP_NAN_BITS, Launch, SlowInterpreterE
 OPERATOR_NAME = "mamba_mimo_bwd_bwd"
 #: Columns per program of the dmimo_v sum.
 _SUM_BLOCK = 32
-#: Backends whose compiles of these kernels are known to fail: on Ascend the one-program-per-chunk tiles overflow the
-#: 192 KiB unified buffer (the compile gate, ``scripts/ascend_compile_gate.py --filter bwd2_``: the rows kernel needs
-#: 2.6 Mbit at N = P = 64, R = 4, C = 16, the chunk kernel 20 Mbit, against 1.57 Mbit). ``mamba_mimo_bwd_bwd`` refuses
-#: them; ``build_launches`` still describes their launches for the gate.
-REFUSED_BACKENDS = {"npu": "the stage-2 kernels' one-program-per-chunk tiles overflow Ascend's 192 KiB unified "
-                           "buffer (no Ascend tile plan yet); use the stage-2 reference"}
+#: Ascend: the bounds within which the stage-2 programs fit the 192 KiB unified buffer under the Ascend plan
+#: (:func:`stage2_tiles`): the state N·P, and LP·(N + P) (the k-side and q-side kernels hold whole-chunk [LP, N] and
+#: [LP, P] tiles and the [N, P] state). Measured by the compile gate (``scripts/ascend_compile_gate.py --operators
+#: mamba_mimo_bwd_bwd``): every case within both passes (up to N·P = 64·64 and LP·(N + P) = 128·96); outside,
+#: N = P = 128 (C·R = 128) overflows with 4.6 Mbit, N, P = 128, 64 (C·R = 128) with 2.7 Mbit and N, P = 64, 128
+#: (C·R = 32) with 2.1 Mbit against 1.57 Mbit.
+NPU_MAX_STATE = 64 * 64
+NPU_MAX_CHUNK_TILES = 128 * 96
+
+
+def backend_refusal(backend: str, state_dim: int, value_dim: int, fused_rows: int = 0) -> Optional[str]:
+    """Why these kernels refuse sizes on ``backend``, or None. ``"npu"``: N·P above :data:`NPU_MAX_STATE` or
+    LP·(N + P) above :data:`NPU_MAX_CHUNK_TILES` (LP: ``fused_rows`` = C·R padded to a power of 2, at least 16)."""
+    if backend != "npu":
+        return None
+    lp = max(16, _pow2(fused_rows))
+    if state_dim * value_dim > NPU_MAX_STATE or lp * (state_dim + value_dim) > NPU_MAX_CHUNK_TILES:
+        return (f"N = {state_dim}, P = {value_dim} with C·R = {fused_rows}: the stage-2 programs would overflow "
+                f"Ascend's 192 KiB unified buffer (supported: N·P <= {NPU_MAX_STATE} and LP·(N + P) <= "
+                f"{NPU_MAX_CHUNK_TILES}, LP = C·R padded to a power of 2); use the stage-2 reference")
+    return None
 
 
 def stage2_constexprs(policy) -> Dict[str, object]:
@@ -100,6 +117,29 @@ def walk_tiles(dims, backend: str, sm_count: Optional[int] = None) -> tuple:
     return BN, BP
 
 
+@dataclass(frozen=True)
+class Stage2Tiles:
+    """The stage-2 plan: ``rows`` (BR) fused rows per program of the rows, k-side and q-side kernels (dividing LP =
+    the padded C·R), ``tokens`` (BT) tokens per program of the token kernel (dividing CP = the padded C), both powers
+    of 2; ``num_warps`` of the CUDA launches."""
+
+    rows: int
+    tokens: int
+    num_warps: int = 4
+
+
+def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
+    """The default plan: the interpreter takes whole chunks (fewest programs); Ascend 16 rows and 16 tokens (the
+    tiles of one program then fit its 192 KiB unified buffer within :func:`backend_refusal`'s bounds:
+    ``scripts/ascend_compile_gate.py``); CUDA 32 rows
+    (fewer live [rows, N] tiles per program than a whole chunk) and whole chunks of tokens, 4 warps."""
+    if backend == "interpreter":
+        return Stage2Tiles(LP, CP)
+    if backend == "npu":
+        return Stage2Tiles(min(LP, 16), min(CP, 16))
+    return Stage2Tiles(min(LP, 64), CP)
+
+
 def _pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
@@ -131,7 +171,7 @@ def mamba_mimo_bwd_bwd(
     Raises:
         ImportError: without ``triton``. UnsupportedPolicyError, PolicyUndefined: see :func:`stage2_constexprs`.
         TypeError, ValueError: bad inputs (the reference's validation) or unsupported sizes.
-        NotImplementedError: NPU tensors (:data:`REFUSED_BACKENDS`).
+        NotImplementedError: NPU tensors beyond Ascend's bounds (:func:`backend_refusal`).
     """
     prep = build_launches(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
                           da_cs_rev, dt, trap, d, qk_dot, segsum, chunk_size, rotary_dim_divisor, dtype, policy=policy,
@@ -142,8 +182,10 @@ def mamba_mimo_bwd_bwd(
             raise SlowInterpreterError(f"this CPU run goes through Triton's interpreter and would take about {est:.0f} "
                                        "s (stage 1's estimate); pass allow_slow_interpreter=True to run it anyway, or "
                                        "use a CUDA device")
-    if prep.backend in REFUSED_BACKENDS:
-        raise NotImplementedError(f"mamba_mimo_bwd_bwd on {prep.backend}: {REFUSED_BACKENDS[prep.backend]}")
+    reason = backend_refusal(prep.backend, prep.dims.state_dim, prep.dims.value_dim,
+                             prep.dims.chunk_size * prep.dims.rank)
+    if reason:
+        raise NotImplementedError(f"mamba_mimo_bwd_bwd on {prep.backend}: {reason}")
     return prep.run()
 
 
@@ -169,9 +211,12 @@ def build_launches(
     dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, qk_dot,
     segsum, chunk_size: int = 16, rotary_dim_divisor: int = 4, dtype=None, *, policy="upstream_sm90",
     poison: bool = False, backend: Optional[str] = None, sm_count: Optional[int] = None,
+    tiles: Optional[Stage2Tiles] = None,
 ):
     """Validate, allocate and describe the stage-2 launches without running them (``backend``: plan a device launch
-    from CPU tensors, e.g. for the Ascend compile gate; ``sm_count``: the CUDA device's SMs when planning from CPU)."""
+    from CPU tensors, e.g. for the Ascend compile gate; ``sm_count``: the CUDA device's SMs when planning from CPU;
+    ``tiles``: another plan than :func:`stage2_tiles`'s, e.g. for a benchmark sweep; it changes no result beyond
+    FP32 summation orders)."""
     require_triton()
     policy = _presets.resolve(policy)
     cx = stage2_constexprs(policy)
@@ -188,6 +233,12 @@ def build_launches(
     LP, CP, AW = max(16, _pow2(C * R)), max(16, _pow2(C)), N // dims.rotary_dim_divisor
     lp, dev, f32 = dims.lp_dtype, dims.device, torch.float32
     BN, BP = walk_tiles(dims, backend, sm_count)
+    tiles = tiles or stage2_tiles(dims, backend, LP, CP)
+    BR, BT = tiles.rows, tiles.tokens
+    if any(x < 1 or x & (x - 1) for x in (BR, BT)) or LP % BR or CP % BT:
+        raise ValueError(f"tiles: rows {BR} must be a power of 2 dividing LP = {LP}, tokens {BT} one dividing "
+                         f"CP = {CP}")
+    NRB, NTB = LP // BR, CP // BT
 
     def cont(x):
         return None if x is None else x.contiguous()
@@ -202,15 +253,15 @@ def build_launches(
 
     qb, kb, qrot, krot, khat = ws(N), ws(N), ws(N), ws(N), ws(N)
     dphio, dps, psiv, dpsiv = ws(P), ws(P), ws(P), ws(P)
-    dkrot, dqrot, dqk = ws(N), ws(N), ws(R)
-    dd = torch.empty(chunks, dtype=f32, device=dev)
+    dkrot, dqrot, dqk, pairs = ws(N), ws(N), ws(R), ws(CP)
+    dd = torch.empty(chunks * NRB, dtype=f32, device=dev)
     dst = torch.empty((B, H, nc, N, P), dtype=f32, device=dev)
     rowsum = torch.empty((chunks, 4, LP), dtype=f32, device=dev)
     dssda = torch.empty((chunks, CP, CP), dtype=f32, device=dev)
     dda = torch.empty(chunks, dtype=f32, device=dev)
     cs = torch.empty((B, S, H, AW), dtype=f32, device=dev)
     sn = torch.empty((B, S, H, AW), dtype=f32, device=dev)
-    part = torch.empty((1, chunks, R * P), dtype=f32, device=dev)
+    part = torch.empty((1, chunks * NTB, R * P), dtype=f32, device=dev)
     dmimo_v = torch.empty((1, B, H, R, P), dtype=f32, device=dev)
     tok_out = torch.empty((5, B, H, S), dtype=f32, device=dev)
     dq = torch.empty((B, S, R, H, N), dtype=lp, device=dev)
@@ -218,7 +269,7 @@ def build_launches(
     dv = torch.empty((B, S, H, P), dtype=lp, device=dev)
     dangles = torch.empty((B, S, H, AW), dtype=f32, device=dev)
     if poison:
-        for t in (qb, kb, qrot, krot, khat, dphio, dps, psiv, dpsiv, dkrot, dqrot, dqk, dd, dst, rowsum, dssda, dda,
+        for t in (qb, kb, qrot, krot, khat, dphio, dps, psiv, dpsiv, dkrot, dqrot, dqk, pairs, dd, dst, rowsum, dssda, dda,
                   cs, sn, part, dmimo_v, tok_out, dangles):
             t.fill_(float("nan"))
         for t in (dq, dk, dv):
@@ -230,34 +281,36 @@ def build_launches(
         return t.view(torch.int16) if t.dtype in (torch.bfloat16, torch.float16) else t
 
     shared = dict(cx, N=N, P=P, R=R, C=C, LP=LP, CP=CP, AW=AW, HAS_Z=dims.has_z, HAS_D=dims.has_d,
-                  REDUCE_O=dims.reduce_o, BN=BN, BP=BP)
+                  REDUCE_O=dims.reduce_o, BN=BN, BP=BP, BR=BR, BT=BT)
     shared.update(lp_dot_operands(cx, dims, on_device=not interpreted))
     n_sum = -(-(R * P) // _SUM_BLOCK)
     plan = [
         ("angles", mod1._mimo_angles_kernel, -(-cs.numel() // ANGLES_BLOCK), (angles, cs, sn, cs.numel()),
          {"BLOCK": ANGLES_BLOCK}),
-        ("rows", mod2._bwd2_rows_kernel, chunks,
+        ("rows", mod2._bwd2_rows_kernel, chunks * NRB,
          (arg(dout), arg(q), arg(k), arg(v), arg(z), q_bias, k_bias, mimo_v, arg(mimo_o), arg(mimo_z), cs, sn, dt,
           arg(trap), da_cs, qb, kb, qrot, krot, khat, dphio, dps, psiv, dd, S, H, dims.heads_per_group, nc), shared),
         ("dstates", mod2._bwd2_dstates_kernel, B * H * (N // BN) * (P // BP),
          (qrot, dps, da_cs, dst, S, nc, N // BN, P // BP), shared),
-        ("chunk", mod2._bwd2_chunk_kernel, chunks,
-         (arg(qk_dot), arg(states), dt, arg(trap), da_cs, da_cs_rev, arg(d), segsum, qrot, krot, khat, dphio, psiv,
-          dst, dpsiv, dqk, dkrot, dqrot, rowsum, dssda, dda, S, H, nc), shared),
-        ("token", mod2._bwd2_token_kernel, chunks,
-         (arg(v), mimo_v, cs, sn, dt, arg(trap), qb, kb, dpsiv, dqk, dkrot, dqrot, rowsum, dda, arg(dq), arg(dk),
-          arg(dv), dangles, part[0], tok_out, S, H, nc, B * H * S), shared),
-        ("reduce", mod1._mimo_reduce_kernel, B * H * n_sum, (part, dmimo_v, nc, n_sum),
+        ("kside", mod2._bwd2_kside_kernel, chunks * NRB,
+         (arg(qk_dot), dt, arg(trap), da_cs_rev, arg(d), segsum, qrot, krot, khat, dphio, psiv, dst, dpsiv, dqk,
+          dkrot, rowsum, pairs, S, H, nc), shared),
+        ("qside", mod2._bwd2_qside_kernel, chunks * NRB,
+         (arg(states), da_cs, segsum, qrot, khat, dphio, psiv, dst, dqrot, rowsum, dda, S, nc), shared),
+        ("token", mod2._bwd2_token_kernel, chunks * NTB,
+         (arg(v), mimo_v, cs, sn, dt, arg(trap), qb, kb, dpsiv, dqk, dkrot, dqrot, rowsum, pairs, dda, arg(dq),
+          arg(dk), arg(dv), dangles, part[0], tok_out, dssda, S, H, nc, B * H * S), shared),
+        ("reduce", mod1._mimo_reduce_kernel, B * H * n_sum, (part, dmimo_v, nc * NTB, n_sum),
          {"RP": R * P, "BLK": _SUM_BLOCK, "CB": 64}),
     ]
-    options = {"num_warps": 4, "enable_fp_fusion": False} if backend == "cuda" else {}
+    options = {"num_warps": tiles.num_warps, "enable_fp_fusion": False} if backend == "cuda" else {}
     launches = [Launch(name, kernel, grid, args, {k: v for k, v in cxs.items() if k in kernel.arg_names},
                        dict(options))
                 for name, kernel, grid, args, cxs in plan]
 
     def finish() -> MimoBwdBwdOutputs:
         return MimoBwdBwdOutputs(
-            dq=dq, dk=dk, dv=dv, dmimo_v=dmimo_v[0], dD=dd.view(B, H, nc).sum(dim=2) if dims.has_d else None,
+            dq=dq, dk=dk, dv=dv, dmimo_v=dmimo_v[0], dD=dd.view(B, H, nc * NRB).sum(dim=2) if dims.has_d else None,
             dangles=dangles, dfactor=tok_out[1], dgamma_diag=tok_out[3], ddA=tok_out[4],
             dSSdA=dssda.view(B, H, nc, CP, CP)[..., :C, :C].contiguous(), ddA_cs_rev=tok_out[0], ddA_cs=tok_out[2])
 

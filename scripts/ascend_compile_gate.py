@@ -639,13 +639,16 @@ FORWARD_CI_CASES: Tuple[GateCase, ...] = (
 OPERATOR_LAUNCHERS = {"mamba_mimo_bwd_fwd": "mimo_numerics.kernels.mimo_bwd_fwd",
                       "mamba_mimo_fwd": "mimo_numerics.kernels.mimo_fwd",
                       "mamba_mimo_bwd_bwd": "mimo_numerics.kernels.mimo_bwd_bwd"}
-#: The stage-2 kernels' scope (``mimo_numerics.kernels.mimo_bwd_bwd``; ``--operators mamba_mimo_bwd_bwd``): every
-#: branch combination across the presets with stage-2 semantics, the largest and smallest dims, R = 1 and a padded
-#: C·R. Not in the default (CI) operators: the kernels have no Ascend tile plan yet and their one-program-per-chunk
-#: tiles overflow the unified buffer (``kernels.mimo_bwd_bwd.REFUSED_BACKENDS``).
+#: The operators the gate compiles by default (CI): all three.
+DEFAULT_OPERATORS = ("mamba_mimo_bwd_fwd", "mamba_mimo_fwd", "mamba_mimo_bwd_bwd")
+#: The stage-2 kernels' scope (``mimo_numerics.kernels.mimo_bwd_bwd``): every branch combination across the presets
+#: with stage-2 semantics, the largest dims within the kernels' Ascend bounds (``kernels.mimo_bwd_bwd.
+#: backend_refusal``: N·P <= 64·64, LP·(N + P) <= 128·96; larger sizes are refused on NPU), the smallest, R = 1 and a
+#: padded C·R.
 STAGE2_CI_CASES: Tuple[GateCase, ...] = (
     ("upstream_sm90", 64, 64, 16, 4, True, True, True),
-    ("upstream_sm90", 128, 128, 32, 4, False, True, False),
+    ("upstream_sm90", 32, 128, 16, 2, False, True, False),
+    ("upstream_sm90", 128, 32, 16, 2, True, False, True),
     ("fp32", 64, 64, 16, 4, False, True, True),
     ("upstream_sm90_fp16", 64, 64, 16, 4, True, False, True),
     ("upstream_sm80", 32, 32, 16, 2, False, False, True),
@@ -667,7 +670,7 @@ def _unique(cases: Iterable[GateCase]) -> List[GateCase]:
 
 def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
                   cases: Optional[Sequence[GateCase]] = None,
-                  operators: Sequence[str] = ("mamba_mimo_bwd_fwd", "mamba_mimo_fwd")) -> List[LaunchPlan]:
+                  operators: Sequence[str] = DEFAULT_OPERATORS) -> List[LaunchPlan]:
     """The launches the project's launcher makes for the gated cases, asked from the launcher itself.
 
     ``mimo_numerics.kernels.mimo_bwd_fwd.build_launches(..., backend="npu")`` validates the inputs, derives the
@@ -680,7 +683,9 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
     ``operators``: stage 1 (``mamba_mimo_bwd_fwd``) on ``cases`` (or the scope's), and the forward
     (``mamba_mimo_fwd``, ``mimo_numerics.kernels.mimo_fwd.build_launches``) on :data:`FORWARD_CI_CASES` under the
     ci scope (the other scopes: on their stage-1 cases whose preset has forward semantics), or on ``cases`` when
-    given. Forward plans are labelled ``fwd_…``.
+    given. Forward plans are labelled ``fwd_…``. Stage 2 (``mamba_mimo_bwd_bwd``) on :data:`STAGE2_CI_CASES` under
+    the ci scope, else as the forward; cases its launcher refuses on NPU (``backend_refusal``) are left out. Its plans
+    are labelled ``bwd2_…``.
     """
     import torch
 
@@ -712,9 +717,13 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
         if build is None:
             raise GateEnvironmentError(f"{module} has no build_launches(); the gate needs the launcher to describe "
                                        "its launches without running them (docs/ascend_findings.md)")
+        refusal = getattr(importlib.import_module(module), "backend_refusal", None)
         for case in own_cases[operator]:
-            if _presets.get(case[0]).defines(operator):  # seed_bf16 defines stage 1 only
-                jobs.append((operator, build, case))
+            if not _presets.get(case[0]).defines(operator):  # seed_bf16 defines stage 1 only
+                continue
+            if refusal is not None and refusal("npu", case[1], case[2], case[3] * case[4]):
+                continue  # sizes the launcher refuses on NPU (stage 2 beyond its Ascend bounds)
+            jobs.append((operator, build, case))
     plans: List[LaunchPlan] = []
     inputs_cache: Dict[Tuple, Any] = {}
     for operator, build, (preset, n, p, c, r, ro, z, d) in jobs:
@@ -848,7 +857,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="ci: 15 launcher calls covering every preset, branch, dim and tile class (~40 min now); "
                          "wide: 200 calls crossing all tile classes with the heavy branches and all switches with "
                          "one tile (~13 min); full: every preset x N x P x (C, R) x branch (days)")
-    ap.add_argument("--operators", default="mamba_mimo_bwd_fwd,mamba_mimo_fwd",
+    ap.add_argument("--operators", default=",".join(DEFAULT_OPERATORS),
                     help="comma-separated launchers to compile, of " + ", ".join(OPERATOR_LAUNCHERS))
     ap.add_argument("--filter", default=None, help="only plans whose kernel or specialization contains this")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="parallel bishengir runs")

@@ -32,8 +32,8 @@ when it runs. :func:`golden_sections` turns a record into the golden file's sect
 
 ``backend="triton"`` runs the forward, stage 1 and stage 2 with the package's Triton kernels
 (``mimo_numerics.kernels``: compiled on CUDA, Triton's interpreter on CPU, triton-ascend on NPU); the preprocessing
-and the FP32 epilogue have no kernel yet and run the reference (on Ascend stage 2 too, :func:`triton_stages`): each
-call says so with a :class:`BackendFallbackWarning` naming them (:data:`TRITON_STAGES`), once per message and code
+and the FP32 epilogue have no kernel yet and run the reference (on Ascend stage 2 too beyond its kernels' tile
+bounds, :func:`triton_stages`): each call says so with a :class:`BackendFallbackWarning` naming them (:data:`TRITON_STAGES`), once per message and code
 location (Python's default warning filter).
 
 Not implemented (they raise ``NotImplementedError``): ``return_state=True`` and ``cu_seqlens`` (varlen).
@@ -215,20 +215,22 @@ def _check_backend(backend: str, policy, tensors: Dict[str, Optional[torch.Tenso
     if chunk_size * R > _stage1_kernel.MAX_FUSED_ROWS:
         raise ValueError(f"backend='triton': chunk_size={chunk_size} with R={R} gives C*R={chunk_size * R} fused "
                          f"rows; the Triton kernels support C*R <= {_stage1_kernel.MAX_FUSED_ROWS}")
-    stages = triton_stages(tensors["V"].device.type)
+    stages = triton_stages(tensors["V"].device.type, N, P, chunk_size * R)
     fallback = [step for step, runs in stages.items() if runs == "reference"]
     warnings.warn(f"backend='triton': only {', '.join(s for s, r in stages.items() if r == 'triton')} "
                   f"runs a Triton kernel; {', '.join(fallback)} have none yet and run the reference",
                   BackendFallbackWarning, stacklevel=3)
 
 
-def triton_stages(device_type: str) -> Dict[str, str]:
-    """:data:`TRITON_STAGES` on a device of ``device_type``: on Ascend (``npu``) stage 2 runs the reference (its
-    kernels' tiles overflow the unified buffer: ``kernels.mimo_bwd_bwd.REFUSED_BACKENDS``)."""
-    from ...kernels.mimo_bwd_bwd import REFUSED_BACKENDS
+def triton_stages(device_type: str, state_dim: int = 64, value_dim: int = 64,
+                  fused_rows: int = 64) -> Dict[str, str]:
+    """:data:`TRITON_STAGES` on a device of ``device_type`` for N = ``state_dim``, P = ``value_dim`` and C·R =
+    ``fused_rows``: on Ascend (``npu``) stage 2 runs the reference beyond its kernels' tile bounds (their programs
+    would overflow the unified buffer: ``kernels.mimo_bwd_bwd.backend_refusal``)."""
+    from ...kernels.mimo_bwd_bwd import backend_refusal
 
     stages = dict(TRITON_STAGES)
-    if device_type in REFUSED_BACKENDS:
+    if backend_refusal(device_type, state_dim, value_dim, fused_rows):
         stages["mamba_mimo_bwd_bwd"] = "reference"
     return stages
 

@@ -339,7 +339,7 @@ def run_stage2(inputs: dict, pre: dict, bwd_fwd: dict, policy, *, backend: str =
     policy = _presets.resolve(policy)
     if chain_kind(policy) == "fp64":
         result = dict(mamba_mimo_bwd_bwd_oracle(*stage2_args(inputs, pre, bwd_fwd), **stage2_kwargs(inputs)))
-    elif backend == "triton" and inputs["V"].device.type not in _stage2_refused():
+    elif backend == "triton" and not stage2_kernel_refusal(inputs):
         from ... import kernels  # imports triton only when called
 
         result = kernels.mamba_mimo_bwd_bwd(*stage2_args(inputs, pre, bwd_fwd), **stage2_kwargs(inputs),
@@ -351,12 +351,14 @@ def run_stage2(inputs: dict, pre: dict, bwd_fwd: dict, policy, *, backend: str =
     return result
 
 
-def _stage2_refused() -> tuple:
-    """Device types where stage 2 has no usable kernel (``kernels.mimo_bwd_bwd.REFUSED_BACKENDS``): there
-    ``backend="triton"`` runs the stage-2 reference (``autograd.triton_stages`` says so)."""
-    from ...kernels.mimo_bwd_bwd import REFUSED_BACKENDS
+def stage2_kernel_refusal(inputs: dict):
+    """Why stage 2's kernels refuse these inputs' device and sizes (``kernels.mimo_bwd_bwd.backend_refusal``: on
+    Ascend beyond its tile bounds), or None; there ``backend="triton"`` runs the stage-2 reference and
+    ``autograd.triton_stages`` says so."""
+    from ...kernels.mimo_bwd_bwd import backend_refusal
 
-    return tuple(REFUSED_BACKENDS)
+    Q, V = inputs["Q"], inputs["V"]
+    return backend_refusal(V.device.type, Q.shape[-1], V.shape[-1], inputs["chunk_size"] * Q.shape[2])
 
 
 def _stage2_reference_step(inputs: dict, pre: dict, bwd_fwd: dict, policy, record: Optional[dict]) -> dict:

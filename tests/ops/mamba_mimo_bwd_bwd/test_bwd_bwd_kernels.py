@@ -168,6 +168,48 @@ def test_deterministic():
             assert torch.equal(getattr(a, n), getattr(b, n)), n
 
 
+#: outputs summed from per-block partials, whose FP32 order follows the tile plan
+_PARTIAL_SUMS = ("dmimo_v", "dD")
+
+
+@pytest.mark.parametrize("tiles", [(16, 16), (16, 4)], ids=["ascend_16x16", "16x4"])
+@pytest.mark.parametrize("spec", CASES, ids=[c.case_id for c in CASES])
+def test_stage2_tile_plans_agree(spec, tiles):
+    """Blocks of rows and tokens (Ascend's plan, several programs per chunk) give the whole-chunk plan's bits on every
+    output but the per-block partial sums, which stay within ``stage2_tile_plan_sum_order_rel_rms``."""
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    x = _inputs(spec)
+    name, policy = kernel_policies(spec)[0]
+    whole = _kernel(spec, name, policy)
+    plan = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy=policy, poison=True,
+                                       tiles=mimo_bwd_bwd.Stage2Tiles(*tiles))
+    default = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy=policy)
+    grids = {la.name: la.grid for la in default.launches}
+    LP, CP = (next(la.constexprs[k] for la in default.launches if la.name == "token") for k in ("LP", "CP"))
+    for la in plan.launches:  # the blocks in use: whole chunks by default in the interpreter
+        blocks = {"rows": LP // tiles[0], "kside": LP // tiles[0], "qside": LP // tiles[0], "token": CP // tiles[1]}
+        assert la.grid == grids[la.name] * blocks.get(la.name, 1), la.name
+    blocked = plan.run()
+    for n in OUTPUT_NAMES:
+        a, b = getattr(blocked, n), getattr(whole, n)
+        if b is None:
+            continue
+        assert not torch.isnan(a.float()).any(), n
+        if n in _PARTIAL_SUMS:
+            assert rel_rms(a.float(), b.float()) <= tolerances.get("stage2_tile_plan_sum_order_rel_rms"), n
+        else:
+            assert torch.equal(a, b), n
+
+
+def test_stage2_tile_plan_is_checked():
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    x = _inputs(CASES[0])
+    with pytest.raises(ValueError, match="tiles"):
+        mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="fp32", tiles=mimo_bwd_bwd.Stage2Tiles(24, 16))
+
+
 def _toolchain():
     from mimo_numerics.kernels import _devtools
 
