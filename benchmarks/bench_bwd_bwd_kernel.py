@@ -21,13 +21,11 @@ import argparse
 import datetime
 import json
 import os
-import sys
 import time
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import mimo_numerics as mn  # noqa: E402
 from bench_fwd_kernel import device_ms  # noqa: E402  (benchmarks/ is on sys.path)

@@ -14,8 +14,9 @@ CPU tensors run in Triton's interpreter (set up internally: nothing to export), 
 tensors go to triton-ascend. Importing this package never imports ``triton``; calling the kernels without it
 raises ``ImportError`` naming the extra to install. Benchmarks pass per-call overrides of tiles, warps and the
 bit-identical code forms of the forward and stage 1 as ``tuning={...}`` (keys ``TUNING_KEYS``); ``launch_config``
-shows the frozen ``LaunchConfig`` (constexprs, grids, launch options) a call would use. Stage 2's kernels take no
-tuning yet and refuse NPU tensors (``mimo_bwd_bwd.REFUSED_BACKENDS``). Design, grids and rounding sites:
+shows the frozen ``LaunchConfig`` (constexprs, grids, launch options) a call would use. Stage 2's kernels take a
+plan (``mimo_bwd_bwd.Stage2Tiles``) through ``mimo_bwd_bwd.build_launches(..., tiles=)`` only, and refuse NPU tensors
+beyond their Ascend bounds (``mimo_bwd_bwd.backend_refusal``). Design, grids and rounding sites:
 ``docs/kernels.md``.
 """
 
