@@ -131,8 +131,9 @@ class Stage2Tiles:
 def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
     """The default plan: the interpreter takes whole chunks (fewest programs); Ascend 16 rows and 16 tokens (the
     tiles of one program then fit its 192 KiB unified buffer within :func:`backend_refusal`'s bounds:
-    ``scripts/ascend_compile_gate.py``); CUDA 32 rows
-    (fewer live [rows, N] tiles per program than a whole chunk) and whole chunks of tokens, 4 warps."""
+    ``scripts/ascend_compile_gate.py``); CUDA whole chunks of up to 64 rows and whole chunks of tokens, 4 warps (the
+    fastest of a sweep of 16/32/64 rows, 8/16 tokens and 2/4/8 warps on the H200 at the benchmark shapes a and d:
+    ``docs/kernels.md``)."""
     if backend == "interpreter":
         return Stage2Tiles(LP, CP)
     if backend == "npu":

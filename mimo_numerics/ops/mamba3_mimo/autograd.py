@@ -33,8 +33,8 @@ when it runs. :func:`golden_sections` turns a record into the golden file's sect
 ``backend="triton"`` runs the forward, stage 1 and stage 2 with the package's Triton kernels
 (``mimo_numerics.kernels``: compiled on CUDA, Triton's interpreter on CPU, triton-ascend on NPU); the preprocessing
 and the FP32 epilogue have no kernel yet and run the reference (on Ascend stage 2 too beyond its kernels' tile
-bounds, :func:`triton_stages`): each call says so with a :class:`BackendFallbackWarning` naming them (:data:`TRITON_STAGES`), once per message and code
-location (Python's default warning filter).
+bounds, :func:`triton_stages`): each call says so with a :class:`BackendFallbackWarning` naming them
+(:data:`TRITON_STAGES`), once per message and code location (Python's default warning filter).
 
 Not implemented (they raise ``NotImplementedError``): ``return_state=True`` and ``cu_seqlens`` (varlen).
 Upstream's own limits are checked up front when a gradient is needed: the backward needs ``S % chunk_size == 0``
