@@ -160,10 +160,11 @@ def test_forward_ci_cases_cover_every_branch_and_forward_preset():
     assert len(outs) == len(cases) and all(p.kwargs["FORWARD"] for p in outs)
     with pytest.raises(ValueError, match="operators"):
         gate.project_plans(scope="ci", operators=("mamba_mimo_chunk_scan",))
-    # stage 2's launches build for Ascend from CPU tensors (compiled by hand with --operators: no Ascend plan yet)
+    # stage 2's launches build for Ascend from CPU tensors, with the Ascend tile plan (row and token blocks)
     stage2 = gate.project_plans(scope="ci", operators=("mamba_mimo_bwd_bwd",))
     assert stage2 and all(p.name.startswith("bwd2_") for p in stage2)
-    assert {p.kernel_name for p in stage2} >= {"_bwd2_rows_kernel", "_bwd2_chunk_kernel", "_bwd2_token_kernel"}
+    assert {p.kernel_name for p in stage2} >= {
+        "_bwd2_rows_kernel", "_bwd2_kside_kernel", "_bwd2_qside_kernel", "_bwd2_token_kernel"}
 
 
 def test_ci_cases_cover_every_preset_branch_dim_and_tile_class():
