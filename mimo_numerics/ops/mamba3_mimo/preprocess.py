@@ -151,10 +151,11 @@ def _butterfly_sum(x: torch.Tensor) -> torch.Tensor:
 def _mod_two_pi_f32(x: torch.Tensor) -> torch.Tensor:
     """``x - 2π₃₂ · floor(x / 2π₃₂)`` in float32, the product and difference rounded once (an FMA).
 
-    The exact ``x - 2π₃₂·k`` is formed in float64 (24-bit times small-integer product, exact there) and rounded
+    The quotient is an IEEE float32 division on every device. The exact ``x - 2π₃₂·k`` is formed in float64 (24-bit times small-integer product, exact there) and rounded
     once to float32, so this form needs a device with float64 (CPU, CUDA).
     """
-    turns = torch.floor(x / _TWO_PI_F32)
+    # a divisor tensor on x's device: torch's CUDA division by a Python scalar multiplies by its reciprocal instead
+    turns = torch.floor(x / torch.tensor(_TWO_PI_F32, dtype=x.dtype, device=x.device))
     return (x.double() - _TWO_PI_F32 * turns.double()).float()
 
 
@@ -170,6 +171,20 @@ def _angle_chunk_walk(sums: torch.Tensor) -> torch.Tensor:
         entering[:, c] = state
         state = _mod_two_pi_f32(state + sums[:, c])
     return entering
+
+
+def _entering_angles(sums: torch.Tensor) -> torch.Tensor:
+    """:func:`_angle_chunk_walk` of ``sums [B, nc, H, K]``: one Triton launch on CUDA (``kernels/ordered_sums.py``,
+    the same operations), else one CUDA graph replay (or the loop on the CPU)."""
+    if sums.is_cuda:
+        try:
+            from ... import kernels
+            from ...kernels import ordered_sums
+        except ImportError:
+            kernels = None
+        if kernels is not None and kernels.triton_available():
+            return ordered_sums.angle_state_walk(sums.movedim(1, 0)).movedim(0, 1)
+    return replayed(_angle_chunk_walk, sums)
 
 
 def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, math_dtype: DtypeLike,
@@ -221,7 +236,7 @@ def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, mat
     per_thread, lanes = _scan_layout("2d", chunk_size)
     # every chunk's scan and sum at once (the same operations per element); only the state walks chunk by chunk
     scans, sums = _triton_scan(chunks, per_thread, lanes), _butterfly_sum(chunks)  # [B, nc, H, K, C], [B, nc, H, K]
-    entering = replayed(_angle_chunk_walk, sums)  # one graph replay on CUDA
+    entering = _entering_angles(sums)
     out = _mod_two_pi_f32(scans + entering[..., None])
     return out.permute(0, 1, 4, 2, 3).reshape(B, nc * chunk_size, H, K)[:, :S].contiguous()
 

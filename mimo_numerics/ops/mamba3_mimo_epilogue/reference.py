@@ -72,8 +72,11 @@ SEQUENTIAL_LOOP_MAX = 64
 GRAPH_MIN_TERMS = 8
 
 
-def _ordered_sums():
-    """``mimo_numerics.kernels.ordered_sums`` when it and ``triton`` import, else None (the numpy path then)."""
+def _ordered_sums(x: torch.Tensor):
+    """``mimo_numerics.kernels.ordered_sums`` for a CUDA ``x`` when it and ``triton`` import, else None (the torch
+    loops, replayed from CUDA graphs, or numpy then)."""
+    if not x.is_cuda or x.dtype != _F32:
+        return None
     try:
         from ... import kernels
         from ...kernels import ordered_sums
@@ -85,17 +88,15 @@ def _ordered_sums():
 def _sum_sequential(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Sum over ``dim`` in fp32, left to right (one IEEE add per element: no BLAS, no vector order).
 
-    Up to :data:`SEQUENTIAL_LOOP_MAX` terms: a torch add per term (replayed from a CUDA graph on CUDA beyond
-    :data:`GRAPH_MIN_TERMS`). Longer sums: the same left-to-right chain of IEEE fp32 adds, on CUDA in one Triton
-    launch (``kernels/ordered_sums.py``; without Triton as on the CPU), on the CPU in numpy (one ``np.add`` per term
-    over a contiguous row), so the same bits. NaN payloads of a CUDA input may differ (the GPU returns its
-    canonical NaN).
+    On CUDA with Triton: the chain of IEEE fp32 adds in one launch (``kernels/ordered_sums.py``). Otherwise up to
+    :data:`SEQUENTIAL_LOOP_MAX` terms a torch add per term (replayed from a CUDA graph on CUDA beyond
+    :data:`GRAPH_MIN_TERMS`); longer sums on the host in numpy (one ``np.add`` per term over a contiguous row). The
+    same bits every way; NaN payloads of a CUDA input may differ (the GPU returns its canonical NaN).
     """
     x = x.movedim(dim, 0)
-    if x.shape[0] > SEQUENTIAL_LOOP_MAX and x.dtype == _F32 and x.is_cuda:
-        ordered_sums = _ordered_sums()
-        if ordered_sums is not None:  # the same chain of adds in one Triton launch (kernels/ordered_sums.py)
-            return ordered_sums.ordered_row_sum(x)
+    ordered_sums = _ordered_sums(x)
+    if ordered_sums is not None:  # the same chain of adds in one Triton launch
+        return ordered_sums.ordered_row_sum(x)
     if x.shape[0] > SEQUENTIAL_LOOP_MAX and x.dtype == _F32:
         terms = x.detach().to("cpu").contiguous().numpy().reshape(x.shape[0], -1)
         total = terms[0].copy()
@@ -115,7 +116,11 @@ def _sum_loop(x: torch.Tensor) -> torch.Tensor:
 
 
 def _cumsum_sequential(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
-    """Inclusive cumulative sum over the last dim in fp32, left to right (right to left with ``reverse``)."""
+    """Inclusive cumulative sum over the last dim in fp32, left to right (right to left with ``reverse``): one
+    Triton launch on CUDA (``kernels/ordered_sums.py``, the same adds), else the torch loop."""
+    ordered_sums = _ordered_sums(x)
+    if ordered_sums is not None:
+        return ordered_sums.ordered_scan(x.movedim(-1, 0), reverse=reverse).movedim(0, -1)
     if x.shape[-1] > GRAPH_MIN_TERMS:
         return replayed(_cumsum_loop, x, reverse=reverse)
     return _cumsum_loop(x, reverse=reverse)
@@ -206,7 +211,11 @@ def _angle_dt_bwd(dangles, angles, dt, chunk_size: int, *, fma: bool):
     chunk_sum = _sum_sequential(part, dim=-1)  # [B, H, nc, A]
     rev = (chunk_sum[..., None] - _cumsum_sequential(part)) + part
     # carried[c] = Σ of the later chunks' sums, added from the last chunk down (0 + sum[nc-1] + ... + sum[c+1])
-    carried = replayed(_later_chunks_sum, chunk_sum)  # one graph replay on CUDA
+    ordered_sums = _ordered_sums(chunk_sum)
+    if ordered_sums is not None:  # the same adds in one Triton launch
+        carried = ordered_sums.ordered_scan(chunk_sum.movedim(2, 0), reverse=True, exclusive=True).movedim(0, 2)
+    else:
+        carried = replayed(_later_chunks_sum, chunk_sum)  # one graph replay on CUDA
     grad = rev.transpose(-1, -2) + carried[:, :, :, None, :]  # [B, H, nc, C, A]
     tanh = torch.tanh(angles.permute(0, 2, 1, 3).reshape(B, H, nc, C, A))
     sech2 = _mul_add(-tanh, tanh, torch.ones_like(tanh), fma)
