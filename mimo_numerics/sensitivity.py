@@ -223,7 +223,7 @@ def _one_on_policy(floor: RoundingPolicy, site: str, op, value: Any = None) -> R
 
 @single_threaded
 def rank_sites(inputs: CasesLike, policy: PolicyLike = "upstream_sm90", baseline: Any = "fp64", op=None,
-               progress: Optional[bool] = None, names: Optional[Sequence[str]] = None):
+               progress: Optional[bool] = None, names: Optional[Sequence[str]] = None, backend: str = "reference"):
     """One-on/one-off sensitivity of every switch and knob value of ``policy`` against ``baseline``.
 
     For a composite ``op`` (the whole op, ``registry.WHOLE_OP``) this is :func:`rank_sites_one_off` (``names``:
@@ -246,12 +246,17 @@ def rank_sites(inputs: CasesLike, policy: PolicyLike = "upstream_sm90", baseline
         baseline: as for :func:`baseline_outputs` (default the ``fp64`` preset; ``"oracle"`` for the oracle).
         op: the operator (default: the registry's default).
         progress (bool, optional): a progress bar over the rows (default: when there are more than 4 cases).
+        backend (str): the whole op's backend (:func:`rank_sites_one_off`); other operators run their references
+            (``"reference"`` only).
 
     Returns:
         SensitivityTable
     """
     if registry.composite(op) is not None:
-        return rank_sites_one_off(inputs, policy, baseline, op=op, progress=progress, names=names)
+        return rank_sites_one_off(inputs, policy, baseline, op=op, progress=progress, names=names, backend=backend)
+    if backend != "reference":
+        raise ValueError(f"backend={backend!r} is for the whole op ({registry.WHOLE_OP}); operator {op!r} ranks "
+                         "its reference (backend='reference')")
     op = _operator.get(op)
     cases = as_case_list(inputs, op)
     lp = lp_dtype_of(cases, op)
@@ -485,7 +490,8 @@ def _mean_errors(per_case: Sequence[Dict[str, float]], order: Sequence[str]) -> 
 
 @single_threaded
 def rank_sites_one_off(inputs, policy: PolicyLike = "upstream_sm90", baseline: Any = "fp64", op=registry.WHOLE_OP,
-                       progress: Optional[bool] = None, names: Optional[Sequence[str]] = None) -> OneOffRanking:
+                       progress: Optional[bool] = None, names: Optional[Sequence[str]] = None,
+                       backend: str = "reference") -> OneOffRanking:
     """One site (or knob value) of ``policy`` off at a time on a composite operator (the whole op).
 
     Each variant (:func:`one_off_variants`) runs the op on every case (for the whole op: forward and
@@ -505,6 +511,9 @@ def rank_sites_one_off(inputs, policy: PolicyLike = "upstream_sm90", baseline: A
         op: the composite operator (default the whole op).
         progress (bool, optional): a tqdm bar over the runs (default: when there are more than 4 cases).
         names (sequence of str, optional): the cases' names (default ``case0``, ...).
+        backend (str): ``"reference"``, or ``"triton"``: the policy and each variant on the Triton kernels where
+            they can express it (``runs.backend_for``; the fp64 baseline always on the FP64 model). The cases'
+            device decides where it runs (CUDA; CPU tensors run in Triton's interpreter, slow).
 
     Returns:
         OneOffRanking
@@ -525,7 +534,16 @@ def rank_sites_one_off(inputs, policy: PolicyLike = "upstream_sm90", baseline: A
     policy = _presets.resolve(policy)
     check = spec.load("check_policy")
     check(policy)  # PolicyUndefined / NotImplementedError before any work
-    run = spec.load("run")
+    policy_run = spec.load("run")
+    if backend == "reference":
+        run = policy_run
+    else:
+        from .ops.mamba3_mimo.runs import backend_for
+
+        backend_for(policy, backend)  # ValueError on an unknown backend before any work
+
+        def run(x, p):
+            return policy_run(x, p, backend=backend_for(p, backend))
     items, skipped = one_off_variants(policy, spec)
 
     def at_lp(p: RoundingPolicy, x) -> RoundingPolicy:
@@ -536,7 +554,7 @@ def rank_sites_one_off(inputs, policy: PolicyLike = "upstream_sm90", baseline: A
     bar = tqdm(total=len(cases) * (len(items) + 2), desc=f"rank sites of {spec.name}", disable=not show, leave=False)
     base_runs = []
     for i, x in enumerate(cases):
-        base_runs.append(run(x, "fp64") if isinstance(baseline, str) else baseline[i])
+        base_runs.append(policy_run(x, "fp64") if isinstance(baseline, str) else baseline[i])
         bar.update(1)
     full = []
     for x, base in zip(cases, base_runs):

@@ -65,6 +65,11 @@ def smoke_cases() -> Dict[str, tuple]:
     return {"small": (x, runs.policy_run(x, "fp64"))}
 
 
+def _on_device(tensors: dict, device: torch.device) -> dict:
+    """``tensors`` (a case's inputs or a run) with every tensor moved to ``device`` (other values as they are)."""
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in tensors.items()}
+
+
 def _pct(value: float) -> str:
     return f"{value:.1%}"
 
@@ -99,9 +104,10 @@ def reading(result: OneOffRanking, n: int = READING_ROWS) -> List[str]:
 
 
 def write_report(result: OneOffRanking, out: Path, *, dtype: str, skipped: Dict[str, str], seconds: float,
-                 command: str, smoke: bool = False) -> Path:
+                 command: str, smoke: bool = False, device: str = "cpu", backend: str = "reference") -> Path:
     """The Markdown report (+ ``.json`` and ``.png`` next to it) of ``result``; ``smoke``: say that it is the
-    generator's smoke run (one small drawn case), whose figures are not the report's."""
+    generator's smoke run (one small drawn case), whose figures are not the report's; ``device``, ``backend``: where
+    and on what the policy runs ran."""
     out.parent.mkdir(parents=True, exist_ok=True)
     figure = out.with_suffix(".png")
     heat = {r.label: {o: result.fraction(r, o) for o in result.outputs} for r in result.ranked()[:HEATMAP_ROWS]}
@@ -112,13 +118,17 @@ def write_report(result: OneOffRanking, out: Path, *, dtype: str, skipped: Dict[
     payload = result.to_dict()
     payload["drop"] = {r.label: result.drop(r) for r in result.ranked()}
     prov = provenance.collect(command=command)
-    payload.update({"skipped_cases": skipped, "seconds": seconds, "provenance": prov})
+    payload.update({"skipped_cases": skipped, "seconds": seconds, "provenance": prov, "device": device,
+                    "backend": backend})
+    where = ("CPU, 1 thread" if device == "cpu" else device) + (
+        "" if backend == "reference" else ", the policy runs on the Triton kernels (`backend='triton'` where the "
+        "kernels express the variant, the reference elsewhere)")
     out.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
     lines = [
         f"# mamba3_mimo: which roundings make each gradient wrong ({dtype} cases)", "",
         *(["**Smoke run** (one small drawn case: a check of the generator; its figures are not the report's.)", ""]
           if smoke else []),
-        provenance.markdown_header(prov) + f" CPU, 1 thread, {seconds:.0f} s: {len(result.rows)} one-off variants of "
+        provenance.markdown_header(prov) + f" {where}, {seconds:.0f} s: {len(result.rows)} one-off variants of "
         f"`{result.policy.name}` x {result.n_cases} case(s), the whole op (`mn.mamba3_mimo`, forward and "
         "`backward(dout)`) run from each case's raw inputs, errors against the op's `fp64` run (relative RMS), "
         "averaged over the cases that have the output (`sensitivity.rank_sites(..., op=\"mamba3_mimo\")`).", "",
@@ -157,6 +167,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="markdown path (.json and .png next to it; default: the repository's report)")
     parser.add_argument("--smoke", action="store_true", help="one small drawn case instead of the golden ones")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--device", default="cpu", help="torch device of the runs (default cpu)")
+    parser.add_argument("--backend", default="reference", choices=("reference", "triton"),
+                        help="the whole op's backend for the policy runs (triton: the kernels, where they express "
+                             "the variant; on CPU Triton's interpreter, slow)")
     command = (provenance.command_line() if argv is None
                else " ".join(["python scripts/rank_whole_op_sites.py", *argv]))
     args = parser.parse_args(argv)
@@ -167,12 +181,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         chosen, skipped = select_cases(args.cases.split(",") if args.cases else None, args.dtype)
     if not chosen:
         raise SystemExit(f"site_ranking: no {args.dtype} golden case to rank (skipped: {skipped})")
+    device = torch.device(args.device)
+    chosen = {name: (_on_device(x, device), _on_device(base, device)) for name, (x, base) in chosen.items()}
     started = time.monotonic()
     result = rank_sites([x for x, _ in chosen.values()], args.policy, [base for _, base in chosen.values()],
-                        op=registry.WHOLE_OP, progress=not args.quiet, names=list(chosen))
+                        op=registry.WHOLE_OP, progress=not args.quiet, names=list(chosen), backend=args.backend)
     seconds = time.monotonic() - started
     dtype = str(next(iter(chosen.values()))[0]["Q"].dtype).replace("torch.", "")
     write_report(result, args.out, dtype=dtype, skipped=skipped, seconds=seconds, command=command,
-                 smoke=args.smoke)
+                 smoke=args.smoke, device=str(device), backend=args.backend)
     print(f"wrote {args.out} ({seconds:.0f} s)")
     return 0

@@ -42,6 +42,7 @@ from ..metrics import rel_rms
 from ..ops.mamba3_mimo.autograd import mamba3_mimo
 from ..ops.mamba3_mimo.cases import OP_INPUT_NAMES
 from ..ops.mamba3_mimo.fp64_model import mamba3_mimo_fp64
+from ..ops.mamba3_mimo.runs import backend_for  # noqa: F401  (re-exported: the training study's backend rule)
 from .. import provenance
 
 #: The site the demo's fourth policy turns off: the switch ranked first by score in the one-site-off ranking of the
@@ -112,23 +113,6 @@ class DemoConfig:
     eval_every: int = 10
     device: str = "cpu"
     backend: str = "reference"
-
-
-def backend_for(policy, backend: str) -> str:
-    """The op's backend for one policy of a run asked to use ``backend``: ``"triton"`` only where the kernels can
-    express the policy (``fp64`` and other float64 or unrounded policies run the reference)."""
-    if backend == "reference":
-        return backend
-    if backend != "triton":
-        raise ValueError(f"backend must be 'reference' or 'triton', got {backend!r}")
-    from .. import kernels
-
-    try:
-        for operator in ("mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "mamba_mimo_bwd_bwd"):
-            kernels.operator_constexprs(policy, operator)
-    except kernels.UnsupportedPolicyError:
-        return "reference"
-    return "triton"
 
 
 def policy_from_label(label: str):

@@ -191,6 +191,33 @@ def test_site_ranking_generator_smoke(tmp_path):
     assert plots.is_png(out.with_suffix(".png"))
 
 
+def test_site_ranking_runs_each_variant_on_the_backend_that_expresses_it(tmp_path, monkeypatch):
+    """``--backend triton``: every policy run asks for the kernels where ``runs.backend_for`` says they express the
+    variant, the fp64 baseline runs the FP64 model, and the report says so. (The runs themselves are replaced by one
+    recorded reference run: the kernels' agreement with the reference is gated in the kernel tests.)"""
+    x = cases.make_op_inputs(cases.small_case())
+    recorded = runs.policy_run(x, "upstream_sm90")
+    calls = []
+
+    def fake_policy_run(inputs, policy, *, backend="reference"):
+        calls.append((sensitivity._presets.resolve(policy), backend))
+        return recorded
+
+    monkeypatch.setattr(runs, "policy_run", fake_policy_run)
+    monkeypatch.setattr(site_ranking, "smoke_cases", lambda: {"small": (x, recorded)})
+    out = tmp_path / "ranking.md"
+    assert site_ranking.main(["--smoke", "--quiet", "--backend", "triton", "--out", str(out)]) == 0
+    assert len(calls) > 10 and all(backend == runs.backend_for(p, "triton") for p, backend in calls)
+    assert {backend for _, backend in calls} == {"triton"}  # every one-off variant of upstream_sm90 has kernels
+    assert calls[0][0].name == "upstream_sm90"
+    assert "the policy runs on the Triton kernels" in out.read_text()
+    assert json.loads(out.with_suffix(".json").read_text())["backend"] == "triton"
+    with pytest.raises(ValueError, match="backend must be 'reference' or 'triton'"):
+        sensitivity.rank_sites_one_off(x, "upstream_sm90", [recorded], backend="cuda")
+    with pytest.raises(ValueError, match="is for the whole op"):
+        sensitivity.rank_sites(x, "upstream_sm90", op="mamba_mimo_fwd", backend="triton")
+
+
 @pytest.mark.slow
 def test_golden_ranking_script_writes_its_report(tmp_path):
     """The generator of reports/mamba3_mimo_site_ranking.md on two golden cases."""

@@ -88,6 +88,27 @@ def op_outputs(run: Run) -> Dict[str, Optional[torch.Tensor]]:
 
 
 # ---------------------------------------------------------------------------------------------------- runs
+def backend_for(policy, backend: str) -> str:
+    """The op's backend for one policy of a study asked to use ``backend``: ``"triton"`` only where the kernels
+    can express the policy (``fp64`` and other float64 or unrounded policies run the reference).
+
+    Raises:
+        ValueError: ``backend`` is not ``"reference"`` or ``"triton"``.
+    """
+    if backend == "reference":
+        return backend
+    if backend != "triton":
+        raise ValueError(f"backend must be 'reference' or 'triton', got {backend!r}")
+    from ... import kernels  # imports triton only when asked for
+
+    try:
+        for operator in ("mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "mamba_mimo_bwd_bwd"):
+            kernels.operator_constexprs(_presets.resolve(policy), operator)
+    except kernels.UnsupportedPolicyError:
+        return "reference"
+    return "triton"
+
+
 def run_op(inputs: dict, policy, *, backend: str = "reference",
            record: Optional[dict] = None) -> Dict[str, Optional[torch.Tensor]]:
     """``mamba3_mimo`` forward and ``backward(dout)`` on fresh leaves of ``inputs`` (golden names): ``Out`` and
