@@ -17,16 +17,18 @@ CUDA_GRAPH_MIN_CHUNKS = 64
 
 
 def recurrence_loop(steps: torch.Tensor, decay: torch.Tensor, states: torch.Tensor, nchunks: int,
-                    n_steps: int, reverse: bool = False) -> None:
+                    n_steps: int, reverse: bool = False, final: bool = False) -> None:
     """h_0 = 0; h_{c+1} = (((h_c·decay_c) + steps_0) + steps_1) + ...; writes h_c into ``states[c]``. ``reverse``:
-    the same walk from the last chunk down, D_{nc−1} = 0, D_{c−1} = ((D_c·decay_c) + steps_0) + ...
+    the same walk from the last chunk down, D_{nc−1} = 0, D_{c−1} = ((D_c·decay_c) + steps_0) + ...; ``final``
+    (forward only): one step more, h_nc (the state after the last chunk) into ``states[nc]``.
 
     Args:
         steps (Tensor): [nc·n_steps, B, H, N, P] the chunk sums (one per accumulate step), chunk c's at
-            ``c·n_steps ...``. decay (Tensor): [nc, B, H, 1, 1]. states (Tensor): [nc, B, H, N, P], written.
+            ``c·n_steps ...``. decay (Tensor): [nc, B, H, 1, 1]. states (Tensor): [nc (+ 1 with ``final``), B, H,
+            N, P], written.
     """
     step_views, decay_views, state_views = steps.unbind(0), decay.unbind(0), states.unbind(0)
-    order = range(nchunks - 1, 0, -1) if reverse else range(nchunks - 1)
+    order = range(nchunks - 1, 0, -1) if reverse else range(nchunks if final else nchunks - 1)
     state_views[nchunks - 1 if reverse else 0].zero_()
     h = torch.empty_like(state_views[0])
     for c in order:
@@ -38,14 +40,15 @@ def recurrence_loop(steps: torch.Tensor, decay: torch.Tensor, states: torch.Tens
 
 
 def recurrence_states(steps: torch.Tensor, decay: torch.Tensor, *, nchunks: int, n_steps: int,
-                      reverse: bool = False) -> torch.Tensor:
-    """:func:`recurrence_loop` into a new ``[nc, B, H, N, P]`` tensor (the step ``cuda_graph.replayed`` captures)."""
-    states = torch.empty((nchunks,) + steps.shape[1:], dtype=steps.dtype, device=steps.device)
-    recurrence_loop(steps, decay, states, nchunks, n_steps, reverse)
+                      reverse: bool = False, final: bool = False) -> torch.Tensor:
+    """:func:`recurrence_loop` into a new ``[nc (+ 1 with final), B, H, N, P]`` tensor (the step
+    ``cuda_graph.replayed`` captures)."""
+    states = torch.empty((nchunks + int(final),) + steps.shape[1:], dtype=steps.dtype, device=steps.device)
+    recurrence_loop(steps, decay, states, nchunks, n_steps, reverse, final)
     return states
 
 
-def chunk_recurrence(steps: torch.Tensor, decay: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+def chunk_recurrence(steps: torch.Tensor, decay: torch.Tensor, reverse: bool = False, final: bool = False):
     """The decayed sum carried across chunks, its additions in the modelled order.
 
     Forward: h_0 = 0, h_{c+1} = ((h_c·decay_c) + steps[c, 0]) + steps[c, 1] + ...; ``reverse``: D_{nc−1} = 0,
@@ -55,25 +58,32 @@ def chunk_recurrence(steps: torch.Tensor, decay: torch.Tensor, reverse: bool = F
         steps (Tensor): [B, H, nc, n_steps, N, P] the terms added in each chunk, in order.
         decay (Tensor): [B, H, nc].
 
+        final (bool): forward only: also h_nc, the state after the last chunk (the same walk one step further).
+
     Returns:
         Tensor: [B, H, nc, N, P]; entry c is h_c (``reverse``: D_c), in ``steps``' dtype; forward: a chunk-major
-        view, ``reverse``: contiguous.
+        view, ``reverse``: contiguous. With ``final`` a pair ``(states, h_nc [B, H, N, P])``.
     """
+    if final and reverse:
+        raise ValueError("final=True is the forward walk's last step; the reverse walk has none")
     nchunks, n_steps = steps.shape[2], steps.shape[3]
     # chunk-major copies: steps [nc * n_steps, B, H, N, P], decay [nc, B, H, 1, 1]
     steps = steps.permute(2, 3, 0, 1, 4, 5).reshape((nchunks * n_steps,) + steps.shape[:2] + steps.shape[4:])
     decay = decay.permute(2, 0, 1)[..., None, None].contiguous()
     if steps.is_cuda and nchunks >= CUDA_GRAPH_MIN_CHUNKS and USE_CUDA_GRAPHS:
-        states = replayed(recurrence_states, steps, decay, nchunks=nchunks, n_steps=n_steps, reverse=reverse)
+        states = replayed(recurrence_states, steps, decay, nchunks=nchunks, n_steps=n_steps, reverse=reverse,
+                          final=final)
     else:
-        states = recurrence_states(steps, decay, nchunks=nchunks, n_steps=n_steps, reverse=reverse)
+        states = recurrence_states(steps, decay, nchunks=nchunks, n_steps=n_steps, reverse=reverse, final=final)
+    if final:
+        return states[:nchunks].permute(1, 2, 0, 3, 4), states[nchunks]
     states = states.permute(1, 2, 0, 3, 4)
     # the layouts the references had before they shared this walk: the forward's the chunk-major view, the reverse
     # walk's a contiguous [B, H, nc, N, P] (a GEMM reads its operands in the order of their strides)
     return states.contiguous() if reverse else states
 
 
-def state_recurrence(k_state: torch.Tensor, psiv: torch.Tensor, decay: torch.Tensor, policy) -> torch.Tensor:
+def state_recurrence(k_state: torch.Tensor, psiv: torch.Tensor, decay: torch.Tensor, policy, final: bool = False):
     """States at the start of every chunk (S41–S45).
 
     Args:
@@ -83,8 +93,11 @@ def state_recurrence(k_state: torch.Tensor, psiv: torch.Tensor, decay: torch.Ten
         policy: its ``state_update`` (``"separate"``: one GEMM per chunk added to the decayed state;
             ``"accumulate_into"``: the GEMM adds into it in slices of ``STATE_ACCUMULATE_ROWS`` rows).
 
+        final (bool): also return h_nc ``[B, H, N, P]``, the state after the last chunk (upstream's
+            ``FINAL_STATE``), the walk's next step.
+
     Returns:
-        Tensor: [B, H, nc, N, P] h_c, unrounded, in the math dtype.
+        Tensor: [B, H, nc, N, P] h_c, unrounded, in the math dtype; with ``final`` a pair ``(h, h_nc)``.
     """
     batch, heads, nchunks, rows, _ = k_state.shape
     kt = k_state.transpose(-1, -2)  # [B, H, nc, N, L]
@@ -94,4 +107,4 @@ def state_recurrence(k_state: torch.Tensor, psiv: torch.Tensor, decay: torch.Ten
         slices = [kt[..., s:s + STATE_ACCUMULATE_ROWS] @ psiv[..., s:s + STATE_ACCUMULATE_ROWS, :]
                   for s in range(0, rows, STATE_ACCUMULATE_ROWS)]
         steps = torch.stack(slices, dim=3)  # [B, H, nc, n_slices, N, P]
-    return chunk_recurrence(steps, decay)
+    return chunk_recurrence(steps, decay, final=final)

@@ -88,6 +88,13 @@ class ChunkPairs:
         """``Σ_{c' < c} E[c, c'] totals[c']`` for every chunk ``c``: ``totals [B, H, nc, ...]`` -> same shape."""
         return torch.einsum("bhcd,bhd...->bhc...", self.decay, totals)
 
+    def to_end(self, totals: torch.Tensor) -> torch.Tensor:
+        """``Σ_c exp(Σ_{c < k < nc} Λ_k) totals[c]``: each chunk's total carried past every later chunk's decay to
+        the end of the sequence (the state after the last chunk). ``totals [B, H, nc, ...]`` -> ``[B, H, ...]``."""
+        later = torch.zeros_like(self.lam)  # Σ_{k > c} Λ_k
+        later[..., :-1] = self.lam[..., 1:].flip(-1).cumsum(-1).flip(-1)
+        return torch.einsum("bhc,bhc...->bh...", torch.exp(later), totals)
+
     def from_later_chunks(self, totals: torch.Tensor) -> torch.Tensor:
         """``Σ_{c > c'} E[c, c'] totals[c]`` for every chunk ``c'``: ``totals [B, H, nc, ...]`` -> same shape."""
         return torch.einsum("bhcd,bhc...->bhd...", self.decay, totals)

@@ -36,7 +36,13 @@ and the FP32 epilogue have no kernel yet and run the reference (on Ascend stage 
 bounds, :func:`triton_stages`): each call says so with a :class:`BackendFallbackWarning` naming them
 (:data:`TRITON_STAGES`), once per message and code location (Python's default warning filter).
 
-Not implemented (they raise ``NotImplementedError``): ``return_state=True`` and ``cu_seqlens`` (varlen).
+``return_state=True`` returns ``(Out, Final_Angle, Final_SSM_State, Final_K, Final_V)`` as upstream does: the angle
+walk's state after the last chunk (``remainder(·, 2π)``) ``[B, H, K]``, the SSM state after the last chunk
+``[B, H, P, N]`` (fp32), the last token's biased, rotated K ``[B, R, H, N]`` (lp) and ``V[:, -1]`` ``[B, H, P]``,
+all non-differentiable side outputs (as upstream's: a loss of them gets no gradient). Reference and fp64 chains
+only (the kernels have no final-state path yet: ``backend="triton"`` raises ``NotImplementedError``).
+
+Not implemented (it raises ``NotImplementedError``): ``cu_seqlens`` (varlen).
 Upstream's own limits are checked up front when a gradient is needed: the backward needs ``S % chunk_size == 0``
 and ``G`` in ``{1, H}`` (upstream asserts in its Triton helpers and raises in ``mamba_mimo_bwd_combined``).
 Upstream's forward clamps the chunk log-decays to ``<= 0`` and its backward differentiates as if it did not
@@ -45,6 +51,7 @@ Upstream's forward clamps the chunk log-decays to ``<= 0`` and its backward diff
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -92,6 +99,7 @@ class _Config:
     chunk_size: int
     rotary_dim_divisor: int
     record: Optional[MutableMapping]
+    return_state: bool = False
 
 
 def _check_float64_inputs(tensors: Dict[str, Optional[torch.Tensor]], dtype, lp_dtype: torch.dtype) -> None:
@@ -174,14 +182,21 @@ class _Mamba3MimoFunction(torch.autograd.Function):
     def forward(ctx, config: _Config, *tensors):
         inputs = dict(zip(OP_INPUT_NAMES, tensors))
         inputs["chunk_size"], inputs["rotary_dim_divisor"] = config.chunk_size, config.rotary_dim_divisor
-        pre = chain.run_preprocess(inputs, config.policy, record=config.record)
-        out = chain.run_forward(inputs, pre, config.policy, backend=config.backend, record=config.record)
+        pre = chain.run_preprocess(inputs, config.policy, record=config.record, return_state=config.return_state)
+        out = chain.run_forward(inputs, pre, config.policy, backend=config.backend, record=config.record,
+                                return_state=config.return_state)
         ctx.config, ctx.pre = config, pre
         ctx.save_for_backward(*tensors)
-        return out
+        if not config.return_state:
+            return out
+        final = (torch.remainder(pre.pop("final_angle"), 2 * math.pi),  # upstream's remainder, 2π as its dtype
+                 out["final_state"].permute(0, 1, 3, 2).contiguous(),  # [B, H, N, P] -> [B, H, P, N]
+                 out["final_k"].contiguous(), inputs["V"][:, -1].clone())
+        ctx.mark_non_differentiable(*final)
+        return (out["o"],) + final
 
     @staticmethod
-    def backward(ctx, dout):
+    def backward(ctx, dout, *final_state_grads):  # the final state is a non-differentiable side output
         config = ctx.config
         inputs = dict(zip(OP_INPUT_NAMES, ctx.saved_tensors))
         inputs["chunk_size"], inputs["rotary_dim_divisor"] = config.chunk_size, config.rotary_dim_divisor
@@ -256,24 +271,31 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
             of ``mamba_mimo_fwd``, ``mamba_mimo_bwd_fwd`` and ``mamba_mimo_bwd_bwd``.
         backend (str): ``"reference"`` or ``"triton"`` (the three operators by kernel; :data:`TRITON_STAGES`).
         record (dict, optional): filled with the named stages of the chain (module docstring).
-        return_state, cu_seqlens: upstream's final-state and varlen paths: not implemented (they raise).
+        return_state (bool): also return upstream's final state for decoding (module docstring); reference and
+            fp64 chains only.
+        cu_seqlens: upstream's varlen path: not implemented (it raises).
 
     Returns:
         Tensor: ``Out``, ``[B, S, H, P]`` with ``MIMO_Out``, else ``[B, S, R, H, P]``; lp in the float32 chain,
         float64 under ``fp64``. Under ``fp64`` the 14 tensors may all be float64 (:data:`FLOAT64_INPUTS_RULE`):
         then every ``.grad`` is float64, the gradient itself rather than autograd's cast of it to a bf16 input.
+        With ``return_state``: ``(Out, Final_Angle [B, H, K], Final_SSM_State [B, H, P, N], Final_K [B, R, H, N],
+        Final_V [B, H, P])``, the last four non-differentiable.
 
     Raises:
-        NotImplementedError: ``return_state``, ``cu_seqlens``, a policy the chain cannot run (``chain.chain_kind``).
+        NotImplementedError: ``cu_seqlens``, ``return_state`` with ``backend="triton"``, a policy the chain cannot
+            run (``chain.chain_kind``).
         PolicyUndefined: a policy without a section of the chain (``seed_bf16``).
         TypeError, ValueError: bad inputs, naming the argument (:func:`validate_op_inputs`, then each operator's
             own validation).
         ImportError, UnsupportedPolicyError: ``backend="triton"`` without Triton or with a policy the kernels
             cannot express.
     """
-    if return_state:
-        raise NotImplementedError("return_state=True (final angle, SSM state, K and V for decoding) is not "
-                                  "implemented by mimo_numerics' mamba3_mimo")
+    if not isinstance(return_state, bool):
+        raise TypeError(f"return_state must be a bool, got {type(return_state).__name__}")
+    if return_state and backend == "triton":
+        raise NotImplementedError("return_state=True with backend='triton': the forward kernels have no final-state "
+                                  "path yet; use backend='reference'")
     if cu_seqlens is not None:
         raise NotImplementedError("cu_seqlens (the varlen kernels mamba3_mimo_*_varlen.py) is not implemented by "
                                   "mimo_numerics' mamba3_mimo")
@@ -289,7 +311,7 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
                        needs_backward=needs_backward, wide=chain.chain_kind(policy) == "fp64")
     _check_backend(backend, policy, tensors, chunk_size)
     config = _Config(policy=policy, backend=backend, chunk_size=chunk_size, rotary_dim_divisor=rotary_dim_divisor,
-                     record=record)
+                     record=record, return_state=return_state)
     return _Mamba3MimoFunction.apply(config, *tensors.values())
 
 

@@ -204,13 +204,18 @@ def _per_batch_slice(step, inputs: dict, pre: dict, *rest: dict, record: Optiona
 
 
 # ---------------------------------------------------------------------------------------------------- steps
-def preprocess(inputs: dict, math_dtype) -> Dict[str, torch.Tensor]:
+def preprocess(inputs: dict, math_dtype, return_state: bool = False) -> Dict[str, torch.Tensor]:
     """Upstream's preprocessing (``angle_dt_fwd``, ``compute_dacs_segsum_triton``) in ``math_dtype``: golden
-    ``pre`` names."""
+    ``pre`` names; ``return_state`` adds ``final_angle`` ``[B, H, K]``, the angle walk's state after the last chunk
+    (``angle_dt_fwd``'s ``output_state``)."""
     C = inputs["chunk_size"]
     da_cs, da_cs_rev, segsum = dacs_segsum(inputs["ADT"], C, math_dtype=math_dtype)
-    return {"angles_cumsum": angle_cumsum(inputs["Angles"], inputs["DT"], C, math_dtype=math_dtype),
-            "da_cs": da_cs, "da_cs_rev": da_cs_rev, "segsum": segsum}
+    angles = angle_cumsum(inputs["Angles"], inputs["DT"], C, math_dtype=math_dtype, return_final_state=return_state)
+    pre = {"angles_cumsum": angles[0] if return_state else angles, "da_cs": da_cs, "da_cs_rev": da_cs_rev,
+           "segsum": segsum}
+    if return_state:
+        pre["final_angle"] = angles[1]
+    return pre
 
 
 @contextlib.contextmanager
@@ -258,23 +263,40 @@ def _store(record: Optional[dict], prefix: str, values: Optional[dict]) -> None:
                 record[f"{prefix}.{name}"] = value
 
 
-def run_preprocess(inputs: dict, policy, *, record: Optional[dict] = None) -> Dict[str, torch.Tensor]:
-    """The preprocessing in the chain's math dtype; ``record`` gets ``mamba3_mimo_preprocess.<name>``."""
+def run_preprocess(inputs: dict, policy, *, record: Optional[dict] = None,
+                   return_state: bool = False) -> Dict[str, torch.Tensor]:
+    """The preprocessing in the chain's math dtype; ``record`` gets ``mamba3_mimo_preprocess.<name>``;
+    ``return_state``: with ``final_angle`` (:func:`preprocess`)."""
     kind = chain_kind(policy)
-    pre = preprocess(inputs, torch.float32 if kind == "reference" else _F64)
+    pre = preprocess(inputs, torch.float32 if kind == "reference" else _F64, return_state=return_state)
     _store(record, "mamba3_mimo_preprocess", pre)
     return pre
 
 
 def run_forward(inputs: dict, pre: dict, policy, *, backend: str = "reference",
-                record: Optional[dict] = None) -> torch.Tensor:
+                record: Optional[dict] = None, return_state: bool = False):
     """``Out`` of the forward operator under ``policy`` (the FP64 oracle under the fp64 chain).
 
     ``backend="triton"`` runs ``mimo_numerics.kernels.mamba_mimo_fwd`` (reference chain only). ``record`` gets
     ``mamba_mimo_fwd.<stage>`` (the reference's ``spec.STAGES``, the kernel's as well; none under fp64) and
-    ``mamba_mimo_fwd.outputs.o``.
+    ``mamba_mimo_fwd.outputs.o``. ``return_state`` (reference and fp64 chains; the kernels have no final-state
+    path): a dict ``{"o", "final_state" [B, H, N, P], "final_k" [B, R, H, N]}`` (upstream's ``FINAL_STATE``,
+    ``FINAL_K``), also recorded under ``mamba_mimo_fwd.outputs``.
     """
     policy = _presets.resolve(policy)
+    if return_state:
+        if backend == "triton" and chain_kind(policy) != "fp64":
+            raise NotImplementedError("return_state=True with backend='triton': the forward kernels have no "
+                                      "final-state path yet; use backend='reference'")
+        if chain_kind(policy) == "fp64":
+            o, final_state, final_k = mamba_mimo_fwd_oracle(*forward_args(inputs, pre), **stage2_kwargs(inputs),
+                                                            return_state=True)
+            result = {"o": o, "final_state": final_state, "final_k": final_k}
+        else:
+            result = _per_batch_slice(lambda x, p, rec: _forward_reference(x, p, policy, rec, True), inputs, pre,
+                                      record=record)
+        _store(record, "mamba_mimo_fwd.outputs", result)
+        return result
     if chain_kind(policy) == "fp64":
         out = mamba_mimo_fwd_oracle(*forward_args(inputs, pre), **stage2_kwargs(inputs))
     elif backend == "triton":
@@ -290,11 +312,12 @@ def run_forward(inputs: dict, pre: dict, policy, *, backend: str = "reference",
     return out
 
 
-def _forward_reference(inputs: dict, pre: dict, policy, record: Optional[dict]) -> torch.Tensor:
+def _forward_reference(inputs: dict, pre: dict, policy, record: Optional[dict], return_state: bool = False):
     stages = None if record is None else {}
-    out = mamba_mimo_fwd(*forward_args(inputs, pre), **stage2_kwargs(inputs), policy=policy, record=stages).o
+    out = mamba_mimo_fwd(*forward_args(inputs, pre), **stage2_kwargs(inputs), policy=policy, record=stages,
+                         return_state=return_state)
     _store(record, "mamba_mimo_fwd", stages)
-    return out
+    return out.as_dict() if return_state else out.o
 
 
 def run_stage1(inputs: dict, pre: dict, policy, *, backend: str = "reference",

@@ -63,7 +63,7 @@ def _silu(x: torch.Tensor) -> torch.Tensor:
 
 def mamba3_mimo_fp64(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D, Z,
                      chunk_size: int = 16, rotary_dim_divisor: int = 4, *,
-                     clamp_backward: str = "upstream") -> torch.Tensor:
+                     clamp_backward: str = "upstream", return_state: bool = False):
     """``mamba3_mimo``'s output in float64 from its raw inputs (module docstring for the math).
 
     Args (upstream's ``mamba3_mimo`` order; any floating dtype, computed in float64; give float64 leaves with
@@ -77,9 +77,13 @@ def mamba3_mimo_fp64(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIM
         chunk_size (int): C >= 1 (where the clamps apply). rotary_dim_divisor (int): 2 or 4.
         clamp_backward (str): ``"upstream"`` (gradient through the clamp as if absent, as upstream's backward) or
             ``"exact"``.
+        return_state (bool): also the state a decode step continues from (upstream's ``return_state=True``).
 
     Returns:
         Tensor: float64, ``[B, S, H, P]`` with ``MIMO_Out``, else ``[B, S, R, H, P]``; part of the autograd graph.
+        With ``return_state``: ``(Out, angle [B, H, K], ssm [B, H, P, N], k [B, R, H, N], v [B, H, P])``: ``θ`` of
+        the last token mod 2π, the state ``h`` after the last chunk (transposed, as upstream returns it), the last
+        token's ``k̃`` and ``V``.
 
     Raises:
         TypeError, ValueError: naming the argument.
@@ -140,5 +144,10 @@ def mamba3_mimo_fp64(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIM
     if Z is not None:
         o = o * _silu(x64["Z"].permute(0, 2, 1, 3)[:, :, :, None, :] * x64["MIMO_Z"][None, :, None])
     if MIMO_Out is not None:
-        return torch.einsum("bhsrp,hrp->bshp", o, x64["MIMO_Out"])
-    return o.permute(0, 2, 3, 1, 4)  # [B, S, R, H, P]
+        out = torch.einsum("bhsrp,hrp->bshp", o, x64["MIMO_Out"])
+    else:
+        out = o.permute(0, 2, 3, 1, 4)  # [B, S, R, H, P]
+    if not return_state:
+        return out
+    final_angle = torch.remainder(theta[:, :, -1, 0], 2.0 * math.pi)  # [B, H, K]
+    return (out, final_angle, state.transpose(-1, -2), k_rot[:, :, -1].transpose(1, 2), x64["V"][:, -1])

@@ -188,7 +188,7 @@ def _entering_angles(sums: torch.Tensor) -> torch.Tensor:
 
 
 def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, math_dtype: DtypeLike,
-                 tanh: str = "accurate") -> torch.Tensor:
+                 tanh: str = "accurate", return_final_state: bool = False):
     """Cumulative rotary angles of ``angle_dt_fwd``: ``(Σ_{u <= t} π·tanh(angles_u)·dt_u) mod 2π``.
 
     Args:
@@ -200,9 +200,13 @@ def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, mat
             not bit-exact, the hardware tanh is not reproducible), ``torch.float64`` for the definition in float64.
         tanh (str): ``"accurate"``: torch's tanh in the math dtype. (Upstream's ``tanh.approx.f32`` cannot be
             emulated; asking for ``"upstream"`` raises.)
+        return_final_state (bool): also return the walk's state after the last chunk, ``[B, H, K]`` (upstream's
+            ``return_output_state=True``: in float32 ``(state + Σ chunk) mod 2π₃₂`` after the last chunk, so not
+            the last token's cumulative angle bit for bit; in float64 the total mod 2π).
 
     Returns:
-        Tensor: ``[B, S, H, K]`` in the math dtype, in ``[0, 2π)``, on the input device.
+        Tensor: ``[B, S, H, K]`` in the math dtype, in ``[0, 2π)``, on the input device; with
+        ``return_final_state`` a pair ``(cumulative angles, final state [B, H, K])``.
 
     Raises:
         TypeError, ValueError: naming the argument.
@@ -226,7 +230,8 @@ def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, mat
     if math_dtype == torch.float64:
         angles64 = angles.to(torch.float64)
         increments = math.pi * torch.tanh(angles64) * dt.to(torch.float64).permute(0, 2, 1)[..., None]
-        return torch.remainder(torch.cumsum(increments, dim=1), 2.0 * math.pi)
+        cumsum = torch.remainder(torch.cumsum(increments, dim=1), 2.0 * math.pi)
+        return (cumsum, cumsum[:, -1].clone()) if return_final_state else cumsum
 
     vals = (torch.tanh(angles.to(torch.float32)) * _PI_F32) * dt.to(torch.float32).permute(0, 2, 1)[..., None]
     nc = -(-S // chunk_size)
@@ -238,7 +243,10 @@ def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, mat
     scans, sums = _triton_scan(chunks, per_thread, lanes), _butterfly_sum(chunks)  # [B, nc, H, K, C], [B, nc, H, K]
     entering = _entering_angles(sums)
     out = _mod_two_pi_f32(scans + entering[..., None])
-    return out.permute(0, 1, 4, 2, 3).reshape(B, nc * chunk_size, H, K)[:, :S].contiguous()
+    out = out.permute(0, 1, 4, 2, 3).reshape(B, nc * chunk_size, H, K)[:, :S].contiguous()
+    if return_final_state:  # the walk's next step after the last chunk (padded rows added 0)
+        return out, _mod_two_pi_f32(entering[:, -1] + sums[:, -1])
+    return out
 
 
 def dacs_segsum(adt: torch.Tensor, chunk_size: int, *, math_dtype: DtypeLike

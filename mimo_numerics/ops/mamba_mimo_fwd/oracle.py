@@ -53,7 +53,8 @@ def _rotate_pairs(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
 
 
 def mamba_mimo_fwd_oracle(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt,
-                          trap, segsum, chunk_size: int = 16, rotary_dim_divisor: int = 4) -> torch.Tensor:
+                          trap, segsum, chunk_size: int = 16, rotary_dim_divisor: int = 4,
+                          return_state: bool = False):
     """The forward kernel's output in float64 with no rounding (module docstring for the math).
 
     Args (upstream's ``mamba_mimo_forward`` order):
@@ -66,10 +67,14 @@ def mamba_mimo_fwd_oracle(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z,
         da_cs, da_cs_rev, dt (Tensor): ``[B, H, S]``. trap (Tensor): ``[B, H, S]``, before the sigmoid.
         segsum (Tensor): ``[B, H, nc, C, C]``.
         chunk_size (int): C. rotary_dim_divisor (int): 2 or 4.
+        return_state (bool): also the final state and k of upstream's ``return_state=True``.
         Dtypes: see ``validation.validate_inputs`` (upstream's, or float64).
 
     Returns:
-        Tensor: float64 on the input device, ``[B, S, H, P]`` with ``mimo_o``, else ``[B, S, R, H, P]``.
+        Tensor: float64 on the input device, ``[B, S, H, P]`` with ``mimo_o``, else ``[B, S, R, H, P]``. With
+        ``return_state`` a triple ``(o, final_state [B, H, N, P], final_k [B, R, H, N])``: the state after the
+        last chunk, ``Σ_s exp(da_cs_rev[s] + Σ_{c_s < c < nc} Λ_c) (γ + γ')[s] Σ_r k̃[s, r]ᵀ ΨV[s, r]``, and the
+        last token's biased, rotated k.
 
     Raises:
         TypeError, ValueError: from ``validation.validate_inputs``, naming the argument.
@@ -113,5 +118,9 @@ def mamba_mimo_fwd_oracle(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z,
         x = z.to(_F64).permute(0, 2, 1, 3)[:, :, :, None, :] * mimo_z.to(_F64)[None, :, None]
         out = out * (x * torch.sigmoid(x))
     if dims.reduce_o:
-        return (out * mimo_o.to(_F64)[None, :, None]).sum(dim=3).permute(0, 2, 1, 3).contiguous()
-    return out.permute(0, 2, 3, 1, 4).contiguous()  # [B, H, S, R, P] -> [B, S, R, H, P]
+        o = (out * mimo_o.to(_F64)[None, :, None]).sum(dim=3).permute(0, 2, 1, 3).contiguous()
+    else:
+        o = out.permute(0, 2, 3, 1, 4).contiguous()  # [B, H, S, R, P] -> [B, S, R, H, P]
+    if not return_state:
+        return o
+    return o, pairs.to_end(totals), k_rot[:, :, S - 1].permute(0, 2, 1, 3).contiguous()

@@ -34,7 +34,7 @@ from .._common.chunked import (biased_heads, chunk_decay, chunk_outputs, diagona
 from .._common.recurrence import state_recurrence
 from .._common.rounder import SiteRounder
 from .sites import SITES  # noqa: F401  (the forward's sites, for readers of this module)
-from .spec import MimoFwdOutputs
+from .spec import MimoFwdOutputs, MimoFwdStateOutputs
 from .validation import validate_inputs
 
 #: The policy section this reference reads.
@@ -63,14 +63,15 @@ def mamba_mimo_fwd(
             preset that defines no forward semantics, such as ``seed_bf16``, raises ``PolicyUndefined``); the lp
             inputs must have its ``lp_dtype``.
         record (dict, optional): filled with the stages of ``spec.STAGES`` (math dtype, S tokens).
-        return_state, cu_seqlens: upstream's final-state and varlen paths, not implemented (they raise).
+        return_state (bool): also return upstream's ``FINAL_STATE`` and ``FINAL_K`` (``spec.MimoFwdStateOutputs``).
+        cu_seqlens: upstream's varlen path, not implemented (it raises).
 
     Returns:
         MimoFwdOutputs: ``o`` ``[B, S, H, P]`` (reduced) or ``[B, S, R, H, P]``, in lp, or unrounded in the
-        math dtype when ``policy.round_outputs`` is false.
+        math dtype when ``policy.round_outputs`` is false. With ``return_state``: ``MimoFwdStateOutputs``, adding
+        ``final_state`` ``[B, H, N, P]`` (the state after the last chunk, the walk's next step: fp32, unrounded)
+        and ``final_k`` ``[B, R, H, N]`` (the last token's biased, rotated k, stored as ``o`` is).
     """
-    if return_state:
-        raise NotImplementedError("return_state=True (FINAL_STATE, FINAL_K) is not implemented by the reference")
     if cu_seqlens is not None:
         raise NotImplementedError("cu_seqlens (the varlen kernel mamba3_mimo_fwd_varlen.py) is not implemented "
                                   "by the reference")
@@ -82,11 +83,12 @@ def mamba_mimo_fwd(
     tensors = [None if t is None else t.contiguous() for t in (q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d,
                                                                 mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum)]
     with ieee_fp32_matmul():
-        return _forward(*tensors, dims=dims, policy=policy, switches=switches, record=record)
+        return _forward(*tensors, dims=dims, policy=policy, switches=switches, record=record,
+                        return_state=bool(return_state))
 
 
 def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum, *,
-             dims: Dims, policy, switches, record) -> MimoFwdOutputs:
+             dims: Dims, policy, switches, record, return_state: bool = False):
     md = policy.math_torch_dtype
     rnd = SiteRounder(policy, OPERATOR_NAME)
     B, S, H, R, C, nc = dims.batch, dims.seqlen, dims.heads, dims.rank, dims.chunk_size, dims.nchunks
@@ -118,6 +120,8 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
     k_rot = rotate(k_biased, cos, sin, dims, rnd)
     k_scaled = rnd("k_scaled", k_rot * trap_scale[..., None, None])
     put("q_rot", tokens(q_rot)), put("k_rot", tokens(k_rot)), put("k_scaled", tokens(k_scaled))
+    # FINAL_K (L275-279): the last real token's rotated k (as the kernel holds it, before the trapezoid scale)
+    final_k = k_rot[:, :, S - 1].permute(0, 2, 1, 3) if return_state else None  # [B, R, H, N]
     del k_rot  # each dead intermediate is freed as soon as it is dead (memory only: the bits do not depend on it)
 
     # ---------------------------------------------------------------- state recurrence (L386-407)
@@ -133,7 +137,8 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
         return x.reshape(B, H, Sp, R, x.shape[-1])
 
     psiv_c = chunked(psiv)
-    state = state_recurrence(chunked(k_state), psiv_c, decay, policy)  # [B, H, nc, N, P]
+    state = state_recurrence(chunked(k_state), psiv_c, decay, policy, final=return_state)  # [B, H, nc, N, P]
+    state, final_state = state if return_state else (state, None)  # final: [B, H, N, P] (L406-413)
     state_operand = rnd("state_operand", state)
     put("state", state), put("state_operand", state_operand)
     del state, k_state
@@ -179,4 +184,7 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
         o = rnd.output(gated).permute(0, 2, 3, 1, 4)  # [B, S, R, H, P]
     o = o.contiguous()
     put("o", o.to(md))
+    if return_state:
+        return MimoFwdStateOutputs(o=o, final_state=final_state.contiguous(),
+                                   final_k=rnd.output(final_k).contiguous())
     return MimoFwdOutputs(o=o)

@@ -43,6 +43,29 @@ class MimoFwdOutputs(NamedTuple):
         return dict(zip(OUTPUT_NAMES, self))
 
 
+class MimoFwdStateOutputs(NamedTuple):
+    """Outputs of the forward kernel with ``return_state=True`` (upstream's ``(o, h, k_final)``).
+
+    Attributes:
+        o (Tensor): as :class:`MimoFwdOutputs`.
+        final_state (Tensor): ``[B, H, N, P]`` the state after the last chunk (upstream's ``FINAL_STATE``, fp32).
+        final_k (Tensor): ``[B, R, H, N]`` the last token's biased, rotated k (upstream's ``FINAL_K``, lp).
+    """
+
+    o: torch.Tensor
+    final_state: torch.Tensor
+    final_k: torch.Tensor
+
+    def __getitem__(self, key: Union[int, slice, str]):
+        if isinstance(key, str):
+            return self._asdict()[key]
+        return tuple.__getitem__(self, key)
+
+    def as_dict(self) -> dict:
+        """The outputs by name."""
+        return self._asdict()
+
+
 #: The old name of :class:`MimoFwdOutputs` (kept for users; the three kernels' outputs are Mimo<kernel>Outputs).
 MambaMimoFwdOutputs = MimoFwdOutputs
 

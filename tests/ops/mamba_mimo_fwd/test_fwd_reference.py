@@ -330,7 +330,7 @@ def test_fwd_lp_inputs_must_match_the_policy():
         run_forward(args, SM90)
 
 
-@pytest.mark.parametrize("keyword, value", [("return_state", True), ("cu_seqlens", torch.tensor([0, 8]))])
+@pytest.mark.parametrize("keyword, value", [("cu_seqlens", torch.tensor([0, 8]))])
 def test_fwd_out_of_scope_paths_raise_not_implemented(keyword, value):
     with pytest.raises(NotImplementedError, match=keyword):
         run_forward(case_args(make_inputs(BAD_SPEC)), SM90, **{keyword: value})
