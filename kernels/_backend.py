@@ -24,7 +24,7 @@ _lock = threading.Lock()
 _cache = {}
 
 
-def _set_interpret(value):
+def set_interpret(value):
     """Switch ``TRITON_INTERPRET`` (env and, when present, ``triton.knobs``); returns a restore callable."""
     import triton
 
@@ -82,7 +82,7 @@ def _load_interpreted():
         pkg.__path__ = []  # a namespace for the copies; nothing is imported from disk through it
         pkg.__package__ = _INTERP_PKG
         sys.modules[_INTERP_PKG] = pkg
-    restore = _set_interpret(True)
+    restore = set_interpret(True)
     try:
         mods = {}
         for name in _KERNEL_MODULES:

@@ -56,7 +56,7 @@ def _define_kernels(interpreted: bool) -> dict:
 
     from . import _backend
 
-    restore = _backend._set_interpret(interpreted)
+    restore = _backend.set_interpret(interpreted)
     try:
 
         @triton.jit

@@ -69,6 +69,13 @@ def pytest_addoption(parser):
                          f"gate, sweep, ...); overrides mimo_grid markers (default: {DEFAULT_GRID})")
     group.addoption("--mimo-device", action="store", default=None, metavar="DEVICE",
                     help=f"device the gated function runs on, e.g. cpu, cuda, npu (default: {DEFAULT_DEVICE})")
+    group.addoption("--mamba-ssm-compat", action="store_true", default=False,
+                    help="make `import mamba_ssm...` resolve to mimo_numerics.compat (upstream's API for the "
+                         "Mamba-3 MIMO op on the package) for this session, to run a test file written against "
+                         "upstream")
+    group.addoption("--mamba-ssm-compat-policy", action="store", default=None, metavar="NAME|FILE.json",
+                    help="the policy of the compat functions under --mamba-ssm-compat (default: "
+                         "mimo_numerics.compat.DEFAULT_POLICY)")
     parser.addini("mimo_op", "default operator of the mimo_numerics gates", default=None)
     parser.addini("mimo_policy", "default rounding policy of the mimo_numerics gates", default=None)
     parser.addini("mimo_grid", "default grid of the mimo_numerics gates", default=None)
@@ -107,6 +114,29 @@ def pytest_configure(config):
         except (ValueError, TypeError, OSError, NotImplementedError) as exc:
             raise pytest.UsageError(f"--mimo-policy {policy!r}: {exc}") from None
     _check_device_option(config)
+    _install_compat(config)
+
+
+def _install_compat(config) -> None:
+    """``--mamba-ssm-compat``: register ``mimo_numerics.compat`` under the ``mamba_ssm`` names (and its policy)."""
+    compat_policy = config.getoption("--mamba-ssm-compat-policy")
+    if not config.getoption("--mamba-ssm-compat"):
+        if compat_policy is not None:
+            raise pytest.UsageError("--mamba-ssm-compat-policy needs --mamba-ssm-compat")
+        return
+    from . import compat
+
+    if compat_policy is not None:
+        try:
+            compat.set_default_policy(compat_policy)
+        except (ValueError, TypeError, OSError, NotImplementedError) as exc:
+            raise pytest.UsageError(f"--mamba-ssm-compat-policy {compat_policy!r}: {exc}") from None
+    try:
+        compat.install()
+    except ImportError as exc:
+        raise pytest.UsageError(f"--mamba-ssm-compat: {exc}") from None
+    config.add_cleanup(compat.uninstall)
+    config.add_cleanup(lambda: compat.set_default_policy(None))
 
 
 def _check_device_option(config) -> None:

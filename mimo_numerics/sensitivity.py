@@ -512,7 +512,7 @@ def rank_sites_one_off(inputs, policy: PolicyLike = "upstream_sm90", baseline: A
         progress (bool, optional): a tqdm bar over the runs (default: when there are more than 4 cases).
         names (sequence of str, optional): the cases' names (default ``case0``, ...).
         backend (str): ``"reference"``, or ``"triton"``: the policy and each variant on the Triton kernels where
-            they can express it (``runs.backend_for``; the fp64 baseline always on the FP64 model). The cases'
+            they can express it (the composite's ``backend_for``; the fp64 baseline always on the FP64 model). The cases'
             device decides where it runs (CUDA; CPU tensors run in Triton's interpreter, slow).
 
     Returns:
@@ -538,8 +538,7 @@ def rank_sites_one_off(inputs, policy: PolicyLike = "upstream_sm90", baseline: A
     if backend == "reference":
         run = policy_run
     else:
-        from .ops.mamba3_mimo.runs import backend_for
-
+        backend_for = spec.load("backend_for")
         backend_for(policy, backend)  # ValueError on an unknown backend before any work
 
         def run(x, p):

@@ -43,6 +43,8 @@ class CompositeOperator:
         check_policy (str): ``policy -> chain kind``; raises ``NotImplementedError`` for a policy the chain cannot
             run, ``PolicyUndefined`` for one that lacks a component's section.
         report (str): the whole-op report, ``(case, out, policies, log=, progress=) -> Path``.
+        backend_for (str): ``(policy, backend) -> backend``: what a run asked for ``backend`` runs that policy on
+            (``"triton"`` only where the kernels express it).
     """
 
     name: str
@@ -58,6 +60,7 @@ class CompositeOperator:
     group_of: str
     check_policy: str
     report: str
+    backend_for: str
 
     def load(self, what: str) -> Callable:
         """The callable of field ``what`` (imported on first use)."""
@@ -100,4 +103,5 @@ OPERATOR = CompositeOperator(
     group_of=f"{_RUNS}:group_of",
     check_policy="mimo_numerics.ops.mamba3_mimo.chain:chain_kind",
     report="mimo_numerics.studies.report:build_report",
+    backend_for=f"{_RUNS}:backend_for",
 )
