@@ -83,9 +83,9 @@ def test_whole_op_is_the_packages_op(mods, case):
     state = mods.top.mamba3_mimo(*x.values(), raw["chunk_size"], raw["rotary_dim_divisor"], "bfloat16",
                                  return_state=True)
     assert isinstance(state, tuple) and len(state) == 5 and torch.equal(state[0], want)
-    with pytest.raises(NotImplementedError, match="cu_seqlens"):
-        mods.top.mamba3_mimo(*x.values(), raw["chunk_size"], raw["rotary_dim_divisor"], torch.bfloat16,
-                             cu_seqlens=torch.tensor([0, 32], dtype=torch.int32))
+    one_sequence = mods.top.mamba3_mimo(*x.values(), raw["chunk_size"], raw["rotary_dim_divisor"], torch.bfloat16,
+                                        cu_seqlens=torch.tensor([0, 32], dtype=torch.int32))
+    assert torch.equal(one_sequence, want)  # varlen with one sequence is the plain op
 
 
 def test_forward_returns_upstreams_triple(mods, case):

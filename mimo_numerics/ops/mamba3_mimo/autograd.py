@@ -42,7 +42,8 @@ walk's state after the last chunk (``remainder(·, 2π)``) ``[B, H, K]``, the SS
 all non-differentiable side outputs (as upstream's: a loss of them gets no gradient). Reference and fp64 chains
 only (the kernels have no final-state path yet: ``backend="triton"`` raises ``NotImplementedError``).
 
-Not implemented (it raises ``NotImplementedError``): ``cu_seqlens`` (varlen).
+``cu_seqlens`` (upstream's varlen mode, ``B = 1``): the sequences run as zero-padded batch rows and ``Out`` is
+gathered back (:mod:`.varlen` says why the padding changes no real token); gradients flow back through the packing.
 Upstream's own limits are checked up front when a gradient is needed: the backward needs ``S % chunk_size == 0``
 and ``G`` in ``{1, H}`` (upstream asserts in its Triton helpers and raises in ``mamba_mimo_bwd_combined``).
 Upstream's forward clamps the chunk log-decays to ``<= 0`` and its backward differentiates as if it did not
@@ -60,7 +61,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from ... import presets as _presets
-from . import chain
+from . import chain, varlen
 from .cases import OP_GRAD_NAMES, OP_INPUT_NAMES
 from .validation import check_op_inputs as _validate_shapes
 
@@ -100,6 +101,7 @@ class _Config:
     rotary_dim_divisor: int
     record: Optional[MutableMapping]
     return_state: bool = False
+    final_tokens: Optional[tuple] = None  # varlen rows: each row's last real token (FINAL_K, Final_V)
 
 
 def _check_float64_inputs(tensors: Dict[str, Optional[torch.Tensor]], dtype, lp_dtype: torch.dtype) -> None:
@@ -184,14 +186,16 @@ class _Mamba3MimoFunction(torch.autograd.Function):
         inputs["chunk_size"], inputs["rotary_dim_divisor"] = config.chunk_size, config.rotary_dim_divisor
         pre = chain.run_preprocess(inputs, config.policy, record=config.record, return_state=config.return_state)
         out = chain.run_forward(inputs, pre, config.policy, backend=config.backend, record=config.record,
-                                return_state=config.return_state)
+                                return_state=config.return_state, final_tokens=config.final_tokens)
         ctx.config, ctx.pre = config, pre
         ctx.save_for_backward(*tensors)
         if not config.return_state:
             return out
+        V = inputs["V"]
+        last = (V.shape[1] - 1,) * V.shape[0] if config.final_tokens is None else config.final_tokens
         final = (torch.remainder(pre.pop("final_angle"), 2 * math.pi),  # upstream's remainder, 2π as its dtype
                  out["final_state"].permute(0, 1, 3, 2).contiguous(),  # [B, H, N, P] -> [B, H, P, N]
-                 out["final_k"].contiguous(), inputs["V"][:, -1].clone())
+                 out["final_k"].contiguous(), V[torch.arange(V.shape[0], device=V.device), list(last)].clone())
         ctx.mark_non_differentiable(*final)
         return (out["o"],) + final
 
@@ -273,7 +277,9 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
         record (dict, optional): filled with the named stages of the chain (module docstring).
         return_state (bool): also return upstream's final state for decoding (module docstring); reference and
             fp64 chains only.
-        cu_seqlens: upstream's varlen path: not implemented (it raises).
+        cu_seqlens (Tensor | None): ``[NS + 1]`` int32 offsets of packed sequences (B = 1), upstream's varlen
+            mode: every sequence restarts (chunks, states, angles); tails allowed (:mod:`.varlen`). With
+            ``return_state`` the final state is per sequence, ``[NS, ...]``.
 
     Returns:
         Tensor: ``Out``, ``[B, S, H, P]`` with ``MIMO_Out``, else ``[B, S, R, H, P]``; lp in the float32 chain,
@@ -283,8 +289,8 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
         Final_V [B, H, P])``, the last four non-differentiable.
 
     Raises:
-        NotImplementedError: ``cu_seqlens``, ``return_state`` with ``backend="triton"``, a policy the chain cannot
-            run (``chain.chain_kind``).
+        NotImplementedError: ``return_state`` with ``backend="triton"``, a policy the chain cannot run
+            (``chain.chain_kind``).
         PolicyUndefined: a policy without a section of the chain (``seed_bf16``).
         TypeError, ValueError: bad inputs, naming the argument (:func:`validate_op_inputs`, then each operator's
             own validation).
@@ -296,9 +302,6 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
     if return_state and backend == "triton":
         raise NotImplementedError("return_state=True with backend='triton': the forward kernels have no final-state "
                                   "path yet; use backend='reference'")
-    if cu_seqlens is not None:
-        raise NotImplementedError("cu_seqlens (the varlen kernels mamba3_mimo_*_varlen.py) is not implemented by "
-                                  "mimo_numerics' mamba3_mimo")
     if record is not None and not isinstance(record, MutableMapping):
         raise TypeError(f"record must be a dict (or another mutable mapping) or None, got {type(record).__name__}")
     policy = _presets.resolve(policy)
@@ -307,12 +310,28 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
                                         D, Z)))
     needs_backward = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in tensors.values())
+    wide = chain.chain_kind(policy) == "fp64"
     validate_op_inputs(tensors, chunk_size, rotary_dim_divisor, dtype, policy.lp_torch_dtype,
-                       needs_backward=needs_backward, wide=chain.chain_kind(policy) == "fp64")
+                       needs_backward=needs_backward and cu_seqlens is None, wide=wide)
+    final_tokens = None
+    if cu_seqlens is not None:  # the sequences as zero-padded batch rows (varlen.py)
+        if record is not None:
+            raise ValueError("record is not supported with cu_seqlens (the stages run on the sequences as padded "
+                             "batch rows); record a run without cu_seqlens")
+        bounds = varlen.sequence_bounds(cu_seqlens, Q.shape[0], Q.shape[1])
+        tensors = varlen.pack(tensors, bounds, varlen.padded_length(bounds, chunk_size))
+        validate_op_inputs(tensors, chunk_size, rotary_dim_divisor, dtype, policy.lp_torch_dtype,
+                           needs_backward=needs_backward, wide=wide)
+        final_tokens = varlen.last_tokens(bounds)
     _check_backend(backend, policy, tensors, chunk_size)
     config = _Config(policy=policy, backend=backend, chunk_size=chunk_size, rotary_dim_divisor=rotary_dim_divisor,
-                     record=record, return_state=return_state)
-    return _Mamba3MimoFunction.apply(config, *tensors.values())
+                     record=record, return_state=return_state, final_tokens=final_tokens)
+    result = _Mamba3MimoFunction.apply(config, *tensors.values())
+    if cu_seqlens is None:
+        return result
+    if return_state:
+        return (varlen.unpack(result[0], bounds),) + tuple(result[1:])
+    return varlen.unpack(result, bounds)
 
 
 # ---------------------------------------------------------------------------------------------------- records

@@ -274,14 +274,15 @@ def run_preprocess(inputs: dict, policy, *, record: Optional[dict] = None,
 
 
 def run_forward(inputs: dict, pre: dict, policy, *, backend: str = "reference",
-                record: Optional[dict] = None, return_state: bool = False):
+                record: Optional[dict] = None, return_state: bool = False, final_tokens=None):
     """``Out`` of the forward operator under ``policy`` (the FP64 oracle under the fp64 chain).
 
     ``backend="triton"`` runs ``mimo_numerics.kernels.mamba_mimo_fwd`` (reference chain only). ``record`` gets
     ``mamba_mimo_fwd.<stage>`` (the reference's ``spec.STAGES``, the kernel's as well; none under fp64) and
     ``mamba_mimo_fwd.outputs.o``. ``return_state`` (reference and fp64 chains; the kernels have no final-state
     path): a dict ``{"o", "final_state" [B, H, N, P], "final_k" [B, R, H, N]}`` (upstream's ``FINAL_STATE``,
-    ``FINAL_K``), also recorded under ``mamba_mimo_fwd.outputs``.
+    ``FINAL_K``; ``final_tokens``: each row's token for ``FINAL_K``, default the last), also recorded under
+    ``mamba_mimo_fwd.outputs``.
     """
     policy = _presets.resolve(policy)
     if return_state:
@@ -290,8 +291,10 @@ def run_forward(inputs: dict, pre: dict, policy, *, backend: str = "reference",
                                       "final-state path yet; use backend='reference'")
         if chain_kind(policy) == "fp64":
             o, final_state, final_k = mamba_mimo_fwd_oracle(*forward_args(inputs, pre), **stage2_kwargs(inputs),
-                                                            return_state=True)
+                                                            return_state=True, final_tokens=final_tokens)
             result = {"o": o, "final_state": final_state, "final_k": final_k}
+        elif final_tokens is not None:  # rows of their own (varlen): one call, every row's token known
+            result = _forward_reference(inputs, pre, policy, record, True, final_tokens)
         else:
             result = _per_batch_slice(lambda x, p, rec: _forward_reference(x, p, policy, rec, True), inputs, pre,
                                       record=record)
@@ -312,10 +315,11 @@ def run_forward(inputs: dict, pre: dict, policy, *, backend: str = "reference",
     return out
 
 
-def _forward_reference(inputs: dict, pre: dict, policy, record: Optional[dict], return_state: bool = False):
+def _forward_reference(inputs: dict, pre: dict, policy, record: Optional[dict], return_state: bool = False,
+                       final_tokens=None):
     stages = None if record is None else {}
     out = mamba_mimo_fwd(*forward_args(inputs, pre), **stage2_kwargs(inputs), policy=policy, record=stages,
-                         return_state=return_state)
+                         return_state=return_state, final_tokens=final_tokens)
     _store(record, "mamba_mimo_fwd", stages)
     return out.as_dict() if return_state else out.o
 

@@ -54,7 +54,7 @@ def _rotate_pairs(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
 
 def mamba_mimo_fwd_oracle(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt,
                           trap, segsum, chunk_size: int = 16, rotary_dim_divisor: int = 4,
-                          return_state: bool = False):
+                          return_state: bool = False, final_tokens=None):
     """The forward kernel's output in float64 with no rounding (module docstring for the math).
 
     Args (upstream's ``mamba_mimo_forward`` order):
@@ -68,6 +68,8 @@ def mamba_mimo_fwd_oracle(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z,
         segsum (Tensor): ``[B, H, nc, C, C]``.
         chunk_size (int): C. rotary_dim_divisor (int): 2 or 4.
         return_state (bool): also the final state and k of upstream's ``return_state=True``.
+        final_tokens (sequence of int, optional): the token of each batch row whose k is the final k (default
+            S − 1).
         Dtypes: see ``validation.validate_inputs`` (upstream's, or float64).
 
     Returns:
@@ -123,4 +125,6 @@ def mamba_mimo_fwd_oracle(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z,
         o = out.permute(0, 2, 3, 1, 4).contiguous()  # [B, H, S, R, P] -> [B, S, R, H, P]
     if not return_state:
         return o
-    return o, pairs.to_end(totals), k_rot[:, :, S - 1].permute(0, 2, 1, 3).contiguous()
+    last = torch.tensor([S - 1] * B if final_tokens is None else list(final_tokens), device=k_rot.device)
+    final_k = k_rot[torch.arange(B, device=k_rot.device), :, last]  # [B, H, R, N]
+    return o, pairs.to_end(totals), final_k.permute(0, 2, 1, 3).contiguous()

@@ -23,7 +23,7 @@ order inside a GEMM, and the intra GEMM's k16 steps into the inter term (modelle
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -46,6 +46,7 @@ def mamba_mimo_fwd(
     q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum,
     chunk_size: int = 16, rotary_dim_divisor: int = 4, dtype: Optional[torch.dtype] = None, *, policy,
     record: Optional[Dict[str, torch.Tensor]] = None, return_state: bool = False, cu_seqlens=None,
+    final_tokens: Optional[Sequence[int]] = None,
 ) -> MimoFwdOutputs:
     """The Mamba-3 MIMO forward kernel, rounded as ``policy`` says.
 
@@ -64,7 +65,10 @@ def mamba_mimo_fwd(
             inputs must have its ``lp_dtype``.
         record (dict, optional): filled with the stages of ``spec.STAGES`` (math dtype, S tokens).
         return_state (bool): also return upstream's ``FINAL_STATE`` and ``FINAL_K`` (``spec.MimoFwdStateOutputs``).
-        cu_seqlens: upstream's varlen path, not implemented (it raises).
+        cu_seqlens: upstream's varlen path, not implemented here (it raises; the whole op packs sequences as batch
+            rows, ``ops/mamba3_mimo/varlen.py``).
+        final_tokens (sequence of int, optional): with ``return_state``, the token of each batch row whose k is
+            ``FINAL_K`` (default the last, S − 1; zero-padded rows give their last real token).
 
     Returns:
         MimoFwdOutputs: ``o`` ``[B, S, H, P]`` (reduced) or ``[B, S, R, H, P]``, in lp, or unrounded in the
@@ -84,11 +88,23 @@ def mamba_mimo_fwd(
                                                                 mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum)]
     with ieee_fp32_matmul():
         return _forward(*tensors, dims=dims, policy=policy, switches=switches, record=record,
-                        return_state=bool(return_state))
+                        return_state=bool(return_state), final_tokens=_final_tokens(final_tokens, dims))
+
+
+def _final_tokens(final_tokens: Optional[Sequence[int]], dims: Dims) -> Tuple[int, ...]:
+    """One token per batch row for ``FINAL_K`` (default S − 1), checked."""
+    if final_tokens is None:
+        return (dims.seqlen - 1,) * dims.batch
+    tokens = tuple(int(t) for t in final_tokens)
+    if len(tokens) != dims.batch or not all(0 <= t < dims.seqlen for t in tokens):
+        raise ValueError(f"final_tokens must give one token in [0, {dims.seqlen}) per batch row ({dims.batch}), "
+                         f"got {list(tokens)}")
+    return tokens
 
 
 def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum, *,
-             dims: Dims, policy, switches, record, return_state: bool = False):
+             dims: Dims, policy, switches, record, return_state: bool = False,
+             final_tokens: Tuple[int, ...] = ()):
     md = policy.math_torch_dtype
     rnd = SiteRounder(policy, OPERATOR_NAME)
     B, S, H, R, C, nc = dims.batch, dims.seqlen, dims.heads, dims.rank, dims.chunk_size, dims.nchunks
@@ -121,7 +137,9 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
     k_scaled = rnd("k_scaled", k_rot * trap_scale[..., None, None])
     put("q_rot", tokens(q_rot)), put("k_rot", tokens(k_rot)), put("k_scaled", tokens(k_scaled))
     # FINAL_K (L275-279): the last real token's rotated k (as the kernel holds it, before the trapezoid scale)
-    final_k = k_rot[:, :, S - 1].permute(0, 2, 1, 3) if return_state else None  # [B, R, H, N]
+    rows = torch.arange(B, device=k_rot.device)
+    last = torch.tensor(final_tokens, dtype=torch.long, device=k_rot.device) if return_state else None
+    final_k = k_rot[rows, :, last].permute(0, 2, 1, 3) if return_state else None  # [B, R, H, N]
     del k_rot  # each dead intermediate is freed as soon as it is dead (memory only: the bits do not depend on it)
 
     # ---------------------------------------------------------------- state recurrence (L386-407)
