@@ -7,14 +7,16 @@ Modules (upstream's path under ``mamba_ssm.``, then what it offers here):
 * ``ops.tilelang.mamba3.mamba3_mimo_fwd``: ``mamba_mimo_forward`` (returns upstream's ``(o, final_state, final_k)``);
 * ``ops.tilelang.mamba3.mamba3_mimo_bwd``: ``mamba_mimo_bwd_combined`` (stage 1, stage 2 and the FP32 helpers after
   them; upstream's 14-tuple, names and dtypes);
-* ``ops.triton.mamba3.mamba3_mimo_utils``: ``compute_dacs_segsum_triton``;
+* ``ops.tilelang.mamba3.mamba3_mimo_fwd_varlen``, ``..._bwd_varlen``: ``mamba_mimo_forward_varlen``,
+  ``mamba_mimo_bwd_combined_varlen`` (packed sequences, ``cu_seqlens``);
+* ``ops.triton.mamba3.mamba3_mimo_utils``: ``compute_dacs_segsum_triton`` and ``..._varlen``;
 * ``ops.triton.mamba3.angle_dt``: ``angle_dt_fwd`` (with ``return_output_state``).
 
 Launch knobs (``threads``, ``num_stages``, ``bf_threads``, ``bf_num_stages``, ``bb_threads``, ``bb_num_stages``) are
 accepted and ignored: they choose how upstream's kernels are launched, not what they compute. ``policy`` defaults to
 :func:`default_policy` everywhere (``"upstream_sm90"`` unless :func:`use_policy` says otherwise), and the backend to
-``"reference"``. Deliberate differences (documented in ``docs/compat.md``): ``cu_seqlens`` (varlen) raises
-``NotImplementedError``; under the ``fp64`` policy every floating output is float64.
+``"reference"``. Deliberate differences are documented in ``docs/compat.md`` (under the ``fp64`` policy every
+floating output is float64, for one).
 
 To make ``import mamba_ssm...`` resolve here (for a test file written against upstream), call :func:`install`
 (it registers the modules under the ``mamba_ssm`` names in ``sys.modules``), or run pytest with
@@ -38,7 +40,8 @@ DEFAULT_BACKEND = "reference"
 MODULES = (
     "mamba_ssm", "mamba_ssm.ops", "mamba_ssm.ops.tilelang", "mamba_ssm.ops.tilelang.mamba3",
     "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo", "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_fwd",
-    "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_bwd", "mamba_ssm.ops.triton", "mamba_ssm.ops.triton.mamba3",
+    "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_bwd", "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_fwd_varlen",
+    "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_bwd_varlen", "mamba_ssm.ops.triton", "mamba_ssm.ops.triton.mamba3",
     "mamba_ssm.ops.triton.mamba3.mamba3_mimo_utils", "mamba_ssm.ops.triton.mamba3.angle_dt",
 )
 #: Launch keywords of upstream's functions, accepted and ignored.

@@ -75,20 +75,22 @@ def padded_length(bounds: List[Tuple[int, int]], chunk_size: int) -> int:
 
 
 def pack(tensors: Dict[str, Optional[torch.Tensor]], bounds: List[Tuple[int, int]],
-         length: int) -> Dict[str, Optional[torch.Tensor]]:
+         length: int, axes: Optional[Dict[str, int]] = None) -> Dict[str, Optional[torch.Tensor]]:
     """The op's inputs with the sequences as zero-padded batch rows (differentiable: gradients flow back).
 
     Args:
         tensors: the 14 inputs by golden names, ``B = 1`` packed. bounds: :func:`sequence_bounds`.
         length (int): the rows' length (:func:`padded_length`).
+        axes (dict, optional): the time axis of each name that has one (default :data:`TIME_AXES`).
 
     Returns:
-        dict: the same names; inputs with a time axis (:data:`TIME_AXES`) ``[NS, length, ...]`` / ``[NS, H,
-        length]``, the rest as given.
+        dict: the same names; inputs with a time axis ``[NS, length, ...]`` / ``[NS, H, length]``, the rest as
+        given.
     """
+    axes = TIME_AXES if axes is None else axes
     packed = {}
     for name, x in tensors.items():
-        axis = TIME_AXES.get(name)
+        axis = axes.get(name)
         if x is None or axis is None:
             packed[name] = x
             continue
@@ -101,9 +103,30 @@ def pack(tensors: Dict[str, Optional[torch.Tensor]], bounds: List[Tuple[int, int
     return packed
 
 
-def unpack(out: torch.Tensor, bounds: List[Tuple[int, int]]) -> torch.Tensor:
-    """``[NS, length, ...]`` rows back to the packed ``[1, S, ...]`` (each row's real tokens, in order)."""
-    return torch.cat([out[i, :b - a] for i, (a, b) in enumerate(bounds)], dim=0).unsqueeze(0)
+def unpack(out: torch.Tensor, bounds: List[Tuple[int, int]], axis: int = 1) -> torch.Tensor:
+    """``[NS, length, ...]`` rows (time on ``axis``) back to the packed ``[1, S, ...]``: each row's real tokens,
+    in order."""
+    return torch.cat([out[i].narrow(axis - 1, 0, b - a) for i, (a, b) in enumerate(bounds)],
+                     dim=axis - 1).unsqueeze(0)
+
+
+def extend_tail_chunk(rows: torch.Tensor, bounds: List[Tuple[int, int]], chunk_size: int) -> torch.Tensor:
+    """``rows [NS, H, length]`` with each row's padded tokens inside its last (tail) chunk set to the row's last
+    real value: a chunk's cumulative log-decay ``da_cs`` as the preprocessing of a zero-padded ``ADT`` gives it
+    (the state's decay across the tail chunk is read at its last token); later chunks keep their zeros."""
+    out = rows.clone()
+    for i, (a, b) in enumerate(bounds):
+        n = b - a
+        end = -(-n // chunk_size) * chunk_size
+        if end > n:
+            out[i, :, n:end] = rows[i, :, n - 1:n]
+    return out
+
+
+def chunk_slots(bounds: List[Tuple[int, int]], chunk_size: int) -> List[List[int]]:
+    """Upstream's global chunk index of each sequence's chunks (``compute_dacs_segsum_triton_varlen``: sequence i's
+    chunk j at ``start_i // C + i + j``, ``len_i // C + 1`` slots per sequence, ``S // C + NS`` in all)."""
+    return [[a // chunk_size + i + j for j in range(-(-(b - a) // chunk_size))] for i, (a, b) in enumerate(bounds)]
 
 
 def last_tokens(bounds: List[Tuple[int, int]]) -> Tuple[int, ...]:
