@@ -184,3 +184,40 @@ def test_pytest_option_points_a_test_file_at_the_compat_layer(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test),
                           "--mamba-ssm-compat-policy", "fp32"], capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode != 0 and "needs --mamba-ssm-compat" in bad.stdout + bad.stderr
+
+
+def _runner():
+    """``scripts/run_upstream_op_tests.py`` as a module (the tests import scripts this way; scripts never do)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "run_upstream_op_tests.py"
+    spec = importlib.util.spec_from_file_location("run_upstream_op_tests", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_upstream_test_adaptation_rewrites_only_what_it_says():
+    """The runner's CPU adaptation on a file shaped like upstream's (written here, not upstream's text)."""
+    runner = _runner()
+    source = textwrap.dedent("""
+        FIXED_B = 4
+        FIXED_S = 2048
+        FIXED_H = 16
+
+        def _require():
+            if not torch.cuda.is_available():
+                pytest.skip("CUDA is required")
+            pytest.importorskip("tilelang")
+            pytest.importorskip("triton")
+
+        x = torch.zeros(3, device="cuda")
+    """)
+    cpu = runner.adapt(source, "cpu")
+    assert "FIXED_B = 1" in cpu and "FIXED_S = 128" in cpu and "FIXED_H = 2" in cpu
+    assert 'device="cpu"' in cpu and "importorskip" not in cpu and "is_available" not in cpu
+    cuda = runner.adapt(source, "cuda")
+    assert "FIXED_S = 2048" in cuda and 'device="cuda"' in cuda and "importorskip" not in cuda
+    with pytest.raises(ValueError, match="skip was not found"):
+        runner.adapt("FIXED_B = 4\n", "cpu")
