@@ -151,8 +151,9 @@ def _butterfly_sum(x: torch.Tensor) -> torch.Tensor:
 def _mod_two_pi_f32(x: torch.Tensor) -> torch.Tensor:
     """``x - 2π₃₂ · floor(x / 2π₃₂)`` in float32, the product and difference rounded once (an FMA).
 
-    The quotient is an IEEE float32 division on every device. The exact ``x - 2π₃₂·k`` is formed in float64 (24-bit times small-integer product, exact there) and rounded
-    once to float32, so this form needs a device with float64 (CPU, CUDA).
+    The quotient is an IEEE float32 division on every device. The exact ``x - 2π₃₂·k`` is formed in float64
+    (24-bit times small-integer product, exact there) and rounded once to float32, so this form needs a device with
+    float64 (CPU, CUDA).
     """
     # a divisor tensor on x's device: torch's CUDA division by a Python scalar multiplies by its reciprocal instead
     turns = torch.floor(x / torch.tensor(_TWO_PI_F32, dtype=x.dtype, device=x.device))
