@@ -512,7 +512,8 @@ def rank_sites_one_off(inputs, policy: PolicyLike = "upstream_sm90", baseline: A
         progress (bool, optional): a tqdm bar over the runs (default: when there are more than 4 cases).
         names (sequence of str, optional): the cases' names (default ``case0``, ...).
         backend (str): ``"reference"``, or ``"triton"``: the policy and each variant on the Triton kernels where
-            they can express it (the composite's ``backend_for``; the fp64 baseline always on the FP64 model). The cases'
+            they can express it (the composite's ``backend_for``; the fp64 baseline always on the FP64
+            model). The cases'
             device decides where it runs (CUDA; CPU tensors run in Triton's interpreter, slow).
 
     Returns:
