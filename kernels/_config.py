@@ -444,7 +444,7 @@ def _options(backend: str, warps: int, stages: int, maxnreg: int = 0) -> Mapping
 
 def launch_config(policy, dims: Dims, backend: str, tuning: Optional[Mapping[str, int]] = None,
                   sm_count: Optional[int] = None, record: bool = False,
-                  operator: str = OPERATOR_NAME) -> LaunchConfig:
+                  operator: str = OPERATOR_NAME, final: bool = False) -> LaunchConfig:
     """The launch configuration of one call (see the module docstring); pure: no global state, no environment.
 
     Args:
@@ -456,6 +456,8 @@ def launch_config(policy, dims: Dims, backend: str, tuning: Optional[Mapping[str
         record (bool): the call records per-stage tensors.
         operator (str): ``"mamba_mimo_bwd_fwd"`` (stage 1) or ``"mamba_mimo_fwd"`` (the forward: the same angles,
             prep and state launches, the output kernel with ``FORWARD``, no dmimo sums).
+        final (bool): the state walk also stores the state after the last chunk (``FINAL``: the forward's
+            ``return_state``).
 
     Raises:
         UnsupportedPolicyError: see ``policy_constexprs``. TypeError, ValueError: see ``check_tuning``; an unknown
@@ -483,6 +485,7 @@ def launch_config(policy, dims: Dims, backend: str, tuning: Optional[Mapping[str
     cx["DOT_INTRA_LP"] = on_device and cx["CAUSAL_SCORES"] and cx["PSIV"]
     cx["DOT_STATE_LP"] = on_device and cx["K_STATE"] and cx["PSIV"]
     cx["STORE_F32"] = record or not cx["STATE_OPERAND"]
+    cx["FINAL"] = bool(final)
 
     # ---- per launch: grid, constexprs, options
     kernels: Dict[str, KernelConfig] = {}

@@ -149,11 +149,13 @@ class ChunkBuffers:
     hf32: Optional[torch.Tensor]
     rec: Optional[torch.Tensor]
     rec_cs: Optional[torch.Tensor]
+    final: Optional[torch.Tensor] = None  # [B, H, N, P] FP32: the state after the last chunk (forward, FINAL)
 
 
 def build_chunk_launches(operator: str, tensors: Dict[str, Optional[torch.Tensor]], dims: Dims, policy, *,
                          record: bool, poison: bool, allow_slow_interpreter: bool,
-                         tuning: Optional[Mapping[str, int]], backend: Optional[str], sm_count: Optional[int]):
+                         tuning: Optional[Mapping[str, int]], backend: Optional[str], sm_count: Optional[int],
+                         final: bool = False):
     """The launches of ``operator`` on validated inputs: ``(config, kernel module, launches, ChunkBuffers)``.
 
     Args:
@@ -162,10 +164,11 @@ def build_chunk_launches(operator: str, tensors: Dict[str, Optional[torch.Tensor
         dims (Dims): their validated sizes. policy (RoundingPolicy): resolved.
         record (bool): write the record slots. poison (bool): NaN-fill every buffer first.
         allow_slow_interpreter, tuning, backend, sm_count: as the launchers document them.
+        final (bool): also the state after the last chunk (``ChunkBuffers.final``; the forward's ``return_state``).
     """
     check_sizes(dims)
     cfg = launch_config(policy, dims, backend or _backend.backend_of(dims.device), tuning=tuning,
-                        sm_count=sm_count, record=record, operator=operator)
+                        sm_count=sm_count, record=record, operator=operator, final=final)
     pl, cx = cfg.plan, cfg.constexprs
     if cfg.backend == "interpreter" and not allow_slow_interpreter:
         est = estimate_interpreter_seconds(dims, pl)
@@ -204,6 +207,7 @@ def build_chunk_launches(operator: str, tensors: Dict[str, Optional[torch.Tensor
     cs = torch.empty((B, S, H, aw), dtype=f32, device=dev)
     sn = torch.empty((B, S, H, aw), dtype=f32, device=dev)
     hf32 = torch.empty((B, H, nc, N, P), dtype=f32, device=dev) if cx["STORE_F32"] else None
+    final_state = torch.empty((B, H, N, P), dtype=f32, device=dev) if final else None
     n_part = B * H * nc * pl.n_tb  # dmimo partials: one row per (chunk, token block)
     # dmimo_o and dmimo_z (and their partials) as the two halves of one tensor when both exist: one sum launch
     n_sums = cfg.n_sums
@@ -216,7 +220,7 @@ def build_chunk_launches(operator: str, tensors: Dict[str, Optional[torch.Tensor
         rec = torch.zeros((_ix(mod.NSLOT), B, H, S, R, pl.W), dtype=f32, device=dev)
         rec_cs = torch.zeros((B * H * nc, C * R, C * R), dtype=f32, device=dev)
     if poison:
-        for x in (states, qk_dot, dz, o, kst, khat, psiv, qkf, cs, sn, hf32, parts, dmimo, rec, rec_cs):
+        for x in (states, qk_dot, dz, o, kst, khat, psiv, qkf, cs, sn, hf32, final_state, parts, dmimo, rec, rec_cs):
             if x is None:
                 continue
             if x.dtype == f32:
@@ -240,8 +244,8 @@ def build_chunk_launches(operator: str, tensors: Dict[str, Optional[torch.Tensor
                  arg(t["trap"]), t["da_cs_rev"], arg(kst), arg(khat), arg(psiv), arg(qk_dot), arg(qkf), rec_arg, B,
                  S, H, dims.heads_per_group, nc, pl.LP // pl.RB, pl.virt1),
         # 2. sequential walk over the chunks: states (lp), FP32 h when needed
-        "state": (arg(kst), arg(psiv), arg(t["v"]), t["mimo_v"], t["da_cs"], arg(states), arg(hf32), S, H, nc,
-                  N // pl.BN, P // pl.BP2),
+        "state": (arg(kst), arg(psiv), arg(t["v"]), t["mimo_v"], t["da_cs"], arg(states), arg(hf32),
+                  arg(final_state), S, H, nc, N // pl.BN, P // pl.BP2),
     }
     if "out" in cfg.kernels:
         # 3. chunk-parallel outputs from rnd(h_c)
@@ -260,7 +264,7 @@ def build_chunk_launches(operator: str, tensors: Dict[str, Optional[torch.Tensor
         launches.append(Launch(name, kernel, kc.grid, args[name], kwargs_for(kernel, kc.constexprs),
                                dict(kc.options)))
     buffers = ChunkBuffers(states=states, qk_dot=qk_dot, dz=dz, o=o, dmimo_o=dmimo_o, dmimo_z=dmimo_z, hf32=hf32,
-                           rec=rec, rec_cs=rec_cs)
+                           rec=rec, rec_cs=rec_cs, final=final_state)
     return cfg, mod, launches, buffers
 
 

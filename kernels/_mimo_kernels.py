@@ -469,13 +469,13 @@ def _state_chunk_step(state, decay, kst_ptr, psiv_ptr, chunk, nn, pp, v_ptr, v_t
 
 @triton.jit
 def _mimo_state_kernel(
-    kst_ptr, psiv_ptr, v_ptr, mimo_v_ptr, da_cs_ptr, states_ptr, hf32_ptr,
+    kst_ptr, psiv_ptr, v_ptr, mimo_v_ptr, da_cs_ptr, states_ptr, hf32_ptr, final_ptr,
     S, H, nc, n_nt, n_pt,
     N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr,
     BN: tl.constexpr, BP: tl.constexpr, CB: tl.constexpr, LPK: tl.constexpr,
     K_STATE: tl.constexpr, PSIV: tl.constexpr, PSI_WEIGHT: tl.constexpr, DOT_STATE_LP: tl.constexpr,
     ACCUMULATE: tl.constexpr, STORE_F32: tl.constexpr, KT_LOAD: tl.constexpr, ONE_DOT: tl.constexpr,
-    PSIV_FROM_V: tl.constexpr,
+    PSIV_FROM_V: tl.constexpr, FINAL: tl.constexpr,
 ):
     """The sequential walk over the chunks: states[c] = rnd(h_c), h_{c+1} = h_c·decay_c (+) k_stateᵀ·ΨV.
 
@@ -488,7 +488,8 @@ def _mimo_state_kernel(
     Inputs: kst [B·H·nc, LP, N] and psiv [B·H·nc, LP, P] from ``_mimo_prep_kernel`` (lp bits when K_STATE / PSIV,
     else FP32; padded rows are 0), or with PSIV_FROM_V v [B, S, H, P] (int16 bits) and mimo_v [H, R, P] (FP32)
     instead of psiv; da_cs [B, H, S]. Outputs: states [B, H, nc, N, P] (lp bits); hf32 (same shape,
-    FP32 h_c) when STORE_F32.
+    FP32 h_c) when STORE_F32; final [B, H, N, P] (FP32 h_nc, the state after the last chunk: the forward's
+    ``FINAL_STATE``) when FINAL.
 
     Compile-time constants:
         N, P, R, C, LP: sizes (LP = padded fused rows). BN, BP: tile. CB: chunks per decay load. LPK: lp format.
@@ -501,7 +502,7 @@ def _mimo_state_kernel(
         sums as one K=16 GEMM at a time). The next block of decays is loaded before the current one is walked, and
         each chunk's decay (a cross-lane sum) is picked one chunk early, off the sequential path. PSI_WEIGHT: policy
         switch (S3), used with PSIV_FROM_V (CUDA, one GEMM slice per chunk): ΨV recomputed from v and Ψ in the walk
-        (``_state_rows``), the workspace not read.
+        (``_state_rows``), the workspace not read. FINAL: also store the state after the last chunk.
 
     Rounding sites: S41 (states = rnd(h_c)); with PSIV_FROM_V also S3 (Ψ) and S11 (ΨV), as in the prep kernel;
     S43–S45 are FP32.
@@ -547,6 +548,8 @@ def _mimo_state_kernel(
             state = _state_chunk_step(state, cur, kst_ptr, psiv_ptr, chunk, nn, pp, v_ptr, v_tok0, c, psi, S, H, N, P,
                                       LP, R, C, LPK, K_STATE, PSIV, DOT_STATE_LP, ACCUMULATE, KT_LOAD, ONE_DOT,
                                       PSIV_FROM_V)
+    if FINAL:
+        tl.store(final_ptr + bh.to(tl.int64) * (N * P) + st_offs, state)
 
 
 @triton.jit

@@ -12,12 +12,12 @@ of ``policy.mamba_mimo_fwd`` is a constexpr.
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, Optional, Sequence
 
 import torch
 
 from mimo_numerics import presets as _presets
-from mimo_numerics.ops.mamba_mimo_fwd.spec import MimoFwdOutputs
+from mimo_numerics.ops.mamba_mimo_fwd.spec import MimoFwdOutputs, MimoFwdStateOutputs
 from mimo_numerics.ops.mamba_mimo_fwd.validation import validate_inputs
 from mimo_numerics.validation import Dims
 
@@ -32,7 +32,8 @@ def mamba_mimo_fwd(
     q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum,
     chunk_size: int = 16, rotary_dim_divisor: int = 4, dtype: Optional[torch.dtype] = None, *,
     policy="upstream_sm90", record: Optional[Dict[str, torch.Tensor]] = None, poison: bool = False,
-    allow_slow_interpreter: bool = False, tuning: Optional[Mapping[str, int]] = None,
+    allow_slow_interpreter: bool = False, tuning: Optional[Mapping[str, int]] = None, return_state: bool = False,
+    final_tokens: Optional[Sequence[int]] = None,
 ) -> MimoFwdOutputs:
     """The Mamba-3 MIMO forward kernel in Triton, rounded as ``policy.mamba_mimo_fwd`` says.
 
@@ -51,9 +52,15 @@ def mamba_mimo_fwd(
         allow_slow_interpreter (bool): run on CPU even when the estimated interpreter time is long.
         tuning (Mapping[str, int], optional): per-call overrides of tiles, warps and code forms
             (``kernels.TUNING_KEYS``); none changes a rounding site.
+        return_state (bool): also upstream's ``FINAL_STATE`` (the state walk's state after the last chunk, FP32,
+            stored by the walk kernel with ``FINAL``) and ``FINAL_K`` (the last token's biased, rotated k: a
+            ``[B, R, H, N]`` side output computed by the policy reference on that token alone, not by a kernel).
+        final_tokens (sequence of int, optional): with ``return_state``, each batch row's token for ``FINAL_K``
+            (default the last; zero-padded varlen rows give their last real token).
 
     Returns:
-        MimoFwdOutputs: ``o`` ``[B, S, H, P]`` (reduced) or ``[B, S, R, H, P]``, in lp.
+        MimoFwdOutputs: ``o`` ``[B, S, H, P]`` (reduced) or ``[B, S, R, H, P]``, in lp; with ``return_state``
+        ``MimoFwdStateOutputs`` (``o``, ``final_state [B, H, N, P]``, ``final_k [B, R, H, N]``), as the reference.
 
     Raises:
         ImportError: without ``triton``. UnsupportedPolicyError: a policy the kernels cannot express (names the
@@ -63,7 +70,8 @@ def mamba_mimo_fwd(
     """
     prep = build_launches(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt,
                           trap, segsum, chunk_size, rotary_dim_divisor, dtype, policy=policy, record=record,
-                          poison=poison, allow_slow_interpreter=allow_slow_interpreter, tuning=tuning)
+                          poison=poison, allow_slow_interpreter=allow_slow_interpreter, tuning=tuning,
+                          return_state=return_state, final_tokens=final_tokens)
     return prep.run()
 
 
@@ -72,7 +80,7 @@ def build_launches(
     chunk_size: int = 16, rotary_dim_divisor: int = 4, dtype: Optional[torch.dtype] = None, *,
     policy="upstream_sm90", record: Optional[Dict[str, torch.Tensor]] = None, poison: bool = False,
     allow_slow_interpreter: bool = False, tuning: Optional[Mapping[str, int]] = None, backend: Optional[str] = None,
-    sm_count: Optional[int] = None,
+    sm_count: Optional[int] = None, return_state: bool = False, final_tokens: Optional[Sequence[int]] = None,
 ) -> Prepared:
     """Validate, allocate and describe the forward's launches without running them (``backend``, ``sm_count``:
     plan a device launch from CPU tensors, e.g. for the Ascend compile gate)."""
@@ -86,13 +94,45 @@ def build_launches(
     keep = record is not None
     cfg, mod, launches, buf = build_chunk_launches(
         OPERATOR_NAME, tensors, dims, policy, record=keep, poison=poison,
-        allow_slow_interpreter=allow_slow_interpreter, tuning=tuning, backend=backend, sm_count=sm_count)
+        allow_slow_interpreter=allow_slow_interpreter, tuning=tuning, backend=backend, sm_count=sm_count,
+        final=bool(return_state))
 
     def finish():
         if keep:
             _fill_record(record, buf, cfg.constexprs, dims, mod)
 
-    return Prepared(launches, MimoFwdOutputs(o=buf.o), cfg, finish)
+    if not return_state:
+        return Prepared(launches, MimoFwdOutputs(o=buf.o), cfg, finish)
+    final_k = _final_k(tensors, dims, policy, final_tokens)
+    return Prepared(launches, MimoFwdStateOutputs(o=buf.o, final_state=buf.final, final_k=final_k), cfg, finish)
+
+
+def _final_k(tensors: Dict[str, Optional[torch.Tensor]], dims: Dims, policy,
+             final_tokens: Optional[Sequence[int]]) -> torch.Tensor:
+    """``FINAL_K [B, R, H, N]``: the policy reference's biased, rotated k of each row's final token, computed on
+    that token alone (its rotation uses torch's cos/sin, not the angles kernel's: an lp bit may differ from what
+    the kernels hold, within their lp tolerance)."""
+    from mimo_numerics.ops.mamba_mimo_fwd.reference import mamba_mimo_fwd as reference
+
+    B, S = dims.batch, dims.seqlen
+    last = [S - 1] * B if final_tokens is None else [int(t) for t in final_tokens]
+    if len(last) != B or not all(0 <= t < S for t in last):
+        raise ValueError(f"final_tokens must give one token in [0, {S}) per batch row ({B}), got {last}")
+    rows = torch.arange(B, device=dims.device)
+    index = torch.tensor(last, device=dims.device)
+
+    def token(x, axis):  # the final token of each row, kept as a length-1 time axis
+        if x is None:
+            return None
+        return (x[rows, index] if axis == 1 else x[rows, :, index]).unsqueeze(axis)
+
+    t = tensors
+    one = reference(token(t["q"], 1), token(t["k"], 1), token(t["v"], 1), t["q_bias"], t["k_bias"], t["mimo_v"],
+                    t["mimo_o"], token(t["z"], 1), t["d"], t["mimo_z"], token(t["angles"], 1),
+                    token(t["da_cs"], 2), token(t["da_cs_rev"], 2), token(t["dt"], 2), token(t["trap"], 2),
+                    t["segsum"][:, :, :1], chunk_size=dims.chunk_size, rotary_dim_divisor=dims.rotary_dim_divisor,
+                    policy=policy, return_state=True)
+    return one.final_k
 
 
 def _fill_record(record, buf: ChunkBuffers, cx, dims: Dims, mod) -> None:

@@ -39,8 +39,8 @@ bounds, :func:`triton_stages`): each call says so with a :class:`BackendFallback
 ``return_state=True`` returns ``(Out, Final_Angle, Final_SSM_State, Final_K, Final_V)`` as upstream does: the angle
 walk's state after the last chunk (``remainder(·, 2π)``) ``[B, H, K]``, the SSM state after the last chunk
 ``[B, H, P, N]`` (fp32), the last token's biased, rotated K ``[B, R, H, N]`` (lp) and ``V[:, -1]`` ``[B, H, P]``,
-all non-differentiable side outputs (as upstream's: a loss of them gets no gradient). Reference and fp64 chains
-only (the kernels have no final-state path yet: ``backend="triton"`` raises ``NotImplementedError``).
+all non-differentiable side outputs (as upstream's: a loss of them gets no gradient). Under ``backend="triton"``
+the state walk kernel stores the final state; ``Final_K`` comes from the reference on the last token.
 
 ``cu_seqlens`` (upstream's varlen mode, ``B = 1``): the sequences run as zero-padded batch rows and ``Out`` is
 gathered back (:mod:`.varlen` says why the padding changes no real token); gradients flow back through the packing.
@@ -275,8 +275,7 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
             of ``mamba_mimo_fwd``, ``mamba_mimo_bwd_fwd`` and ``mamba_mimo_bwd_bwd``.
         backend (str): ``"reference"`` or ``"triton"`` (the three operators by kernel; :data:`TRITON_STAGES`).
         record (dict, optional): filled with the named stages of the chain (module docstring).
-        return_state (bool): also return upstream's final state for decoding (module docstring); reference and
-            fp64 chains only.
+        return_state (bool): also return upstream's final state for decoding (module docstring).
         cu_seqlens (Tensor | None): ``[NS + 1]`` int32 offsets of packed sequences (B = 1), upstream's varlen
             mode: every sequence restarts (chunks, states, angles); tails allowed (:mod:`.varlen`). With
             ``return_state`` the final state is per sequence, ``[NS, ...]``.
@@ -289,8 +288,7 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
         Final_V [B, H, P])``, the last four non-differentiable.
 
     Raises:
-        NotImplementedError: ``return_state`` with ``backend="triton"``, a policy the chain cannot run
-            (``chain.chain_kind``).
+        NotImplementedError: a policy the chain cannot run (``chain.chain_kind``).
         PolicyUndefined: a policy without a section of the chain (``seed_bf16``).
         TypeError, ValueError: bad inputs, naming the argument (:func:`validate_op_inputs`, then each operator's
             own validation).
@@ -299,9 +297,6 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
     """
     if not isinstance(return_state, bool):
         raise TypeError(f"return_state must be a bool, got {type(return_state).__name__}")
-    if return_state and backend == "triton":
-        raise NotImplementedError("return_state=True with backend='triton': the forward kernels have no final-state "
-                                  "path yet; use backend='reference'")
     if record is not None and not isinstance(record, MutableMapping):
         raise TypeError(f"record must be a dict (or another mutable mapping) or None, got {type(record).__name__}")
     policy = _presets.resolve(policy)

@@ -279,20 +279,23 @@ def run_forward(inputs: dict, pre: dict, policy, *, backend: str = "reference",
 
     ``backend="triton"`` runs ``mimo_numerics.kernels.mamba_mimo_fwd`` (reference chain only). ``record`` gets
     ``mamba_mimo_fwd.<stage>`` (the reference's ``spec.STAGES``, the kernel's as well; none under fp64) and
-    ``mamba_mimo_fwd.outputs.o``. ``return_state`` (reference and fp64 chains; the kernels have no final-state
-    path): a dict ``{"o", "final_state" [B, H, N, P], "final_k" [B, R, H, N]}`` (upstream's ``FINAL_STATE``,
+    ``mamba_mimo_fwd.outputs.o``. ``return_state``: a dict ``{"o", "final_state" [B, H, N, P], "final_k" [B, R, H, N]}`` (upstream's ``FINAL_STATE``,
     ``FINAL_K``; ``final_tokens``: each row's token for ``FINAL_K``, default the last), also recorded under
     ``mamba_mimo_fwd.outputs``.
     """
     policy = _presets.resolve(policy)
     if return_state:
-        if backend == "triton" and chain_kind(policy) != "fp64":
-            raise NotImplementedError("return_state=True with backend='triton': the forward kernels have no "
-                                      "final-state path yet; use backend='reference'")
         if chain_kind(policy) == "fp64":
             o, final_state, final_k = mamba_mimo_fwd_oracle(*forward_args(inputs, pre), **stage2_kwargs(inputs),
                                                             return_state=True, final_tokens=final_tokens)
             result = {"o": o, "final_state": final_state, "final_k": final_k}
+        elif backend == "triton":
+            from ... import kernels  # imports triton only when called
+
+            stages = None if record is None else {}
+            result = kernels.mamba_mimo_fwd(*forward_args(inputs, pre), **stage2_kwargs(inputs), policy=policy,
+                                            record=stages, return_state=True, final_tokens=final_tokens).as_dict()
+            _store(record, "mamba_mimo_fwd", stages)
         elif final_tokens is not None:  # rows of their own (varlen): one call, every row's token known
             result = _forward_reference(inputs, pre, policy, record, True, final_tokens)
         else:

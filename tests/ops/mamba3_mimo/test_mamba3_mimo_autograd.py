@@ -205,7 +205,6 @@ def _with(inputs, **changes):
     (lambda x: {}, dict(chunk_size=6), ValueError, "chunk_size"),
     (lambda x: {}, dict(rotary_dim_divisor=3), ValueError, "rotary_dim_divisor must be one of"),
     (lambda x: {}, dict(return_state=1), TypeError, "return_state must be a bool"),
-    (lambda x: {}, dict(return_state=True, backend="triton"), NotImplementedError, "return_state=True with backend"),
     (lambda x: {}, dict(cu_seqlens=torch.tensor([0, 15])), ValueError, "cu_seqlens must end at the packed length"),
     (lambda x: {}, dict(backend="cuda"), ValueError, "backend must be one of"),
     (lambda x: {}, dict(record=[]), TypeError, "record must be a dict"),

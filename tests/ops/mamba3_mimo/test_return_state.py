@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mimo_numerics as mn
-from mimo_numerics import tolerances
+from mimo_numerics import kernels, tolerances
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba3_mimo import step
 from mimo_numerics.ops.mamba3_mimo.cases import OP_INPUT_NAMES, make_op_inputs, small_case
@@ -147,6 +147,13 @@ def test_forward_operator_final_state_under_fp64_is_the_oracles():
     assert ref["final_state"] is ref.final_state and ref[0] is ref.o
 
 
+def _fwd_args(raw: dict) -> tuple:
+    """The forward operator's 16 tensors of a whole-op case (fp32 preprocessing)."""
+    from mimo_numerics.ops.mamba3_mimo import chain
+
+    return chain.forward_args(raw, chain.preprocess(raw, torch.float32))
+
+
 def test_final_state_is_a_non_differentiable_side_output():
     raw = make_op_inputs(small_case(seed=9))
     leaves = [None if raw[n] is None else raw[n].clone().requires_grad_() for n in OP_INPUT_NAMES]
@@ -166,9 +173,25 @@ def test_return_state_refusals_name_the_argument():
     raw = make_op_inputs(small_case())
     with pytest.raises(TypeError, match="return_state must be a bool"):
         _run(raw, "upstream_sm90", return_state="yes")
-    with pytest.raises(NotImplementedError, match="backend='triton'"):
-        _run(raw, "upstream_sm90", return_state=True, backend="triton")
     with pytest.raises(ValueError, match="state.ssm must have shape"):
         bad = step.DecodeState(torch.zeros(1, 2, 8), torch.zeros(1, 2, 3, 3), torch.zeros(1, 2, 2, 32),
                                torch.zeros(1, 2, 16))
         step.mamba3_mimo_step_fp64(*_one_token(raw, 0), bad)
+
+
+@pytest.mark.skipif(not kernels.triton_available(), reason="needs triton")
+@pytest.mark.parametrize("seqlen", [32, 29])
+def test_final_state_on_the_kernels_is_the_references(seqlen):
+    """``backend="triton"``: the walk kernel's FINAL store against the reference's recurrence one step further,
+    within the kernels' own tolerances (FP32 state; FINAL_K is the reference's on the last token)."""
+    raw = make_op_inputs(small_case(seqlen=seqlen, seed=12))
+    want = _run(raw, "upstream_sm90", return_state=True)
+    with pytest.warns(mn.ops.mamba3_mimo.autograd.BackendFallbackWarning):
+        got = _run(raw, "upstream_sm90", return_state=True, backend="triton")
+    assert rel_rms(got[0].float(), want[0].float()) <= tolerances.get("whole_op_kernels_vs_reference_rel_rms")
+    assert torch.equal(got[1], want[1]) and torch.equal(got[3], want[3]) and torch.equal(got[4], want[4])
+    assert rel_rms(got[2], want[2]) <= tolerances.get("kernels_interpreter_vs_reference_fp32_rel_rms")
+    fwd = kernels.mamba_mimo_fwd(*_fwd_args(raw), chunk_size=raw["chunk_size"],
+                                 rotary_dim_divisor=raw["rotary_dim_divisor"], policy="upstream_sm90", poison=True,
+                                 return_state=True)
+    assert torch.isfinite(fwd.final_state).all()  # poisoned buffers: every element of the final state written

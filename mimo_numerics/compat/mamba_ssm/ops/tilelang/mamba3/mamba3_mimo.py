@@ -22,7 +22,7 @@ def mamba3_mimo(Q: Tensor, K: Tensor, V: Tensor, ADT: Tensor, DT: Tensor, Trap: 
         Q ... Z: upstream's 14 tensors (``mimo_numerics.mamba3_mimo``'s docstring has the shapes).
         chunk_size (int), rotary_dim_divisor (int): as upstream.
         dtype (torch.dtype | str): upstream's computation dtype; it must be ``Q``'s (its name is accepted too).
-        return_state (bool): also ``(Final_Angle, Final_SSM_State, Final_K, Final_V)`` (reference backend).
+        return_state (bool): also ``(Final_Angle, Final_SSM_State, Final_K, Final_V)``.
         cu_seqlens: varlen, not implemented (``NotImplementedError``).
         policy: a ``RoundingPolicy``, a preset name or a policy JSON path.
 

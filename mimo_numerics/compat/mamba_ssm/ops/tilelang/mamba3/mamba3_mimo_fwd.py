@@ -26,13 +26,14 @@ def mamba_mimo_forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, D, mimo_z, an
     compat.check_dtype(dtype, q.dtype)
     policy = compat.policy_for(policy, q)
     args = (q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, D, mimo_z, angles, dA_cs, dA_cs_rev, dt, trap, segsum)
-    if compat.default_backend() == "triton" and not return_state:
+    if compat.default_backend() == "triton":
         from mimo_numerics import kernels
 
-        return kernels.mamba_mimo_fwd(*args, chunk_size=chunk_size, rotary_dim_divisor=rotary_dim_divisor,
-                                      policy=policy).o, None, None
-    out = _forward_reference(*args, chunk_size=chunk_size, rotary_dim_divisor=rotary_dim_divisor, policy=policy,
-                             return_state=bool(return_state))
+        forward = kernels.mamba_mimo_fwd
+    else:
+        forward = _forward_reference
+    out = forward(*args, chunk_size=chunk_size, rotary_dim_divisor=rotary_dim_divisor, policy=policy,
+                  return_state=bool(return_state))
     if return_state:
         return out.o, out.final_state, out.final_k
     return out.o, None, None
