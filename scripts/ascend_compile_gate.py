@@ -635,6 +635,9 @@ FORWARD_CI_CASES: Tuple[GateCase, ...] = (
     ("fp32", 16, 16, 8, 2, True, True, False),                    # roZ-, smallest tiles
     ("upstream_sm90", 64, 32, 128, 1, True, False, False),        # ro--, R = 1, CP 128
 )
+#: Forward cases also planned with ``return_state=True``: the state walk with ``FINAL`` (its one extra store; the
+#: other launches of such a build are those of the plain case, so only the walk's plan is kept).
+FORWARD_FINAL_STATE_CASES: Tuple[GateCase, ...] = (FORWARD_CI_CASES[0], FORWARD_CI_CASES[3])
 #: The operators the gate builds launches for, with the launcher module of each.
 OPERATOR_LAUNCHERS = {"mamba_mimo_bwd_fwd": "mimo_numerics.kernels.mimo_bwd_fwd",
                       "mamba_mimo_fwd": "mimo_numerics.kernels.mimo_fwd",
@@ -723,10 +726,12 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
                 continue
             if refusal is not None and refusal("npu", case[1], case[2], case[3] * case[4]):
                 continue  # sizes the launcher refuses on NPU (stage 2 beyond its Ascend bounds)
-            jobs.append((operator, build, case))
+            jobs.append((operator, build, case, False))
+            if operator == "mamba_mimo_fwd" and case in FORWARD_FINAL_STATE_CASES:
+                jobs.append((operator, build, case, True))
     plans: List[LaunchPlan] = []
     inputs_cache: Dict[Tuple, Any] = {}
-    for operator, build, (preset, n, p, c, r, ro, z, d) in jobs:
+    for operator, build, (preset, n, p, c, r, ro, z, d), final in jobs:
         policy = _presets.get(preset)
         shape = (n, p, c, r, ro, z, d, policy.lp_dtype)
         if shape not in inputs_cache:
@@ -736,15 +741,18 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
                                    dtype=policy.lp_dtype)
             inputs_cache[shape] = _gate_inputs(spec)
         inputs = inputs_cache[shape]
-        label = _OPERATOR_LABELS[operator] + f"N{n}_P{p}_R{r}_C{c}_" + ("ro" if ro else "fo") + ("Z" if z else "-") \
-            + ("D" if d else "-")
+        label = _OPERATOR_LABELS[operator] + ("final_" if final else "") + f"N{n}_P{p}_R{r}_C{c}_" \
+            + ("ro" if ro else "fo") + ("Z" if z else "-") + ("D" if d else "-")
         args = [inputs[name] for name in _OPERATOR_INPUTS[operator]]
         with torch.no_grad(), warnings.catch_warnings():
             # without CANN, triton-ascend's driver probe warns "No such file or directory: 'ccec'" on every call
             # (the launcher asks it for the core count and falls back to a default)
             warnings.filterwarnings("ignore", message=r".*ccec.*", category=UserWarning)
-            prep = build(*args, **stage1_cases.as_kwargs(inputs), policy=policy, backend="npu")
+            extra = {"return_state": True} if final else {}
+            prep = build(*args, **stage1_cases.as_kwargs(inputs), policy=policy, backend="npu", **extra)
         for launch in prep.launches:
+            if final and launch.kernel.__name__ != "_mimo_state_kernel":
+                continue  # the rest is the plain case's plan
             grid = launch.grid if isinstance(launch.grid, (tuple, list)) else (int(launch.grid),)
             plans.append(LaunchPlan(kernel=launch.kernel, args=tuple(launch.args),
                                     kwargs={**launch.constexprs, **launch.options}, grid=tuple(grid),

@@ -158,6 +158,10 @@ def test_forward_ci_cases_cover_every_branch_and_forward_preset():
     assert plans and all(p.name.startswith("fwd_") for p in plans)
     outs = [p for p in plans if p.kernel_name == "_mimo_out_kernel"]
     assert len(outs) == len(cases) and all(p.kwargs["FORWARD"] for p in outs)
+    # return_state: the state walk with FINAL, planned for the cases of FORWARD_FINAL_STATE_CASES only
+    finals = [p for p in plans if p.kwargs.get("FINAL")]
+    assert len(finals) == len(gate.FORWARD_FINAL_STATE_CASES)
+    assert all(p.kernel_name == "_mimo_state_kernel" and p.name.startswith("fwd_final_") for p in finals)
     with pytest.raises(ValueError, match="operators"):
         gate.project_plans(scope="ci", operators=("mamba_mimo_chunk_scan",))
     # stage 2's launches build for Ascend from CPU tensors, with the Ascend tile plan (row and token blocks)
