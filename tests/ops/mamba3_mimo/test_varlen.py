@@ -109,6 +109,15 @@ def test_varlen_on_the_kernels_is_the_reference():
             key = ("whole_op_kernels_vs_reference_cancelling_rel_rms" if name in cancelling
                    else "whole_op_kernels_vs_reference_rel_rms")
             assert rel_rms(g.float(), want_grads[name].float()) <= tolerances.get(key), name
+    # the per-sequence final states: the walk kernel's FINAL store through the padded chunks
+    want = mn.mamba3_mimo(*x.values(), C, raw["rotary_dim_divisor"], cu_seqlens=offsets, return_state=True)
+    with pytest.warns(mn.ops.mamba3_mimo.autograd.BackendFallbackWarning):
+        got = mn.mamba3_mimo(*x.values(), C, raw["rotary_dim_divisor"], cu_seqlens=offsets, return_state=True,
+                             backend="triton")
+    assert got[2].shape[0] == 3
+    assert rel_rms(got[2], want[2]) <= tolerances.get("kernels_interpreter_vs_reference_fp32_rel_rms")
+    for a, b in zip(got[3:], want[3:]):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("offsets, batch, error, match", [
