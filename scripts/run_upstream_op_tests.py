@@ -76,6 +76,7 @@ def run(test_file: Path, policy: str, device: str) -> dict:
 
 
 def write_report(results: list, out: Path, test_file: Path, device: str, command: str) -> None:
+    """The Markdown report of :func:`run`'s results (one row per policy) with the provenance header."""
     prov = provenance.collect(command=command)
     sizes = ", ".join(f"`{k}` {a} -> {b}" for k, (a, b) in CPU_SIZES.items())
     lines = [f"# Upstream's test file for the op, run against `mimo_numerics.compat` ({device})", "",
@@ -96,6 +97,7 @@ def write_report(results: list, out: Path, test_file: Path, device: str, command
 
 
 def main(argv=None) -> int:
+    """Run the file once per policy, print a line each, write the report; exit 1 if a run failed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--test-file", type=Path, required=True,
                         help="upstream's tests/ops/tilelang/test_mamba3_mimo.py (a v2.3.2.post1 checkout)")
