@@ -18,7 +18,7 @@ import torch
 
 from mimo_numerics import presets as _presets
 from mimo_numerics.ops.mamba_mimo_fwd.spec import MimoFwdOutputs, MimoFwdStateOutputs
-from mimo_numerics.ops.mamba_mimo_fwd.validation import validate_inputs
+from mimo_numerics.ops.mamba_mimo_fwd.validation import check_final_tokens, validate_inputs
 from mimo_numerics.validation import Dims
 
 from ._config import policy_constexprs
@@ -114,11 +114,8 @@ def _final_k(tensors: Dict[str, Optional[torch.Tensor]], dims: Dims, policy,
     the kernels hold, within their lp tolerance)."""
     from mimo_numerics.ops.mamba_mimo_fwd.reference import mamba_mimo_fwd as reference
 
-    B, S = dims.batch, dims.seqlen
-    last = [S - 1] * B if final_tokens is None else [int(t) for t in final_tokens]
-    if len(last) != B or not all(0 <= t < S for t in last):
-        raise ValueError(f"final_tokens must give one token in [0, {S}) per batch row ({B}), got {last}")
-    rows = torch.arange(B, device=dims.device)
+    last = check_final_tokens(final_tokens, dims.batch, dims.seqlen)
+    rows = torch.arange(dims.batch, device=dims.device)
     index = torch.tensor(last, device=dims.device)
 
     def token(x, axis):  # the final token of each row, kept as a length-1 time axis

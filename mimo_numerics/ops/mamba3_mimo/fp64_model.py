@@ -50,7 +50,7 @@ def _clamp_nonpositive(x: torch.Tensor, clamp_backward: str) -> torch.Tensor:
     return x - torch.relu(x).detach()  # value min(x, 0), gradient 1
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the pairs (a, N/2 + a), a < K, of ``x [..., N]`` by angles with ``cos, sin [..., K]``."""
     width, half = cos.shape[-1], x.shape[-1] // 2
     x1, x2 = x[..., :width], x[..., half:half + width]
@@ -101,7 +101,7 @@ def mamba3_mimo_fp64(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIM
     group_of_head = torch.arange(H, device=device) // (H // G)
     q_hat = x64["Q"][:, :, :, group_of_head].permute(0, 3, 1, 2, 4) + x64["Q_bias"][None, :, None]  # [B,H,S,R,N]
     k_hat = x64["K"][:, :, :, group_of_head].permute(0, 3, 1, 2, 4) + x64["K_bias"][None, :, None]
-    q_rot, k_rot = _rotate(q_hat, cos, sin), _rotate(k_hat, cos, sin)
+    q_rot, k_rot = rotate_pairs(q_hat, cos, sin), rotate_pairs(k_hat, cos, sin)
     dt, trap = x64["DT"], x64["Trap"]
     gamma = dt * torch.sigmoid(trap)  # [B, H, S]
     gamma_next = torch.nn.functional.pad(dt[..., 1:] * torch.sigmoid(-trap[..., 1:]), (0, 1))

@@ -28,6 +28,8 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
+from .fp64_model import rotate_pairs  # the FP64 model's rotation of the pairs (a, N/2 + a)
+
 _F64 = torch.float64
 
 
@@ -92,13 +94,6 @@ def _check_step_inputs(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, M
     return B, R, G, N, H, P
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The pairs (a, N/2 + a), a < K, of ``x [..., N]`` rotated by ``cos, sin [..., K]``."""
-    width, half = cos.shape[-1], x.shape[-1] // 2
-    x1, x2 = x[..., :width], x[..., half:half + width]
-    return torch.cat([x1 * cos - x2 * sin, x[..., width:half], x1 * sin + x2 * cos, x[..., half + width:]], dim=-1)
-
-
 def mamba3_mimo_step_fp64(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z: Optional[torch.Tensor],
                           MIMO_Out: Optional[torch.Tensor], Angles, D: Optional[torch.Tensor],
                           Z: Optional[torch.Tensor], state: DecodeState) -> Tuple[torch.Tensor, DecodeState]:
@@ -128,8 +123,8 @@ def mamba3_mimo_step_fp64(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z
     dt, trap = f64(DT), f64(Trap)
     theta = f64(state.angle) + math.pi * torch.tanh(f64(Angles)) * dt[..., None]  # [B, H, K]
     cos, sin = torch.cos(theta)[:, :, None], torch.sin(theta)[:, :, None]  # [B, H, 1, K]
-    q_rot = _rotate(f64(Q)[:, :, group_of_head].transpose(1, 2) + f64(Q_bias), cos, sin)  # [B, H, R, N]
-    k_rot = _rotate(f64(K)[:, :, group_of_head].transpose(1, 2) + f64(K_bias), cos, sin)
+    q_rot = rotate_pairs(f64(Q)[:, :, group_of_head].transpose(1, 2) + f64(Q_bias), cos, sin)  # [B, H, R, N]
+    k_rot = rotate_pairs(f64(K)[:, :, group_of_head].transpose(1, 2) + f64(K_bias), cos, sin)
     psi_v = f64(V)[:, :, None, :] * f64(MIMO_V)  # [B, H, R, P]
     psi_v_prev = f64(state.v)[:, :, None, :] * f64(MIMO_V)
     alpha = torch.exp(f64(ADT))

@@ -35,7 +35,7 @@ from .._common.recurrence import state_recurrence
 from .._common.rounder import SiteRounder
 from .sites import SITES  # noqa: F401  (the forward's sites, for readers of this module)
 from .spec import MimoFwdOutputs, MimoFwdStateOutputs
-from .validation import validate_inputs
+from .validation import check_final_tokens, validate_inputs
 
 #: The policy section this reference reads.
 OPERATOR_NAME = "mamba_mimo_fwd"
@@ -88,18 +88,8 @@ def mamba_mimo_fwd(
                                                                 mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum)]
     with ieee_fp32_matmul():
         return _forward(*tensors, dims=dims, policy=policy, switches=switches, record=record,
-                        return_state=bool(return_state), final_tokens=_final_tokens(final_tokens, dims))
-
-
-def _final_tokens(final_tokens: Optional[Sequence[int]], dims: Dims) -> Tuple[int, ...]:
-    """One token per batch row for ``FINAL_K`` (default S − 1), checked."""
-    if final_tokens is None:
-        return (dims.seqlen - 1,) * dims.batch
-    tokens = tuple(int(t) for t in final_tokens)
-    if len(tokens) != dims.batch or not all(0 <= t < dims.seqlen for t in tokens):
-        raise ValueError(f"final_tokens must give one token in [0, {dims.seqlen}) per batch row ({dims.batch}), "
-                         f"got {list(tokens)}")
-    return tokens
+                        return_state=bool(return_state),
+                        final_tokens=check_final_tokens(final_tokens, dims.batch, dims.seqlen))
 
 
 def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_cs, da_cs_rev, dt, trap, segsum, *,

@@ -77,3 +77,15 @@ def validate_inputs(
                         fp32_allowed=WIDE_DTYPES if wide else (torch.float32,),
                         required_note=" (upstream cannot take None)", first=("z", "mimo_z", "d"),
                         first_hint=_ORDER_HINT, special=forward_checks)
+
+
+def check_final_tokens(final_tokens, batch: int, seqlen: int) -> tuple:
+    """One token per batch row for ``FINAL_K`` (``return_state``): ``final_tokens`` checked, or S − 1 for every row
+    when None. ValueError naming ``final_tokens`` otherwise."""
+    if final_tokens is None:
+        return (seqlen - 1,) * batch
+    tokens = tuple(int(t) for t in final_tokens)
+    if len(tokens) != batch or not all(0 <= t < seqlen for t in tokens):
+        raise ValueError(f"final_tokens must give one token in [0, {seqlen}) per batch row ({batch}), "
+                         f"got {list(tokens)}")
+    return tokens
