@@ -189,7 +189,10 @@ def test_final_state_on_the_kernels_is_the_references(seqlen):
     with pytest.warns(mn.ops.mamba3_mimo.autograd.BackendFallbackWarning):
         got = _run(raw, "upstream_sm90", return_state=True, backend="triton")
     assert rel_rms(got[0].float(), want[0].float()) <= tolerances.get("whole_op_kernels_vs_reference_rel_rms")
-    assert torch.equal(got[1], want[1]) and torch.equal(got[3], want[3]) and torch.equal(got[4], want[4])
+    assert torch.equal(got[1], want[1]) and torch.equal(got[4], want[4])  # the same preprocessing; V itself
+    # FINAL_K: the reference on the last token alone against it within the whole sequence: torch's cos/sin take
+    # other (vector or scalar) code paths by tensor size on some CPUs, so equal here but not bound to be
+    assert rel_rms(got[3].float(), want[3].float()) <= tolerances.get("reference_cross_cpu_rel_rms")
     assert rel_rms(got[2], want[2]) <= tolerances.get("kernels_interpreter_vs_reference_fp32_rel_rms")
     fwd = kernels.mamba_mimo_fwd(*_fwd_args(raw), chunk_size=raw["chunk_size"],
                                  rotary_dim_divisor=raw["rotary_dim_divisor"], policy="upstream_sm90", poison=True,

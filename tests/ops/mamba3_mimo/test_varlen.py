@@ -116,8 +116,9 @@ def test_varlen_on_the_kernels_is_the_reference():
                              backend="triton")
     assert got[2].shape[0] == 3
     assert rel_rms(got[2], want[2]) <= tolerances.get("kernels_interpreter_vs_reference_fp32_rel_rms")
-    for a, b in zip(got[3:], want[3:]):
-        assert torch.equal(a, b)
+    assert torch.equal(got[4], want[4])  # each sequence's last V itself
+    # FINAL_K from the reference on one token vs within the rows: torch's cos/sin paths depend on tensor size
+    assert rel_rms(got[3].float(), want[3].float()) <= tolerances.get("reference_cross_cpu_rel_rms")
 
 
 @pytest.mark.parametrize("offsets, batch, error, match", [
