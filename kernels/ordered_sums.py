@@ -17,7 +17,9 @@ Kernels (constexprs, rounding sites; grid ``ceil(n_cols / BLOCK)`` programs, the
   ``EXCLUSIVE``.
 * ``_angle_walk_kernel``: the angle state entering each chunk: ``out[0] = 0``, then ``state = state + x[c]``
   and ``state = fma(-2π₃₂, floor(state / 2π₃₂), state)`` (an IEEE division, ``tl.math.div_rn``, and one rounding
-  of ``state - 2π₃₂·k``). Constexprs: ``BLOCK``, ``TWO_PI`` (fp32(2π)).
+  of ``state - 2π₃₂·k``). Constexprs: ``BLOCK``, ``TWO_PI`` (fp32(2π)), ``RESIDUAL_IN_F64``: form the exact
+  ``state - 2π₃₂·k`` in float64 and round it once to float32 (as the preprocessing's reference does) instead of
+  ``tl.fma``; set for the interpreter, whose ``fma`` rounds twice before Triton 3.9 (the product, then the sum).
 
 Rounding sites: none. No conversion to a low-precision dtype; every operation is an FP32 one rounded to nearest,
 and the only multiply is the explicit FMA of the angle walk (launches pass ``enable_fp_fusion=False`` on CUDA, so
@@ -88,7 +90,8 @@ def _define_kernels(interpreted: bool) -> dict:
                     tl.store(out_ptr + offsets, acc, mask=mask)
 
         @triton.jit
-        def _angle_walk_kernel(x_ptr, out_ptr, n_rows, n_cols, BLOCK: tl.constexpr, TWO_PI: tl.constexpr):
+        def _angle_walk_kernel(x_ptr, out_ptr, n_rows, n_cols, BLOCK: tl.constexpr, TWO_PI: tl.constexpr,
+                               RESIDUAL_IN_F64: tl.constexpr):
             cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
             mask = cols < n_cols
             x_row = x_ptr + cols
@@ -98,7 +101,10 @@ def _define_kernels(interpreted: bool) -> dict:
                 tl.store(out_row, state, mask=mask)
                 state = state + tl.load(x_row, mask=mask, other=0.0)
                 turns = tl.floor(tl.math.div_rn(state, TWO_PI))
-                state = tl.fma(turns, -TWO_PI, state)
+                if RESIDUAL_IN_F64:  # 24-bit 2π₃₂ times an integer turn count and the difference: exact in float64
+                    state = (state.to(tl.float64) - turns.to(tl.float64) * TWO_PI).to(tl.float32)
+                else:
+                    state = tl.fma(turns, -TWO_PI, state)
                 x_row += n_cols
                 out_row += n_cols
 
@@ -192,5 +198,5 @@ def angle_state_walk(sums: torch.Tensor) -> torch.Tensor:
     """
     rows = _rows(sums)
     out = torch.empty_like(rows)
-    _launch("angle_walk", rows, out, TWO_PI=TWO_PI_F32)
+    _launch("angle_walk", rows, out, TWO_PI=TWO_PI_F32, RESIDUAL_IN_F64=rows.device.type == "cpu")
     return out.reshape(sums.shape)

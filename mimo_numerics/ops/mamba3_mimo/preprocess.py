@@ -155,8 +155,9 @@ def _mod_two_pi_f32(x: torch.Tensor) -> torch.Tensor:
     (24-bit times small-integer product, exact there) and rounded once to float32, so this form needs a device with
     float64 (CPU, CUDA).
     """
-    # a divisor tensor on x's device: torch's CUDA division by a Python scalar multiplies by its reciprocal instead
-    turns = torch.floor(x / torch.tensor(_TWO_PI_F32, dtype=x.dtype, device=x.device))
+    # a divisor tensor on x's device: torch's CUDA division by a Python scalar multiplies by its reciprocal instead;
+    # filled on the device (no host copy), so the walk can be captured into a CUDA graph
+    turns = torch.floor(x / torch.full((), _TWO_PI_F32, dtype=x.dtype, device=x.device))
     return (x.double() - _TWO_PI_F32 * turns.double()).float()
 
 
