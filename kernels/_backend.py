@@ -26,11 +26,11 @@ _cache = {}
 
 def set_interpret(value):
     """Switch ``TRITON_INTERPRET`` (env and, when present, ``triton.knobs``); returns a restore callable. Switching
-    it on also applies :func:`apply_interpreter_index_shim` (kernels defined for the interpreter need it)."""
+    it on also applies :func:`_interpreter_index_shim` (every kernel defined for the interpreter needs it)."""
     import triton
 
     if value:
-        apply_interpreter_index_shim()
+        _interpreter_index_shim()
 
     old_env = os.environ.get("TRITON_INTERPRET")
     knobs = getattr(triton, "knobs", None)
@@ -55,7 +55,7 @@ def set_interpret(value):
     return restore
 
 
-def apply_interpreter_index_shim():
+def _interpreter_index_shim():
     """Triton <= 3.6's interpreter converts loop bounds with ``int(array)``, which NumPy >= 2.3 rejects for the
     1-element 1-D arrays that hold scalar kernel arguments ("only 0-dimensional arrays can be converted"); 3.9 fixed
     it with ``squeeze()``. Re-apply ``tensor.__index__`` in the fixed form after the interpreter's own patching
@@ -78,7 +78,6 @@ def apply_interpreter_index_shim():
 
 
 def _load_interpreted():
-    apply_interpreter_index_shim()
     here = os.path.dirname(os.path.abspath(__file__))
     pkg = sys.modules.get(_INTERP_PKG)
     if pkg is None:
