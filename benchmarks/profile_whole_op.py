@@ -5,6 +5,9 @@ it starts, grouped by the line of ``mimo_numerics`` that started them.
     python benchmarks/profile_whole_op.py --device cpu --seqlen 8192 --heads 1      # op counts, cheap on CPU
     python benchmarks/profile_whole_op.py --device cuda --seqlen 8192 --heads 16    # and the device kernels
     python benchmarks/profile_whole_op.py --device cuda --seqlen 8192 --heads 16 --backend triton   # on the kernels
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy -o prof \
+        python benchmarks/profile_whole_op.py --device cuda --batch 8 --seqlen 4096 --heads 32 --backend triton --ncu
+    python benchmarks/ncu_summary.py prof.ncu-rep     # per kernel: time, what bounds it (docs/kernels.md)
 
 Shape: ``G=1, N=P=64, R=4, C=16``, reduced DOUT, Z, D (``bench_whole_op.py``'s fixed part), B/S/H from the
 arguments. A first call warms up (and captures the CUDA graphs); the profiled call's table is printed: per source line
@@ -49,12 +52,18 @@ def main(argv=None) -> int:
     parser.add_argument("--policy", default="upstream_sm90")
     parser.add_argument("--backend", default="reference", choices=("reference", "triton"))
     parser.add_argument("--rows", type=int, default=40)
+    parser.add_argument("--ncu", action="store_true",
+                        help="bracket one warm call with cudaProfilerStart/Stop for `ncu --profile-from-start off` "
+                             "(no torch profiler; see benchmarks/ncu_summary.py)")
+    parser.add_argument("--state-dim", type=int, default=None, help="N (default the benchmark's 64)")
     parser.add_argument("--cprofile", action="store_true",
                         help="also profile the host with cProfile (cumulative time per mimo_numerics function)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     sizes = dict(batch=args.batch, seqlen=args.seqlen, heads=args.heads)
-    case_id = OpCaseSpec(**sizes, **FIXED).case_id
+    if args.state_dim is not None:
+        sizes["state_dim"] = args.state_dim
+    case_id = OpCaseSpec(**{**FIXED, **sizes}).case_id
     whole_op = whole_op_call(sizes, device, args.policy, args.backend)
 
     def call():
@@ -63,6 +72,14 @@ def main(argv=None) -> int:
             torch.cuda.synchronize(device)
 
     call()
+    if args.ncu:  # exactly one warm call between the markers: ncu --profile-from-start off sees its launches only
+        if device.type != "cuda":
+            raise SystemExit("--ncu needs --device cuda")
+        torch.cuda.profiler.start()
+        call()
+        torch.cuda.profiler.stop()
+        print(f"{case_id} under {args.policy}, backend {args.backend}: one call profiled between the markers")
+        return 0
     if args.cprofile:
         import cProfile
         import pstats

@@ -9,6 +9,9 @@ Two case sets:
 * ``extra``: :data:`EXTRA_CASES` (R = 1, R = 8, fp16, a forward tail S % C != 0, G = H with N = 32 and no reduction),
   inputs from :func:`mimo_numerics.ops.mamba3_mimo.cases.make_op_inputs`; written to ``--out`` as one ``.pt`` in
   the golden format (plus ``kw``, ``spec``, ``versions``, ``device_name``, ``refused`` where upstream refuses).
+* ``parity``: :data:`PARITY_CASES`, ``return_state`` and varlen (``cu_seqlens``) runs, written to ``--parity-out``
+  in the same format plus ``return_state``, ``cu_seqlens`` and ``state`` (the four final-state tensors); a varlen
+  case has no ``bwd_fwd``/``bwd_bwd`` (upstream's varlen kernels are not captured).
 
 Every case runs ``--repeat`` times and must give identical bits. Cases are grouped by the kernels' compile-time
 configuration and the groups run in parallel processes (``--jobs``), so TileLang's compilations (about 100 s per
@@ -17,7 +20,8 @@ in TileLang's cache is written there (``cuobjdump --dump-sass``), with the gener
 
 Usage (on the GPU machine, after ``. scripts/use_upstream_wheels.sh``)::
 
-    python golden/make_golden_full_op.py --out out/full_op_extra.pt [--sets stored,extra] [--repeat 2] [--jobs 8]
+    python golden/make_golden_full_op.py --out out/full_op_extra.pt [--sets stored,extra,parity] [--repeat 2]
+        [--jobs 8] [--parity-out out/full_op_parity.pt]
         [--golden tests/data/upstream_h200_full_op_cases.pt] [--sass out/sass] [--upstream-src DIR]
 """
 
@@ -55,7 +59,21 @@ EXTRA_CASES = {
     "x_B2_S64_H2_G2_N32_P64_R2_C32_nored_z": OpCaseSpec(batch=2, seqlen=64, groups=2, state_dim=32, rank=2,
                                                          chunk_size=32, reduce_o=False, has_d=False, seed=205),
 }
-SETS = ("stored", "extra")
+#: Upstream-parity cases (issue 25): name -> (spec, return_state, sequence lengths for ``cu_seqlens`` or None).
+#: The varlen lengths are not multiples of C (tail chunks inside the packed row) and include length-1 sequences;
+#: a varlen case packs them in one row (B = 1, S = their sum). Written to ``--parity-out``.
+PARITY_CASES = {
+    "p_rs_B2_S64_H2_N64_P64_R4_C16_zdo": (OpCaseSpec(batch=2, seqlen=64, seed=301), True, None),
+    "p_rs_B1_S64_H2_G2_N32_P64_R2_C32_nored_z_fp16": (
+        OpCaseSpec(seqlen=64, groups=2, state_dim=32, rank=2, chunk_size=32, reduce_o=False, has_d=False,
+                   dtype="float16", seed=302), True, None),
+    "p_vl_S219_N64_P64_R4_C16_zdo": (OpCaseSpec(seqlen=219, seed=303), True, (31, 77, 48, 63)),
+    "p_vl_S109_G2_N32_P64_R2_C32_nored_z": (
+        OpCaseSpec(seqlen=109, groups=2, state_dim=32, rank=2, chunk_size=32, reduce_o=False, has_d=False,
+                   seed=304), True, (1, 45, 32, 1, 30)),
+    "p_vl_S219_N64_P64_R4_C16_zdo_nostate": (OpCaseSpec(seqlen=219, seed=305), False, (31, 77, 48, 63)),
+}
+SETS = ("stored", "extra", "parity")
 
 
 def _config_key(inputs):
@@ -70,14 +88,27 @@ def _to_bytes(obj) -> bytes:
     return buffer.getvalue()
 
 
+def _cu_seqlens(lengths):
+    """``[0, l0, l0 + l1, ...]`` as int32 (upstream's varlen offsets), or None."""
+    if lengths is None:
+        return None
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + int(n))
+    return torch.tensor(offsets, dtype=torch.int32)
+
+
 def _run_group(items, repeat, source_dir):
-    """Worker: ``[(name, inputs_bytes, backward)]`` sharing one configuration -> ``[(name, result_bytes, meta)]``."""
+    """Worker: ``[(name, inputs_bytes, backward, options)]`` sharing one configuration -> ``[(name, result_bytes,
+    meta)]``; ``options``: ``run_whole_op``'s ``return_state`` and the varlen lengths (``seqlens``)."""
     out = []
-    for name, data, backward in items:
+    for name, data, backward, options in items:
         inputs = torch.load(io.BytesIO(data), weights_only=True)
         runs, t0 = [], time.perf_counter()
         for _ in range(repeat):
-            runs.append(op_upstream.run_whole_op(inputs, backward=backward, source_dir=source_dir))
+            runs.append(op_upstream.run_whole_op(inputs, backward=backward, source_dir=source_dir,
+                                                 return_state=options.get("return_state", False),
+                                                 cu_seqlens=_cu_seqlens(options.get("seqlens"))))
         meta = {"wall_s": round(time.perf_counter() - t0, 2), "repeats": repeat,
                 "repeat_differs": sorted({p for r in runs[1:] for p in op_upstream.identical(runs[0], r)})}
         out.append((name, _to_bytes(runs[0]), meta))
@@ -112,6 +143,7 @@ def _dump_sass(target: Path) -> int:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="the .pt file for the extra cases")
+    parser.add_argument("--parity-out", help="the .pt file for the parity cases (return_state, varlen)")
     parser.add_argument("--sets", default="stored,extra")
     parser.add_argument("--golden", default=str(REPO / "tests" / "data" / "upstream_h200_full_op_cases.pt"))
     parser.add_argument("--repeat", type=int, default=2)
@@ -125,21 +157,33 @@ def main(argv=None):
     sets = [s for s in args.sets.split(",") if s]
     if "extra" in sets and not args.out:
         parser.error("--out is needed for the extra set")
+    if "parity" in sets and not args.parity_out:
+        parser.error("--parity-out is needed for the parity set")
+    unknown = sorted(set(sets) - set(SETS))
+    if unknown:
+        parser.error(f"unknown set(s) {unknown}; sets: {', '.join(SETS)}")
     upstream.check_cuda("cuda")
     op_upstream.load(args.upstream_src)  # fail early on missing packages
 
-    todo = []  # (name, inputs, backward, set)
+    todo = []  # (name, inputs, backward, set, options)
     golden = torch.load(args.golden, weights_only=True) if "stored" in sets else {}
     for name, case in golden.items():
-        todo.append((name, case["inputs"], True, "stored"))
+        todo.append((name, case["inputs"], True, "stored", {}))
     if "extra" in sets:
         for name, spec in EXTRA_CASES.items():  # the backward of a tail case is tried too: its refusal is recorded
             if args.only and name not in args.only:
                 continue
-            todo.append((name, make_op_inputs(spec), True, "extra"))
+            todo.append((name, make_op_inputs(spec), True, "extra", {}))
+    if "parity" in sets:
+        for name, (spec, return_state, seqlens) in PARITY_CASES.items():
+            if args.only and name not in args.only:
+                continue
+            todo.append((name, make_op_inputs(spec), True, "parity",
+                         {"return_state": return_state, "seqlens": seqlens}))
     groups = {}
-    for name, inputs, backward, _ in todo:
-        groups.setdefault(_config_key(inputs), []).append((name, _to_bytes(inputs), backward))
+    for name, inputs, backward, _, options in todo:  # return_state and varlen compile other kernels
+        key = _config_key(inputs) + (options.get("return_state", False), options.get("seqlens") is not None)
+        groups.setdefault(key, []).append((name, _to_bytes(inputs), backward, options))
     print(f"{len(todo)} case(s) in {len(groups)} configuration(s), {args.jobs} process(es)", file=sys.stderr)
     t0 = time.perf_counter()
     results = {}
@@ -153,8 +197,10 @@ def main(argv=None):
                       file=sys.stderr)
     print(f"all done in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
 
-    summary = {"versions": envinfo.versions(), "device_name": envinfo.device_name("cuda"), "cases": {}}
-    for name, inputs, _, set_name in todo:
+    # plain strings: torch's TorchVersion would make the files unloadable with weights_only=True
+    summary = {"versions": {k: str(v) for k, v in envinfo.versions().items()},
+               "device_name": envinfo.device_name("cuda"), "cases": {}}
+    for name, inputs, _, set_name, _ in todo:
         result, meta = results[name]
         entry = {"set": set_name, **meta, "refused": result.get("refused"),
                  "recompute_mismatch": result.get("recompute_mismatch")}
@@ -163,23 +209,26 @@ def main(argv=None):
             entry["differs_from_golden"] = op_upstream.identical(stored, {k: result.get(k) for k in stored})
         summary["cases"][name] = entry
     if args.save_stored:
-        torch.save({name: results[name][0] for name, _, _, set_name in todo if set_name == "stored"},
+        torch.save({name: results[name][0] for name, _, _, set_name, _ in todo if set_name == "stored"},
                    args.save_stored)
+    def entry(spec, result, meta, **more):
+        kw = {"seed": spec.seed, "B": spec.batch, "S": spec.seqlen, "H": spec.heads, "G": spec.groups,
+              "N": spec.state_dim, "P": spec.value_dim, "R": spec.rank, "C": spec.chunk_size,
+              "reduce_o": spec.reduce_o, "has_z": spec.has_z, "has_d": spec.has_d, "formula": spec.formula,
+              "dtype": spec.dtype}
+        return {"kw": kw, "spec": spec.to_dict(), "inputs": make_op_inputs(spec), **more, **result,
+                "repeat_differs": meta["repeat_differs"], "versions": summary["versions"],
+                "device_name": summary["device_name"]}
+
     if "extra" in sets:
-        extra = {}
-        for name, spec in EXTRA_CASES.items():
-            if name not in results:
-                continue
-            result, meta = results[name]
-            kw = {"seed": spec.seed, "B": spec.batch, "S": spec.seqlen, "H": spec.heads, "G": spec.groups,
-                  "N": spec.state_dim, "P": spec.value_dim, "R": spec.rank, "C": spec.chunk_size,
-                  "reduce_o": spec.reduce_o, "has_z": spec.has_z, "has_d": spec.has_d, "formula": spec.formula,
-                  "dtype": spec.dtype}
-            extra[name] = {"kw": kw, "spec": spec.to_dict(), "inputs": make_op_inputs(spec), **result,
-                           "repeat_differs": meta["repeat_differs"], "versions": summary["versions"],
-                           "device_name": summary["device_name"]}
+        extra = {name: entry(spec, *results[name]) for name, spec in EXTRA_CASES.items() if name in results}
         torch.save(extra, args.out)
         print(f"wrote {args.out}: {len(extra)} case(s)", file=sys.stderr)
+    if "parity" in sets:
+        parity = {name: entry(spec, *results[name], return_state=return_state, cu_seqlens=_cu_seqlens(seqlens))
+                  for name, (spec, return_state, seqlens) in PARITY_CASES.items() if name in results}
+        torch.save(parity, args.parity_out)
+        print(f"wrote {args.parity_out}: {len(parity)} case(s)", file=sys.stderr)
     if args.sass:
         summary["sass_binaries"] = _dump_sass(Path(args.sass))
     text = json.dumps(summary, indent=1, default=str)

@@ -66,6 +66,10 @@ FILES: Dict[str, GoldenFile] = {
         "upstream_h200_full_op_extra_cases.pt", "d2a965b600e5a96dd23dc2d61568321d077554c0a8263ad07f5972cd8d2de5f2",
         "the whole op on 6 more cases (R=1, R=8, fp16, a forward tail, G=H with N=32), with upstream's refusals",
         WHOLE_OP_VERSIONS),
+    "full_op_parity": GoldenFile(
+        "upstream_h200_full_op_parity_cases.pt", "b2fb3d3a5b4c7d5fd77f091a67ce84d9b663b278ab08fd85d4731f8d12680087",
+        "the whole op with return_state and with cu_seqlens (varlen, length-1 and tail sequences), 5 cases, inputs "
+        "stored", WHOLE_OP_VERSIONS),
     "inference_counterexamples": GoldenFile(
         "inference_counterexamples.pt", "2508ecee5864358dd7d2a15a7319045f5c8b55fdbf77f46f7e95056f4a8873ed",
         "inputs of four infer_policy counterexamples (reports/reliability.md), no upstream output"),

@@ -547,6 +547,13 @@ TOLERANCES.update({
         "own run-to-run spread (two H200 processes, device_runs/run2): <= 3.0e-4 (2026-12-01, CPU)",
         "tests/ops/mamba3_mimo/test_mamba3_mimo_autograd.py::test_golden_upstream_sm90_within_gate; "
         "scripts/measure_whole_op_golden.py"),
+    "parity_golden_final_angle_rel_rms": Tolerance(
+        1e-5,
+        "issue 25: Final_Angle of mamba3_mimo(..., return_state=True) (with and without cu_seqlens) vs the golden "
+        "upstream run (tests/data/upstream_h200_full_op_parity_cases.pt, 4 cases): 3.2e-6, 2.5e-6, 2.3e-6, 1.9e-6, "
+        "the same under upstream_sm90 and fp32 (an FP32 sum mod 2*pi with no lp rounding: what is left is the order "
+        "of upstream's angle_dt scan, issue 24). Margin 3x (2026-12-03, CPU)",
+        "tests/ops/mamba3_mimo/test_parity_golden.py::test_final_angle_and_v_as_upstreams"),
 })
 
 

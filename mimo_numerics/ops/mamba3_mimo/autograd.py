@@ -32,9 +32,11 @@ when it runs. :func:`golden_sections` turns a record into the golden file's sect
 
 ``backend="triton"`` runs the forward, stage 1 and stage 2 with the package's Triton kernels
 (``mimo_numerics.kernels``: compiled on CUDA, Triton's interpreter on CPU, triton-ascend on NPU); the preprocessing
-and the FP32 epilogue have no kernel yet and run the reference (on Ascend stage 2 too beyond its kernels' tile
-bounds, :func:`triton_stages`): each call says so with a :class:`BackendFallbackWarning` naming them
-(:data:`TRITON_STAGES`), once per message and code location (Python's default warning filter).
+and the FP32 epilogue have no operator kernels and run the same code under both backends: torch operators plus, on
+CUDA with Triton, the ordered-sum kernels of ``kernels/ordered_sums.py`` for their sequential FP32 sums and walks
+(on Ascend stage 2 too runs the reference beyond its kernels' tile bounds, :func:`triton_stages`): each call says
+so with a :class:`BackendFallbackWarning` naming them (:data:`TRITON_STAGES`), once per message and code location
+(Python's default warning filter).
 
 ``return_state=True`` returns ``(Out, Final_Angle, Final_SSM_State, Final_K, Final_V)`` as upstream does: the angle
 walk's state after the last chunk (``remainder(·, 2π)``) ``[B, H, K]``, the SSM state after the last chunk
@@ -237,8 +239,8 @@ def _check_backend(backend: str, policy, tensors: Dict[str, Optional[torch.Tenso
     stages = triton_stages(tensors["V"].device.type, N, P, chunk_size * R)
     fallback = [step for step, runs in stages.items() if runs == "reference"]
     warnings.warn(f"backend='triton': only {', '.join(s for s, r in stages.items() if r == 'triton')} "
-                  f"runs a Triton kernel; {', '.join(fallback)} have none yet and run the reference",
-                  BackendFallbackWarning, stacklevel=3)
+                  f"run operator kernels; {', '.join(fallback)} run the reference (torch operators, with the "
+                  "ordered-sum Triton kernels on CUDA)", BackendFallbackWarning, stacklevel=3)
 
 
 def triton_stages(device_type: str, state_dim: int = 64, value_dim: int = 64,

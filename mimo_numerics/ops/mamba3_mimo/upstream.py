@@ -70,6 +70,8 @@ FILES = (
 )
 #: The module of upstream's autograd function ``mamba3_mimo`` (a key of :func:`load`'s result).
 OP_MODULE = "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo"
+#: What ``mamba3_mimo(..., return_state=True)`` returns after ``Out``, in order.
+STATE_NAMES = ("Final_Angle", "Final_SSM_State", "Final_K", "Final_V")
 _BWD = "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_bwd"
 
 # Positions of the buffers in upstream's kernel calls (mamba_mimo_bwd_combined, mamba3_mimo_bwd.py 1221-1310).
@@ -142,13 +144,21 @@ def _call_capture(record: dict, key: str, convert: Callable[[Any], dict]):
     return wrap
 
 
-def run_whole_op(inputs: Dict[str, Any], *, backward: bool = True, source_dir=None) -> Dict[str, Any]:
+def run_whole_op(inputs: Dict[str, Any], *, backward: bool = True, source_dir=None, return_state: bool = False,
+                 cu_seqlens: Optional[torch.Tensor] = None) -> Dict[str, Any]:
     """Run upstream's ``mamba3_mimo`` on ``inputs`` (a :func:`cases.make_op_inputs` dict or a golden ``inputs``
     entry, on any device: copied to CUDA) and return the golden-format dict (module docstring) on the CPU.
 
+    Args:
+        return_state (bool): call the op with ``return_state=True``; the four final-state tensors are returned
+            under ``state`` (``Final_Angle``, ``Final_SSM_State``, ``Final_K``, ``Final_V``).
+        cu_seqlens (Tensor, optional): ``[NS + 1]`` int32 offsets (B = 1): upstream's varlen path. Its stage-1 and
+            stage-2 kernels live in the varlen module and are not captured (``bwd_fwd``/``bwd_bwd`` absent);
+            ``pre``, ``fwd``, ``post`` and ``autograd`` are.
+
     Returns:
-        dict: ``autograd``, ``pre``, ``fwd``, ``bwd_fwd``, ``bwd_bwd``, ``post`` (those that ran) and, where upstream
-        refused, ``refused`` (``{"forward" | "backward": message}``).
+        dict: ``autograd``, ``pre``, ``fwd``, ``bwd_fwd``, ``bwd_bwd``, ``post`` (those that ran), ``state`` (with
+        ``return_state``) and, where upstream refused, ``refused`` (``{"forward" | "backward": message}``).
     """
     modules = load(source_dir)
     op, bwd = modules[OP_MODULE], modules[_BWD]
@@ -168,9 +178,14 @@ def run_whole_op(inputs: Dict[str, Any], *, backward: bool = True, source_dir=No
         (op, "angle_dt_fwd", _call_capture(record, "pre_angles", lambda r: {"angles_cumsum": r[0]})),
         (op, "compute_dacs_segsum_triton", _call_capture(
             record, "pre_dacs", lambda r: {"da_cs": r[0], "da_cs_rev": r[1], "segsum": r[2]})),
+        (op, "compute_dacs_segsum_triton_varlen", _call_capture(
+            record, "pre_dacs", lambda r: {"da_cs": r[0], "da_cs_rev": r[1], "segsum": r[2]})),
         (op, "mamba_mimo_forward", _call_capture(record, "fwd", lambda r: {"o": r[0]})),
+        (op, "mamba_mimo_forward_varlen", _call_capture(record, "fwd", lambda r: {"o": r[0]})),
         (op, "angle_dt_bwd", _call_capture(record, "post_angles", lambda r: {"dAngles": r[0], "dDT_angle": r[1]})),
         (op, "mamba_mimo_bwd_combined", _call_capture(
+            record, "post_combined", lambda r: {"dADT": r[3], "ddt_core": r[4], "dtrap": r[5]})),
+        (op, "mamba_mimo_bwd_combined_varlen", _call_capture(
             record, "post_combined", lambda r: {"dADT": r[3], "ddt_core": r[4], "dtrap": r[5]})),
         (bwd, "mamba_mimo_bwd_fwd", _kernel_capture(record, "bwd_fwd", _STAGE1_OUTPUTS)),
         (bwd, "mamba_mimo_bwd_bwd", _kernel_capture(record, "bwd_bwd", _STAGE2_OUTPUTS, _STAGE2_INPUTS_KEPT,
@@ -183,8 +198,12 @@ def run_whole_op(inputs: Dict[str, Any], *, backward: bool = True, source_dir=No
             stack.enter_context(_patched(module, name, factory))
         args = [x[n] for n in OP_INPUT_NAMES]
         try:
-            out = op.mamba3_mimo(*args, C, divisor, dtype)
+            seqlens = None if cu_seqlens is None else cu_seqlens.to(dev, torch.int32)
+            out = op.mamba3_mimo(*args, C, divisor, dtype, return_state, seqlens)
             torch.cuda.synchronize()
+            if return_state:
+                out, *final = out
+                record["state"] = {n: _cpu(t) for n, t in zip(STATE_NAMES, final)}
         except Exception as exc:  # an upstream refusal or compile failure: recorded, not raised
             refused["forward"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:2000]}"
             out = None
@@ -200,9 +219,12 @@ def run_whole_op(inputs: Dict[str, Any], *, backward: bool = True, source_dir=No
         result["autograd"] = {"Out": _cpu(out), **grads}
         result["fwd"] = record.get("fwd")
         result["pre"] = {**record.get("pre_angles", {}), **record.get("pre_dacs", {})}
+        if return_state:
+            result["state"] = record.get("state")
     if grads:
         for key in ("bwd_fwd", "bwd_bwd"):
-            result[key] = record.get(key)
+            if cu_seqlens is None:
+                result[key] = record.get(key)
         post = {**record.get("post_combined", {}), **record.get("post_angles", {})}
         post["dDT"] = grads.get("dDT")
         result["post"] = {n: post.get(n) for n in ("ddt_core", "dtrap", "dADT", "dAngles", "dDT_angle", "dDT")}

@@ -250,10 +250,11 @@ def test_triton_backend_runs_the_three_operators_by_kernel_and_says_what_falls_b
     assert len(fallback) == 1
     message = str(fallback[0].message)
     kernel_steps, fallback_steps = message.split("; ")
-    assert kernel_steps == ("backend='triton': only mamba_mimo_fwd, mamba_mimo_bwd_fwd, mamba_mimo_bwd_bwd runs a "
-                            "Triton kernel"), message
+    assert kernel_steps == ("backend='triton': only mamba_mimo_fwd, mamba_mimo_bwd_fwd, mamba_mimo_bwd_bwd run "
+                            "operator kernels"), message
     for step in ("mamba3_mimo_epilogue", "mamba3_mimo_preprocess"):
         assert step in fallback_steps
+    assert "ordered-sum Triton kernels on CUDA" in fallback_steps
     assert triton_stages("npu", 64, 64, 64)["mamba_mimo_bwd_bwd"] == "triton"  # within Ascend's tile bounds
     assert triton_stages("npu", 64, 128, 32)["mamba_mimo_bwd_bwd"] == "reference"  # would overflow the buffer
     # the kernels' records, under the reference's stage names
