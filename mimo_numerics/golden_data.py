@@ -32,6 +32,8 @@ SEED_VERSIONS = {"torch": "2.11.0+cu130", "torch_cuda": "13.0", "tilelang": "0.1
 #: Versions of the whole-op and realistic files' upstream runs (mamba-ssm's own pin, TileLang 0.1.8).
 WHOLE_OP_VERSIONS = {"torch": "2.11.0+cu130", "torch_cuda": "13.0", "tilelang": "0.1.8",
                      "apache_tvm_ffi": "0.1.8.post2", "mamba_ssm": "2.3.2.post1"}
+#: Versions of the decode rotary-step file's upstream run (a Triton kernel: no TileLang).
+DECODE_VERSIONS = {"torch": "2.11.0+cu130", "torch_cuda": "13.0", "triton": "3.6.0", "mamba_ssm": "2.3.2.post1"}
 #: The device every upstream file was made on.
 DEVICE_NAME = "NVIDIA H200 (sm_90)"
 
@@ -70,6 +72,10 @@ FILES: Dict[str, GoldenFile] = {
         "upstream_h200_full_op_parity_cases.pt", "b2fb3d3a5b4c7d5fd77f091a67ce84d9b663b278ab08fd85d4731f8d12680087",
         "the whole op with return_state and with cu_seqlens (varlen, length-1 and tail sequences), 5 cases, inputs "
         "stored", WHOLE_OP_VERSIONS),
+    "decode_rotary": GoldenFile(
+        "upstream_h200_decode_rotary_cases.pt", "15901f157edb0e0a671f867a837bd45aea19b8e71876ff670bf2bfb703ad6bb2",
+        "the decode step's rotary kernel (apply_rotary_qk_inference_fwd) on 5 cases, one a 256-step chain, inputs "
+        "stored", DECODE_VERSIONS),
     "inference_counterexamples": GoldenFile(
         "inference_counterexamples.pt", "2508ecee5864358dd7d2a15a7319045f5c8b55fdbf77f46f7e95056f4a8873ed",
         "inputs of four infer_policy counterexamples (reports/reliability.md), no upstream output"),

@@ -656,6 +656,37 @@ TOLERANCES.update({
         "S1 = 27), FP64 summation order. Margin 2500x, as fp64_reference_vs_oracle_rel_rms: longer decodes add "
         "order noise",
         "tests/ops/mamba3_mimo/test_return_state.py"),
+    "decode_policy_fp64_vs_fp64_step_rel_rms": Tolerance(
+        1e-12,
+        "decode.mamba3_mimo_step under the fp64 preset vs step.mamba3_mimo_step_fp64 from the same state, 16 tokens "
+        "after a prefill of 24 (Out, the angle mod 2*pi, the SSM state, k): max 1.4e-15 over four drawn cases (bf16, "
+        "fp16, no Z/D/reduction, G = H; 2026-12-03, CPU). The two differ in formula only (tanh as 2*sigmoid(2x) - 1, "
+        "the state update rank by rank): FP64 rounding. Margin ~700x, as decode_fp64_vs_prefill_rel_rms",
+        "tests/ops/mamba3_mimo/test_decode_step.py::test_fp64_policy_step_is_the_fp64_step"),
+    "decode_lp_vs_fp64_prefill_rel_rms": Tolerance(
+        1e-2,
+        "prefill 24 tokens under the policy (return_state), then decode 16 with decode.mamba3_mimo_step under the same "
+        "policy, Out of the decoded tokens vs one FP64 prefill of all 40 (mamba3_mimo_fp64): bf16 upstream_sm90 "
+        "3.5e-3 to 3.8e-3, fp32 preset 2.5e-3 to 2.8e-3 (three bf16 cases); the chunked op's own Out at those tokens "
+        "under upstream_sm90: 5.5e-3 to 6.7e-3 (2026-12-03, CPU). The lp roundings of the decoded q, k and Out "
+        "dominate. Margin 2.6x over the decode's worst. For fp16 the bound is 1e-3 (measured 2.4e-4 under "
+        "upstream_sm90_fp16, 1.2e-4 under fp32; scaled by 8, fp16's finer rounding)",
+        "tests/ops/mamba3_mimo/test_decode_step.py::test_lp_decode_agrees_with_a_longer_fp64_prefill"),
+    "decode_rotary_golden_lp_identical_min": Tolerance(
+        0.999,
+        "fraction of bit-identical lp elements of the rotated q and k, decode.rotary_step under upstream_sm90 "
+        "(upstream_sm90_fp16) vs upstream's rotary kernel on the H200 (tests/data/upstream_h200_decode_rotary_cases"
+        ".pt): 1.0 on the four one-step bf16 cases, 0.99951 (k) on the fp16 case, 0.99977 (q) over the 256-step "
+        "chain, where the angle state has drifted by FP32 ulps; 2026-12-03, CPU). Without the store rounding "
+        "(round_outputs=False) the rotated q, k are 1.7e-3 (bf16) and 2.1e-4 (fp16) rel RMS from upstream's",
+        "tests/ops/mamba3_mimo/test_decode_golden.py"),
+    "decode_rotary_golden_angle_rel_rms": Tolerance(
+        1e-6,
+        "rel RMS of the new angle state, decode.rotary_step vs upstream's rotary kernel (same file): 7.8e-9 to 1.7e-8 "
+        "after one step (91 % of the FP32 values bit-identical: upstream contracts (tanh·dt)·π + θ into an FMA and "
+        "its sigmoid's exp is an approximation, issue 24), 2.3e-7 after a 256-step chain fed back (max abs 2.4e-6 "
+        "rad); the 4096-rad case identical. Margin 4x over the chain (2026-12-03, CPU)",
+        "tests/ops/mamba3_mimo/test_decode_golden.py"),
     "varlen_fp64_vs_per_sequence_model_rel_rms": Tolerance(
         1e-12,
         "mamba3_mimo(cu_seqlens=...) under fp64 with float64 inputs vs mamba3_mimo_fp64 run on each sequence and "

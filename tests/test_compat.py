@@ -221,3 +221,29 @@ def test_upstream_test_adaptation_rewrites_only_what_it_says():
     assert "FIXED_S = 2048" in cuda and 'device="cuda"' in cuda and "importorskip" not in cuda
     with pytest.raises(ValueError, match="skip was not found"):
         runner.adapt("FIXED_B = 4\n", "cpu")
+
+
+def test_rotary_step_is_upstreams_call_on_the_policy_step():
+    """``apply_rotary_qk_inference_fwd`` as ``Mamba3.step`` calls it (MIMO: ``rotate_pairwise=False``): the policy
+    step's rotary part, upstream's dtypes (q's lp, the float32 angle state), and ``inplace`` writing the inputs."""
+    from mimo_numerics.ops.mamba3_mimo.decode import rotary_step
+
+    compat.install()
+    try:
+        import mamba_ssm.ops.triton.mamba3.mamba3_mimo_rotary_step as rotary
+    finally:
+        compat.uninstall()
+    gen = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(2, 4, 3, 16, generator=gen).to(torch.bfloat16) for _ in range(2))
+    state, proj = torch.rand(2, 3, 4, generator=gen) * 6, torch.randn(2, 3, 4, generator=gen)
+    dt, bias = torch.rand(2, 3, generator=gen) / 10, torch.randn(4, 3, 16, generator=gen) / 8
+    got = rotary.apply_rotary_qk_inference_fwd(q, k, state, proj, dt, bias, bias, rotate_pairwise=False)
+    want = rotary_step(q, k, state, proj, dt, bias, bias, rotate_pairwise=False, policy="upstream_sm90")
+    assert [t.dtype for t in got] == [torch.bfloat16, torch.bfloat16, torch.float32]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    q2, k2, s2 = q.clone(), k.clone(), state.clone()
+    written = rotary.apply_rotary_qk_inference_fwd(q2, k2, s2, proj, dt, bias, bias, inplace=True,
+                                                   rotate_pairwise=False)
+    assert written[0] is q2 and written[2] is s2 and all(torch.equal(a, b) for a, b in zip(written, got))
+    q64 = rotary.apply_rotary_qk_inference_fwd(q, k, state, proj, dt, policy="fp64")
+    assert all(t.dtype == torch.float64 for t in q64)

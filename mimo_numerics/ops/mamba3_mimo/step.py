@@ -16,9 +16,9 @@ definitions, per batch b and head h (group ``g = h // (H / G)``), with the state
 This is the chunked op's recurrence one token at a time: the trapezoid's shifted term ``γ'[s] = DT[s+1]·σ(-Trap[s+1])``
 of token s is the next step's ``β`` (so the prefill's final state holds ``γ`` but not ``γ'`` of its last token, and
 the first decoded token adds it from ``k_prev``, ``v_prev``); the log-decays are not clamped (the prefill clamps its
-chunk sums to ``<= 0``: the two agree when ``ADT <= 0``, as the op's inputs are). Nothing is rounded: the step's
-own rounding sites (the rotary step stores q, k in the lp dtype after an FP32 bias add; the CuTe kernel's) are not
-modelled yet, so this is the FP64 truth a decode is measured against, not a policy reference.
+chunk sums to ``<= 0``: the two agree when ``ADT <= 0``, as the op's inputs are). Nothing is rounded: this is the
+FP64 truth a decode is measured against; the step under a policy (upstream's two step kernels in FP32 with their
+lp output stores) is :func:`.decode.mamba3_mimo_step`.
 """
 
 from __future__ import annotations
@@ -59,8 +59,10 @@ def initial_state(batch: int, heads: int, angles: int, value_dim: int, state_dim
                        zeros((batch, heads, value_dim), dtype=_F64, device=device))
 
 
-def _check_step_inputs(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D, Z,
-                       state: DecodeState) -> Tuple[int, ...]:
+def check_step_inputs(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D, Z,
+                      state: DecodeState) -> Tuple[int, ...]:
+    """Check one token's inputs and the state (types, shapes, the Z/MIMO_Z pairing); ``(B, R, G, N, H, P)``.
+    Errors name the argument."""
     for name, x in (("Q", Q), ("K", K), ("V", V), ("ADT", ADT), ("DT", DT), ("Trap", Trap), ("Q_bias", Q_bias),
                     ("K_bias", K_bias), ("MIMO_V", MIMO_V), ("Angles", Angles)):
         if not isinstance(x, torch.Tensor):
@@ -113,7 +115,7 @@ def mamba3_mimo_step_fp64(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z
     Raises:
         TypeError, ValueError: naming the argument.
     """
-    B, R, G, N, H, P = _check_step_inputs(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles,
+    B, R, G, N, H, P = check_step_inputs(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles,
                                           D, Z, state)
 
     def f64(x):
