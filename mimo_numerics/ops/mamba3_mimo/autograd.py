@@ -36,7 +36,9 @@ and the FP32 epilogue have no operator kernels and run the same code under both 
 CUDA with Triton, the ordered-sum kernels of ``kernels/ordered_sums.py`` for their sequential FP32 sums and walks
 (on Ascend stage 2 too runs the reference beyond its kernels' tile bounds, :func:`triton_stages`): each call says
 so with a :class:`BackendFallbackWarning` naming them (:data:`TRITON_STAGES`), once per message and code location
-(Python's default warning filter).
+(Python's default warning filter). ``backend="auto"`` runs the kernels where they can (CUDA or NPU tensors, Triton
+importable, a policy and sizes the kernels express: :func:`auto_backend`) and the reference elsewhere; the default
+stays ``"reference"``, the definition the kernels are gated against, which runs anywhere without a compile.
 
 ``return_state=True`` returns ``(Out, Final_Angle, Final_SSM_State, Final_K, Final_V)`` as upstream does: the angle
 walk's state after the last chunk (``remainder(·, 2π)``) ``[B, H, K]``, the SSM state after the last chunk
@@ -58,7 +60,7 @@ import math
 import warnings
 from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -67,8 +69,11 @@ from . import chain, varlen
 from .cases import OP_GRAD_NAMES, OP_INPUT_NAMES
 from .validation import check_op_inputs as _validate_shapes
 
-#: Backends of :func:`mamba3_mimo`.
-BACKENDS = ("reference", "triton")
+#: Backends of :func:`mamba3_mimo` (``"reference"`` is the default: the definition the kernels are gated against,
+#: no compile cost, any device and size; ``"auto"`` picks per call, :func:`auto_backend`).
+BACKENDS = ("reference", "triton", "auto")
+#: Device types on which ``backend="auto"`` runs the kernels (compiled; on the CPU they would be interpreted).
+AUTO_KERNEL_DEVICES = ("cuda", "npu")
 #: What each step of the chain runs under ``backend="triton"``: "triton" or "reference" (no kernel yet).
 TRITON_STAGES: Dict[str, str] = {
     "mamba3_mimo_preprocess": "reference",
@@ -212,12 +217,47 @@ class _Mamba3MimoFunction(torch.autograd.Function):
         return (None,) + tuple(grads[name] if need else None for name, need in zip(OP_GRAD_NAMES, wanted))
 
 
-def _check_backend(backend: str, policy, tensors: Dict[str, Optional[torch.Tensor]], chunk_size: int) -> None:
-    """The backend's own limits, before the forward runs (a kernel refusal would otherwise come in backward)."""
+def auto_backend(policy, tensors: Dict[str, Optional[torch.Tensor]], chunk_size: int) -> Tuple[str, str]:
+    """What ``backend="auto"`` runs for these inputs: ``("triton", why)`` when the tensors are on a device of
+    :data:`AUTO_KERNEL_DEVICES`, Triton imports and the kernels express the policy and the sizes, else
+    ``("reference", why)``, ``why`` naming the first condition that failed (the error ``backend="triton"`` would
+    raise).
+
+    Args:
+        policy (RoundingPolicy): the call's policy. tensors (dict): the op's 14 inputs by name.
+        chunk_size (int): C.
+    """
+    device = tensors["V"].device.type
+    if device not in AUTO_KERNEL_DEVICES:
+        return "reference", (f"the tensors are on {device}; the kernels run compiled on "
+                             f"{' and '.join(AUTO_KERNEL_DEVICES)} only")
+    try:
+        _check_triton(policy, tensors, chunk_size)
+    except (ImportError, ValueError) as exc:  # UnsupportedPolicyError is a ValueError
+        return "reference", str(exc)
+    return "triton", f"the kernels express this policy and these sizes on {device}"
+
+
+def _check_backend(backend: str, policy, tensors: Dict[str, Optional[torch.Tensor]], chunk_size: int) -> str:
+    """The backend's own limits, before the forward runs (a kernel refusal would otherwise come in backward); the
+    backend that runs (``"auto"`` resolved)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        backend, _ = auto_backend(policy, tensors, chunk_size)
     if backend == "reference":
-        return
+        return backend
+    stages = _check_triton(policy, tensors, chunk_size)
+    fallback = [step for step, runs in stages.items() if runs == "reference"]
+    warnings.warn(f"backend='triton': only {', '.join(s for s, r in stages.items() if r == 'triton')} "
+                  f"run operator kernels; {', '.join(fallback)} run the reference (torch operators, with the "
+                  "ordered-sum Triton kernels on CUDA)", BackendFallbackWarning, stacklevel=3)
+    return backend
+
+
+def _check_triton(policy, tensors: Dict[str, Optional[torch.Tensor]], chunk_size: int) -> Dict[str, str]:
+    """Raise what ``backend="triton"`` cannot run (no Triton, a policy or a size the kernels do not express);
+    :func:`triton_stages` for the tensors' device otherwise."""
     from ... import kernels
     from ...kernels import mimo_bwd_fwd as _stage1_kernel
 
@@ -236,11 +276,7 @@ def _check_backend(backend: str, policy, tensors: Dict[str, Optional[torch.Tenso
     if chunk_size * R > _stage1_kernel.MAX_FUSED_ROWS:
         raise ValueError(f"backend='triton': chunk_size={chunk_size} with R={R} gives C*R={chunk_size * R} fused "
                          f"rows; the Triton kernels support C*R <= {_stage1_kernel.MAX_FUSED_ROWS}")
-    stages = triton_stages(tensors["V"].device.type, N, P, chunk_size * R)
-    fallback = [step for step, runs in stages.items() if runs == "reference"]
-    warnings.warn(f"backend='triton': only {', '.join(s for s, r in stages.items() if r == 'triton')} "
-                  f"run operator kernels; {', '.join(fallback)} run the reference (torch operators, with the "
-                  "ordered-sum Triton kernels on CUDA)", BackendFallbackWarning, stacklevel=3)
+    return triton_stages(tensors["V"].device.type, N, P, chunk_size * R)
 
 
 def triton_stages(device_type: str, state_dim: int = 64, value_dim: int = 64,
@@ -275,7 +311,9 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
         dtype (torch.dtype | None): upstream's argument; when given it must be the dtype of ``Q``.
         policy (RoundingPolicy | str): a policy, a preset name or a policy JSON path; it must define the sections
             of ``mamba_mimo_fwd``, ``mamba_mimo_bwd_fwd`` and ``mamba_mimo_bwd_bwd``.
-        backend (str): ``"reference"`` or ``"triton"`` (the three operators by kernel; :data:`TRITON_STAGES`).
+        backend (str): ``"reference"`` (default), ``"triton"`` (the three operators by kernel;
+            :data:`TRITON_STAGES`) or ``"auto"`` (the kernels where :func:`auto_backend` finds them usable, the
+            reference elsewhere, without a warning for the choice).
         record (dict, optional): filled with the named stages of the chain (module docstring).
         return_state (bool): also return upstream's final state for decoding (module docstring).
         cu_seqlens (Tensor | None): ``[NS + 1]`` int32 offsets of packed sequences (B = 1), upstream's varlen
@@ -320,7 +358,7 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
         validate_op_inputs(tensors, chunk_size, rotary_dim_divisor, dtype, policy.lp_torch_dtype,
                            needs_backward=needs_backward, wide=wide)
         final_tokens = varlen.last_tokens(bounds)
-    _check_backend(backend, policy, tensors, chunk_size)
+    backend = _check_backend(backend, policy, tensors, chunk_size)
     config = _Config(policy=policy, backend=backend, chunk_size=chunk_size, rotary_dim_divisor=rotary_dim_divisor,
                      record=record, return_state=return_state, final_tokens=final_tokens)
     result = _Mamba3MimoFunction.apply(config, *tensors.values())

@@ -17,7 +17,7 @@ import torch
 
 from mimo_numerics import kernels, presets, tolerances
 from mimo_numerics.metrics import rel_rms
-from mimo_numerics.ops.mamba3_mimo import chain
+from mimo_numerics.ops.mamba3_mimo import autograd, chain
 from mimo_numerics.studies import golden_figures as gf
 from mimo_numerics.ops.mamba3_mimo.autograd import (RECORD_PREFIXES, BackendFallbackWarning, golden_sections,
                                                     mamba3_mimo, triton_stages)
@@ -275,3 +275,31 @@ def test_triton_backend_rejects_policies_the_kernels_cannot_express():
         mamba3_mimo(*_with(inputs), chunk_size=8, rotary_dim_divisor=4, backend="triton", policy="fp64")
     with pytest.raises(ValueError, match="P=8; the Triton kernels support"):  # before the forward runs
         mamba3_mimo(*_with(inputs), chunk_size=8, rotary_dim_divisor=4, backend="triton")
+
+
+def test_auto_backend_runs_the_reference_on_cpu_with_the_same_bits():
+    spec = small_case(seqlen=16, chunk_size=8, value_dim=16)
+    inputs = make_op_inputs(spec)
+    tensors = {n: inputs[n] for n in OP_INPUT_NAMES}
+    choice, why = autograd.auto_backend(presets.get("upstream_sm90"), tensors, inputs["chunk_size"])
+    assert choice == "reference" and "on cpu" in why
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BackendFallbackWarning)  # auto -> reference says nothing
+        got = gf.run_op(inputs, "upstream_sm90", backend="auto")
+    want = gf.run_op(inputs, "upstream_sm90", backend="reference")
+    for key, value in want.items():
+        assert (value is None and got[key] is None) or torch.equal(got[key], value), key
+
+
+@pytest.mark.parametrize("policy, change, choice, why", [
+    ("upstream_sm90", {}, "triton", "express this policy"),
+    ("fp64", {}, "reference", "fp64"),
+    ("upstream_sm90", {"value_dim": 8}, "reference", "P=8"),
+])
+def test_auto_backend_picks_the_kernels_only_where_they_express_the_call(monkeypatch, policy, change, choice, why):
+    """The device condition opened to the CPU, so the policy and size conditions are what decides."""
+    monkeypatch.setattr(autograd, "AUTO_KERNEL_DEVICES", ("cpu",))
+    inputs = make_op_inputs(small_case(seqlen=16, chunk_size=8, **{"value_dim": 16, **change}))
+    tensors = {n: inputs[n] for n in OP_INPUT_NAMES}
+    got, reason = autograd.auto_backend(presets.get(policy), tensors, inputs["chunk_size"])
+    assert got == choice and why in reason, reason
