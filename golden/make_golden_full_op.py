@@ -9,6 +9,8 @@ Two case sets:
 * ``extra``: :data:`EXTRA_CASES` (R = 1, R = 8, fp16, a forward tail S % C != 0, G = H with N = 32 and no reduction),
   inputs from :func:`mimo_numerics.ops.mamba3_mimo.cases.make_op_inputs`; written to ``--out`` as one ``.pt`` in
   the golden format (plus ``kw``, ``spec``, ``versions``, ``device_name``, ``refused`` where upstream refuses).
+* ``long``: :data:`LONG_CASES` (S = 2048 and 8192), every output as a sampled record (:func:`sampled_result`),
+  written to ``--long-out`` without the inputs (regenerated from ``spec``).
 * ``parity``: :data:`PARITY_CASES`, ``return_state`` and varlen (``cu_seqlens``) runs, written to ``--parity-out``
   in the same format plus ``return_state``, ``cu_seqlens`` and ``state`` (the four final-state tensors); a varlen
   case has no ``bwd_fwd``/``bwd_bwd`` (upstream's varlen kernels are not captured).
@@ -43,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 import torch
 
-from mimo_numerics import envinfo
+from mimo_numerics import envinfo, golden_samples
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import upstream
 from mimo_numerics.ops.mamba3_mimo import upstream as op_upstream
 from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
@@ -73,7 +75,39 @@ PARITY_CASES = {
                    seed=304), True, (1, 45, 32, 1, 30)),
     "p_vl_S219_N64_P64_R4_C16_zdo_nostate": (OpCaseSpec(seqlen=219, seed=305), False, (31, 77, 48, 63)),
 }
-SETS = ("stored", "extra", "parity")
+#: Long cases (issue 24: the FP32-level drift that grows with S), written to ``--long-out`` as sampled records
+#: (``mimo_numerics.golden_samples``: 4096 values per output tensor, every kernel's outputs; inputs regenerated
+#: from the spec): a reduced bf16 case and a non-reduced fp16 case at S = 2048 and at S = 8192.
+LONG_CASES = {
+    "l_B1_S2048_H2_N64_P64_R4_C16_zdo": OpCaseSpec(seqlen=2048, seed=501),
+    "l_B1_S2048_H2_N64_P64_R4_C16_nored_z_fp16": OpCaseSpec(seqlen=2048, reduce_o=False, has_d=False,
+                                                            dtype="float16", seed=502),
+    "l_B1_S8192_H2_N64_P64_R4_C16_zdo": OpCaseSpec(seqlen=8192, seed=503),
+    "l_B1_S8192_H2_N64_P64_R4_C16_nored_z_fp16": OpCaseSpec(seqlen=8192, reduce_o=False, has_d=False,
+                                                            dtype="float16", seed=504),
+}
+SETS = ("stored", "extra", "parity", "long")
+#: The sections of a golden result that hold tensors by name.
+_SECTIONS = ("autograd", "pre", "fwd", "bwd_fwd", "bwd_bwd", "post")
+
+
+def sampled_result(result: dict, seed: int) -> dict:
+    """A golden-format result with every tensor replaced by its sampled record (``golden_samples.summarize``, one
+    seed per tensor: ``seed * 1000 +`` its index in section and name order); other entries kept."""
+    out, index = {}, 0
+    for key, value in result.items():
+        if key not in _SECTIONS or value is None:
+            out[key] = value
+            continue
+        out[key] = {}
+        for name in sorted(value):
+            tensor = value[name]
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+                out[key][name] = golden_samples.summarize(tensor, seed * 1000 + index)
+                index += 1
+            else:
+                out[key][name] = tensor
+    return out
 
 
 def _config_key(inputs):
@@ -144,6 +178,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="the .pt file for the extra cases")
     parser.add_argument("--parity-out", help="the .pt file for the parity cases (return_state, varlen)")
+    parser.add_argument("--long-out", help="the .pt file for the long cases (sampled records)")
     parser.add_argument("--sets", default="stored,extra")
     parser.add_argument("--golden", default=str(REPO / "tests" / "data" / "upstream_h200_full_op_cases.pt"))
     parser.add_argument("--repeat", type=int, default=2)
@@ -159,6 +194,8 @@ def main(argv=None):
         parser.error("--out is needed for the extra set")
     if "parity" in sets and not args.parity_out:
         parser.error("--parity-out is needed for the parity set")
+    if "long" in sets and not args.long_out:
+        parser.error("--long-out is needed for the long set")
     unknown = sorted(set(sets) - set(SETS))
     if unknown:
         parser.error(f"unknown set(s) {unknown}; sets: {', '.join(SETS)}")
@@ -180,6 +217,11 @@ def main(argv=None):
                 continue
             todo.append((name, make_op_inputs(spec), True, "parity",
                          {"return_state": return_state, "seqlens": seqlens}))
+    if "long" in sets:
+        for name, spec in LONG_CASES.items():
+            if args.only and name not in args.only:
+                continue
+            todo.append((name, make_op_inputs(spec), True, "long", {}))
     groups = {}
     for name, inputs, backward, _, options in todo:  # return_state and varlen compile other kernels
         key = _config_key(inputs) + (options.get("return_state", False), options.get("seqlens") is not None)
@@ -229,6 +271,17 @@ def main(argv=None):
                   for name, (spec, return_state, seqlens) in PARITY_CASES.items() if name in results}
         torch.save(parity, args.parity_out)
         print(f"wrote {args.parity_out}: {len(parity)} case(s)", file=sys.stderr)
+    if "long" in sets:
+        long_cases = {}
+        for name, spec in LONG_CASES.items():
+            if name not in results:
+                continue
+            result, meta = results[name]
+            record = entry(spec, sampled_result(result, spec.seed), meta)
+            del record["inputs"]  # regenerated from the spec (make_op_inputs is machine-independent)
+            long_cases[name] = record
+        torch.save(long_cases, args.long_out)
+        print(f"wrote {args.long_out}: {len(long_cases)} case(s)", file=sys.stderr)
     if args.sass:
         summary["sass_binaries"] = _dump_sass(Path(args.sass))
     text = json.dumps(summary, indent=1, default=str)
