@@ -7,10 +7,11 @@ it starts, grouped by the line of ``mimo_numerics`` that started them.
     python benchmarks/profile_whole_op.py --device cuda --seqlen 8192 --heads 16 --backend triton   # on the kernels
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy -o prof \
         python benchmarks/profile_whole_op.py --device cuda --batch 8 --seqlen 4096 --heads 32 --backend triton --ncu
-    python benchmarks/ncu_summary.py prof.ncu-rep     # per kernel: time, what bounds it (docs/kernels.md)
+    ncu --import prof.ncu-rep --csv --page details > prof.csv
+    python benchmarks/ncu_summary.py prof.csv     # per kernel: time, what bounds it (reports/bench/ncu_whole_op_triton.md)
 
-Shape: ``G=1, N=P=64, R=4, C=16``, reduced DOUT, Z, D (``bench_whole_op.py``'s fixed part), B/S/H from the
-arguments. A first call warms up (and captures the CUDA graphs); the profiled call's table is printed: per source line
+Shape: ``G=1, N=P=64, R=4, C=16``, reduced DOUT, Z, D (``bench_whole_op.py``'s fixed part), B/S/H (and N with
+``--state-dim``) from the arguments. A first call warms up (and captures the CUDA graphs); the profiled call's table is printed: per source line
 the count of top-level operators (each a host launch on CUDA; a graph replay counts once) and their host time, and
 on CUDA the device kernels by name and time (on the H200's torch 2.11 the profiler did not link the host operators to
 Python frames, so there every operator reads "(outside mimo_numerics)": use ``--cprofile`` for the host side). A
