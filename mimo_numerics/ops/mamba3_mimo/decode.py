@@ -10,11 +10,14 @@ stores of their outputs (read from the source, ``docs/compat.md``):
 
 These are output stores, so the policy's ``round_outputs`` knob switches them (as it switches every operator's
 output store); no policy section is added. The other knobs that act here: ``lp_dtype``, ``math_dtype`` (FP32; FP64
-under the ``fp64`` preset) and ``silu_form`` (the gate: ``"tanh"`` is upstream's ``g·tanh(g) + g`` with
-``g = ½·z·MIMO_Z``, ``"sigmoid"`` is ``x·σ(x)``); the others (``diag_mode``, ``state_update``, ...) act on the chunked
-kernels' lp sums and have nothing to act on in the step. The FP32 formulas follow upstream's kernels:
+under the ``fp64`` preset), ``silu_form`` (the gate: ``"tanh"`` is upstream's ``g·tanh(g) + g`` with
+``g = ½·z·MIMO_Z``, ``"sigmoid"`` is ``x·σ(x)``) and ``helper_fma`` (the rotary step is one of upstream's FP32 Triton
+helpers: ``"contracted"`` forms the new angle as one fused multiply-add, as Triton compiles it; FP32 math only); the
+others (``diag_mode``, ``state_update``, ...) act on the chunked kernels' lp sums and have nothing to act on in the
+step. The FP32 formulas follow upstream's kernels:
 
-* rotary step: ``tanh(a) = 2·σ(2a) - 1``; ``θ = θ_state + (tanh(a)·dt)·π``, **not** reduced mod 2π (upstream keeps
+* rotary step: ``tanh(a) = 2·σ(2a) - 1``; ``θ = θ_state + (tanh(a)·dt)·π`` (one FMA when contracted), **not**
+  reduced mod 2π (upstream keeps
   the raw FP32 sum in its angle state; the chunked op's ``Final_Angle`` is reduced); ``q + bias_q`` in FP32, then
   rotated by ``(cos θ, sin θ)`` on the pairs ``(a, N/2 + a)`` (``rotate_pairwise=False``, the MIMO layout) or
   ``(2a, 2a + 1)``; columns past the rotary dims pass through (``θ = 0`` there);
@@ -24,7 +27,8 @@ kernels' lp sums and have nothing to act on in the step. The FP32 formulas follo
 * output: ``y_r = h·q̃[r] + (D·V)·MIMO_V[r]``, gated, then ``Σ_r y_r·MIMO_Out[r]`` rank by rank.
 
 What is FP32-level and not modelled (issue 24): upstream's fast-math special functions (``exp``, ``sin``/``cos``,
-``tanh`` as MUFU approximations), the warp-butterfly order of the N-sum of ``h·q̃``, FMA contraction. The FP64
+``tanh`` as MUFU approximations), the warp-butterfly order of the N-sum of ``h·q̃``, FMA contraction outside the
+angle (the rotation's products, the CuTe step's, which its golden data does not exist to check). The FP64
 truth is :func:`.step.mamba3_mimo_step_fp64`; under the ``fp64`` preset this step equals it (angle mod 2π).
 """
 
@@ -38,8 +42,9 @@ import torch
 from ... import presets
 from .step import DecodeState, check_step_inputs
 
-#: The FP32 π upstream's rotary kernel multiplies by (``3.141592653589793`` in its source).
+#: The π upstream's rotary kernel multiplies by (``3.141592653589793`` in its source), and as an fp32 operand.
 _PI = math.pi
+_PI_F32 = float(torch.tensor(math.pi, dtype=torch.float32))
 
 
 def _tanh_as_sigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -110,8 +115,12 @@ def rotary_step(q: torch.Tensor, k: torch.Tensor, angle_state: torch.Tensor, ang
         if bias is not None and tuple(bias.shape) != (R, H, D):
             raise ValueError(f"{name} must be [R, H, D] = [{R}, {H}, {D}], got {list(bias.shape)}")
     math_dtype = policy.math_torch_dtype
-    theta = (angle_state.to(math_dtype)
-             + _tanh_as_sigmoid(angle_proj.to(math_dtype)) * dt.to(math_dtype)[..., None] * _PI)  # [B, H, K]
+    turn = _tanh_as_sigmoid(angle_proj.to(math_dtype)) * dt.to(math_dtype)[..., None]  # tanh(a)·dt
+    if policy.helper_fma == "contracted" and math_dtype == torch.float32:
+        # θ_state + turn·π in one rounding, as Triton contracts it: the product of two fp32 is exact in float64
+        theta = (turn.double() * _PI_F32 + angle_state.double()).to(torch.float32)
+    else:
+        theta = angle_state.to(math_dtype) + turn * _PI  # [B, H, K]
     pad = D // 2 - theta.shape[-1]
     angle = torch.nn.functional.pad(theta, (0, pad))[:, None]  # [B, 1, H, D/2]: zero angle past the rotary dims
     cos, sin = torch.cos(angle), torch.sin(angle)

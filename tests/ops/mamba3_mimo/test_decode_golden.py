@@ -67,3 +67,19 @@ def test_without_the_store_rounding_the_bits_are_not_upstreams(name):
     assert got["q_out"].dtype == torch.float32
     # the unrounded FP32 values sit about half an lp ulp from upstream's stored ones
     assert rel_rms(got["q_out"], case["upstream"]["q_out"]) >= (1e-3 if lp == torch.bfloat16 else 1e-4)
+
+
+def test_the_contracted_angle_is_closer_to_upstreams_bits():
+    """``helper_fma`` acts on the rotary step: upstream's kernel forms the new angle as one FMA, and modelling it
+    gives more of upstream's FP32 angle bits on every one-step case that has a difference at all."""
+    for name in NAMES:
+        case = CASES[name]
+        if case["fields"]["steps"] != 1:
+            continue
+        want = case["upstream"]["angle_state"]
+        contracted = _run(case, _policy(case).replace(helper_fma="contracted"))["angle_state"]
+        separate = _run(case, _policy(case).replace(helper_fma="separate"))["angle_state"]
+        same_c, same_s = (contracted == want).double().mean().item(), (separate == want).double().mean().item()
+        assert same_c >= same_s, name
+        if same_s < 1.0:
+            assert same_c > same_s, name
