@@ -51,8 +51,9 @@ KNOBS: Dict[str, Tuple[Any, ...]] = {
     "state_update": ("accumulate_into", "separate"),
     "silu_form": ("tanh", "sigmoid"),
     "round_outputs": (True, False),
-    # FP32 a·b + c in upstream's Triton helpers after stage 2 (bwd_dtrap_ddt, angle_dt's sech² = 1 − tanh²):
-    # contracted into one FMA rounding, as Triton compiles them, or rounded twice (plain FP32 arithmetic)
+    # FP32 a·b + c in upstream's Triton helpers after stage 2 (bwd_dtrap_ddt, angle_dt's sech² = 1 − tanh²) and in
+    # the decode step's rotary kernel (the new angle, ops/mamba3_mimo/decode.py): contracted into one FMA rounding,
+    # as Triton compiles them, or rounded twice (plain FP32 arithmetic)
     "helper_fma": ("contracted", "separate"),
 }
 
