@@ -24,7 +24,7 @@ from typing import Dict, Mapping, Optional
 import torch
 
 from mimo_numerics import presets as _presets
-from mimo_numerics.policy import FUTURE_KNOBS, RoundingPolicy
+from mimo_numerics.policy import FP32_LEVEL_DEFAULTS, RoundingPolicy
 from mimo_numerics.validation import Dims
 
 #: The operator whose policy section configures these kernels by default (stage 1).
@@ -61,7 +61,7 @@ TUNING_KEYS = POW2_TUNING_KEYS | SWITCH_TUNING_KEYS | COUNT_TUNING_KEYS
 _MIN_COUNT = {"max_programs": 1, "stages_k2": 1, "stages_k3": 1, "maxnreg_k1": 0, "maxnreg_k3": 0}
 
 
-class UnsupportedPolicyError(ValueError):
+class UnsupportedPolicyError(ValueError, NotImplementedError):
     """A policy field has a value the Triton kernels cannot express (the message names the field)."""
 
 
@@ -125,8 +125,8 @@ def policy_constexprs(policy, operator: str = OPERATOR_NAME) -> Dict[str, object
         raise UnsupportedPolicyError(
             "RoundingPolicy.round_outputs=False cannot be expressed by the Triton kernels: states, qk_dot and dz "
             "are always stored in the lp dtype; use mimo_numerics.reference")
-    for knob, allowed in FUTURE_KNOBS.items():
-        if getattr(policy, knob) != allowed[0]:
+    for knob, default in FP32_LEVEL_DEFAULTS.items():
+        if getattr(policy, knob) != default:
             raise UnsupportedPolicyError(
                 f"RoundingPolicy.{knob}={getattr(policy, knob)!r} is not implemented by the Triton kernels")
     if operator not in OPERATORS:

@@ -23,7 +23,7 @@ from mimo_numerics import presets as _presets
 from mimo_numerics.ops.mamba_mimo_bwd_bwd.sites import SITES
 from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import MimoBwdBwdOutputs
 from mimo_numerics.ops.mamba_mimo_bwd_bwd.validation import validate_inputs
-from mimo_numerics.policy import FUTURE_KNOBS, RoundingPolicy
+from mimo_numerics.policy import FP32_LEVEL_DEFAULTS, RoundingPolicy
 
 from . import _backend
 from ._config import ANGLES_BLOCK, UnsupportedPolicyError
@@ -74,8 +74,8 @@ def stage2_constexprs(policy) -> Dict[str, object]:
     if policy.round_outputs is not True:
         raise UnsupportedPolicyError("RoundingPolicy.round_outputs=False cannot be expressed by the Triton kernels: "
                                      "dq, dk and dv are always stored in the lp dtype; use the reference")
-    for knob, allowed in FUTURE_KNOBS.items():
-        if getattr(policy, knob) != allowed[0]:
+    for knob, default in FP32_LEVEL_DEFAULTS.items():
+        if getattr(policy, knob) != default:
             raise UnsupportedPolicyError(
                 f"RoundingPolicy.{knob}={getattr(policy, knob)!r} is not implemented by the Triton kernels")
     sites = policy.section(OPERATOR_NAME)

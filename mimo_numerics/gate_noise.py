@@ -19,7 +19,7 @@ from .gate_cases import (CasesLike, OperatorLike, PolicyLike, as_output_dict, ca
                          policy_label, reference_outputs, resolve_cases)
 from .gate_report import safe_ratio
 from .metrics import rel_rms
-from .policy import RoundingPolicy
+from .policy import RoundingPolicy, with_float64_math
 
 __all__ = ["state_dim_axes", "permute_state_dim", "noise_perturbations", "self_noise", "measure_gate_noise",
            "clear_noise_cache"]
@@ -189,7 +189,7 @@ def noise_perturbations(policy: PolicyLike, op: OperatorLike = None) -> Dict[str
     reference = op.load("reference")
     variants = {}
     if "math_dtype" in op.knobs and policy.math_dtype == "float32":
-        variants["fp64_math"] = functools.partial(reference, policy=policy.replace(math_dtype="float64"))
+        variants["fp64_math"] = functools.partial(reference, policy=with_float64_math(policy))
     if "state_update" in op.knobs:
         other = "separate" if policy.state_update == "accumulate_into" else "accumulate_into"
         variants["state_update"] = functools.partial(reference, policy=policy.replace(state_update=other))

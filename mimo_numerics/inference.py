@@ -40,7 +40,9 @@ the batch in float32 before comparing.
 Search
 ------
 Only the fields the reference honours are searched: the operator's switches and the knobs ``diag_mode``,
-``state_update`` and ``silu_form``. ``lp_dtype`` is fixed by the inputs, ``math_dtype`` is float32 and ``round_outputs`` is True
+``state_update`` and ``silu_form`` (and ``gemm_model``, ``reduction_order`` where the operator has them, when
+``fields`` names them).
+``lp_dtype`` is fixed by the inputs, ``math_dtype`` is float32 and ``round_outputs`` is True
 (the kernel contract). From ``start`` (normalised to those fixed values), each round does
 
 1. an exhaustive sweep over every combination of the searched knobs, the switches held;
@@ -93,6 +95,9 @@ from .policy import KNOBS, RoundingPolicy, read_field, write_fields
 
 #: Knobs the search varies (the others are fixed: lp_dtype by the inputs, math_dtype float32, round_outputs True).
 SEARCHED_KNOBS: Tuple[str, ...] = ("diag_mode", "state_update", "silu_form")
+#: Knobs searched only when ``fields`` names them (where the operator has them): an evaluation under a tensor-core
+#: ``gemm_model`` costs several FP32 ones, and the FP32-level knobs move the distance far less than the switches.
+ON_REQUEST_KNOBS: Tuple[str, ...] = ("gemm_model", "reduction_order")
 
 
 
@@ -404,7 +409,7 @@ def field_alternatives(policy: RoundingPolicy, name: str, op=None) -> Tuple[Any,
     op_name = _operator.get(op).name
     if name in registry.site_table(op_name):
         return (not read_field(policy, op_name, name),)
-    if name in SEARCHED_KNOBS:
+    if name in SEARCHED_KNOBS + ON_REQUEST_KNOBS:
         return tuple(v for v in KNOBS[name] if v != read_field(policy, op_name, name))
     raise ValueError(f"{name!r} is not a searched field of {op_name}; searched fields: {list(searched_fields(op))}")
 
@@ -744,7 +749,8 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
         candidates (iterable, optional): when given, no search: these policies (names or objects) are ranked and
             the best one returned (its single-field neighbours are evaluated too, for :attr:`neighbours`).
         fields (sequence of str): the searched fields (default: every switch of the operator and
-            ``SEARCHED_KNOBS``, :func:`searched_fields`).
+            ``SEARCHED_KNOBS``, :func:`searched_fields`); the knobs of ``ON_REQUEST_KNOBS`` the operator has
+            (``gemm_model``; ``reduction_order``: stage 1) are searched when named here.
         pair_moves (bool): try pairs of single-field changes when descent stalls above distance 0.
         pair_limit (int, optional): pair only the ``pair_limit`` single-field changes with the lowest distance on
             their own (45 pairs for 10; None, the default: all of them, about 230 pairs).
@@ -766,8 +772,8 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
     cases = as_case_list(inputs, op)
     lp = lp_dtype_of(cases, op)
     evaluator = PolicyEvaluator(cases, outputs, lp, op=op)
-    searchable = searched_fields(op)
-    fields = searchable if fields is None else tuple(fields)
+    searchable = searched_fields(op) + tuple(k for k in ON_REQUEST_KNOBS if k in op.knobs)
+    fields = searched_fields(op) if fields is None else tuple(fields)
     for name in fields:
         if name not in searchable:
             raise ValueError(f"{name!r} is not a searchable field of {op.name}; searchable: {list(searchable)}")
@@ -779,7 +785,7 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
             raise ValueError(f"escapes must hold (k, n) pairs of ints with 2 <= k <= n (k-tuples of changes among the "
                              f"n cheapest), got {entry!r}")
     start_policy = _defining(normalise_policy(start, lp), op, "start")
-    knobs = tuple(k for k in SEARCHED_KNOBS if k in fields)
+    knobs = tuple(k for k in SEARCHED_KNOBS + ON_REQUEST_KNOBS if k in fields)
     search = _Search(evaluator, fields, knobs)
     if candidates is None:
         restart_policies = [normalise_policy(p, lp) for p in (restarts or ())

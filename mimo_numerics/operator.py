@@ -55,7 +55,8 @@ class Stage:
 #: The keyword integers every kernel takes after its tensors.
 KERNEL_SCALARS: Tuple[str, ...] = ("chunk_size", "rotary_dim_divisor")
 #: The policy knobs that act on every kernel.
-KERNEL_KNOBS: Tuple[str, ...] = ("lp_dtype", "diag_mode", "math_dtype", "state_update", "silu_form", "round_outputs")
+KERNEL_KNOBS: Tuple[str, ...] = ("lp_dtype", "diag_mode", "math_dtype", "state_update", "silu_form", "round_outputs",
+                                 "gemm_model")
 
 
 def _load(path: Optional[str]):

@@ -55,17 +55,33 @@ KNOBS: Dict[str, Tuple[Any, ...]] = {
     # the decode step's rotary kernel (the new angle, ops/mamba3_mimo/decode.py): contracted into one FMA rounding,
     # as Triton compiles them, or rounded twice (plain FP32 arithmetic)
     "helper_fma": ("contracted", "separate"),
+    # how the references accumulate the GEMMs of the kernels: plain FP32 in any order, or a tensor-core model
+    # (mimo_numerics.tensor_core: wgmma/mma.sync per MMA-Sim)
+    "gemm_model": ("fp32", "sm90_wgmma", "sm80_mma"),
+    # the order of stage 1's FP32 sums over time: torch's (pairwise), or upstream's (dΦ one FMA chain over t, dζ a
+    # serial sum per chunk added to the running total)
+    "reduction_order": ("pairwise", "sequential_time"),
+}
+
+#: What honours the other values of the FP32-level knobs of KNOBS (the text of :func:`require_default`'s error);
+#: every other consumer refuses them through :func:`require_default` (NotImplementedError naming the knob).
+KNOB_CONSUMERS: Dict[str, str] = {
+    "gemm_model": "the references of the forward and of both backward stages, and so the whole op's reference chain "
+                  "(any device)",
+    "reduction_order": "stage 1's reference (its sums over time)",
 }
 
 #: FP32-level knobs of ``upstream_rounding_sites.md`` §3.2 that are declared but not honoured yet: every value but
 #: the first raises ``NotImplementedError`` naming the knob (no silent fallback).
 FUTURE_KNOBS: Dict[str, Tuple[Any, ...]] = {
-    "gemm_model": ("fp32", "sm90_wgmma", "sm80_mma"),
     "special_functions": ("accurate", "fast"),
     "fp32_fma": (False, True),
-    "reduction_order": ("pairwise", "sequential_time"),
 }
 ALL_KNOBS: Tuple[str, ...] = tuple(KNOBS) + tuple(FUTURE_KNOBS)
+#: The FP32-level knobs (``upstream_rounding_sites.md`` §3.2) and their defaults: the Triton kernels compute each at
+#: its default only and refuse any other value.
+FP32_LEVEL_DEFAULTS: Dict[str, Any] = {**{name: KNOBS[name][0] for name in KNOB_CONSUMERS},
+                                       **{name: allowed[0] for name, allowed in FUTURE_KNOBS.items()}}
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
                  "float64": torch.float64}
@@ -220,7 +236,10 @@ class RoundingPolicy:
             (every site on). None marks an operator the policy defines no semantics for.
         lp_dtype, diag_mode, math_dtype, state_update, silu_form, round_outputs: the knobs (:data:`KNOBS`); the
             defaults are upstream on Hopper.
-        gemm_model, special_functions, fp32_fma, reduction_order: declared FP32-level knobs (:data:`FUTURE_KNOBS`).
+        helper_fma, gemm_model, reduction_order: knobs too; ``gemm_model`` (``"fp32"``, ``"sm90_wgmma"``,
+            ``"sm80_mma"``) and ``reduction_order`` (``"pairwise"``, ``"sequential_time"``) are honoured where
+            :data:`KNOB_CONSUMERS` says and refused elsewhere (:func:`require_default`).
+        special_functions, fp32_fma: declared FP32-level knobs (:data:`FUTURE_KNOBS`).
 
     Instances are frozen and hashable; change them with :meth:`replace` or :meth:`with_sites`. See the module
     docstring for names, sections and JSON.
@@ -263,6 +282,10 @@ class RoundingPolicy:
                 raise NotImplementedError(
                     f"RoundingPolicy.{name}={value!r} is declared but not implemented yet; only "
                     f"{name}={allowed[0]!r} is honoured by the references and the kernels")
+        for knob in KNOB_CONSUMERS:  # FP32-level models: an FP32 accumulator, FP32 FMAs
+            if getattr(self, knob) != KNOBS[knob][0] and self.math_dtype != "float32":
+                raise ValueError(f"RoundingPolicy.{knob}={getattr(self, knob)!r} models FP32 arithmetic; "
+                                 f"math_dtype={self.math_dtype!r} needs {knob}={KNOBS[knob][0]!r}")
 
     # ------------------------------------------------------------------ sections and fields
     def __getattr__(self, name: str):
@@ -553,3 +576,24 @@ def write_fields(policy: RoundingPolicy, operator: str, **changes) -> RoundingPo
     switches = {k: v for k, v in changes.items() if k in table}
     out = policy.replace(**knobs) if knobs else policy
     return out.with_sites(operator, **switches) if switches else out
+
+
+def with_float64_math(policy: RoundingPolicy) -> RoundingPolicy:
+    """``policy`` with ``math_dtype="float64"`` and the FP32-level models of :data:`KNOB_CONSUMERS` at their defaults
+    (they describe FP32 arithmetic, which float64 math does not have)."""
+    return policy.replace(math_dtype="float64", **{knob: KNOBS[knob][0] for knob in KNOB_CONSUMERS})
+
+
+def require_default(policy: RoundingPolicy, knob: str, where: str) -> None:
+    """Refuse a value of an FP32-level knob (:data:`KNOB_CONSUMERS`) other than its default in a consumer that does
+    not model it.
+
+    Raises:
+        NotImplementedError: ``policy.<knob>`` is not the default; the message names the knob, ``where`` and what
+        honours it.
+    """
+    default = KNOBS[knob][0]
+    if getattr(policy, knob) != default:
+        raise NotImplementedError(
+            f"RoundingPolicy.{knob}={getattr(policy, knob)!r} is not honoured by {where}; it is honoured by "
+            f"{KNOB_CONSUMERS[knob]} so far: use {knob}={default!r} here")

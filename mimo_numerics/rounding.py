@@ -143,6 +143,30 @@ def round_sum_to_lp(a: torch.Tensor, b: torch.Tensor, fmt="bfloat16") -> torch.T
     return round_to_lp(s, fmt, residual=e)
 
 
+def fma_fp32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``a·b + c`` rounded once to float32 (round to nearest even), as a hardware FP32 FMA: float32 in and out.
+
+    The product is exact in float64 (48 bits); the sum is split into its float64 value and exact error (TwoSum), and
+    the error decides the one case a float64 → float32 cast can get wrong: a float64 sum exactly halfway between two
+    float32 neighbours while the exact sum is not.
+    """
+    for name, x in (("a", a), ("b", b), ("c", c)):
+        if x.dtype != torch.float32:
+            raise TypeError(f"fma_fp32: {name} must be float32, got {x.dtype}")
+    s, e = two_sum(a.double() * b.double(), c.double())
+    r = s.to(torch.float32)
+    gap = s - r.double()  # exact: r is within one float32 ulp of s
+    inf = torch.full_like(r, float("inf"))
+    neighbour = torch.nextafter(r, torch.where(gap > 0, inf, -inf))  # the float32 on s's side of r
+    spacing = (neighbour.double() - r.double()).abs()
+    halfway = (gap != 0) & (gap.abs() * 2 == spacing) & torch.isfinite(r)
+    # at a midpoint the cast rounded to even; the exact sum s + e lies on e's side of it
+    r = torch.where(halfway & (e != 0) & ((e > 0) == (gap > 0)), neighbour, r)
+    # the overflow midpoint 2^128 − 2^103 casts to ±inf; an exact sum just inside it rounds to ±FLT_MAX
+    edge = (s.abs() == 2.0 ** 128 - 2.0 ** 103) & (e != 0) & ((e > 0) != (s > 0))
+    return torch.where(edge, torch.copysign(torch.full_like(r, torch.finfo(torch.float32).max), r), r)
+
+
 # ---------------------------------------------------------------------------------------------- in-place variants
 def round_to_lp_(x: torch.Tensor, fmt="bfloat16") -> torch.Tensor:
     """In-place ``round_to_lp``: ``x`` (float32 or float64, writable) takes the values ``round_to_lp(x, fmt)``.

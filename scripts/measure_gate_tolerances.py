@@ -81,7 +81,7 @@ def reorder_excess(op, grids=("smoke", "gate"), seeds=range(5)) -> None:
                 functools.partial(reference, policy=policy), seed=s, op=op) for s in seeds}
             variants["state_update"] = functools.partial(reference, policy=policy.replace(state_update=other))
             variants["fp64_math + state_dim_order"] = testing.permute_state_dim(
-                functools.partial(reference, policy=policy.replace(math_dtype="float64")), seed=7, op=op)
+                functools.partial(reference, policy=_policy.with_float64_math(policy)), seed=7, op=op)
             for label, fn in variants.items():
                 out = testing.as_output_dict(fn(*op.args(inputs), **op.kwargs(inputs)), op)
                 for name, expected in ref.items():

@@ -8,7 +8,7 @@ import pytest
 import mimo_numerics as mn
 from mimo_numerics.ops import registry
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as STAGE1_SITES
-from mimo_numerics.policy import (ALL_KNOBS, FUTURE_KNOBS, KNOBS, PolicyUndefined, RoundingPolicy, Sites,
+from mimo_numerics.policy import (ALL_KNOBS, FP32_LEVEL_DEFAULTS, FUTURE_KNOBS, KNOBS, PolicyUndefined, RoundingPolicy, Sites,
                                   field_names)
 
 STAGE1 = "mamba_mimo_bwd_fwd"
@@ -155,7 +155,7 @@ def test_version_1_files_still_load(name):
 
 def test_version_1_missing_knobs_take_their_defaults_with_a_warning():
     data = _v1(mn.presets.get("seed_bf16"))
-    for knob in FUTURE_KNOBS:
+    for knob in FP32_LEVEL_DEFAULTS:  # the knobs a version-1 file may predate
         del data[knob]
     with pytest.warns(UserWarning, match="gemm_model"):
         loaded = RoundingPolicy.from_dict(data)
@@ -170,6 +170,27 @@ def test_policy_declared_but_unimplemented_knobs_raise_not_implemented(knob):
     other = FUTURE_KNOBS[knob][1]
     with pytest.raises(NotImplementedError, match=knob):
         RoundingPolicy(**{knob: other})
+
+
+@pytest.mark.parametrize("model", ["sm90_wgmma", "sm80_mma"])
+def test_policy_gemm_model_is_a_knob_with_a_json_round_trip(model):
+    policy = mn.presets.get("upstream_sm90").replace(gemm_model=model)
+    assert RoundingPolicy.from_json(policy.to_json()) == policy
+    assert policy.diff(mn.presets.get("upstream_sm90")) == {"gemm_model": (model, "fp32")}
+
+
+def test_policy_gemm_model_needs_float32_math():
+    with pytest.raises(ValueError, match="gemm_model"):
+        RoundingPolicy(gemm_model="sm90_wgmma", math_dtype="float64")
+
+
+@pytest.mark.parametrize("knob,value", [("gemm_model", "sm80_mma"), ("reduction_order", "sequential_time")])
+def test_require_default_names_the_knob_and_the_consumer(knob, value):
+    from mimo_numerics.policy import require_default
+
+    require_default(mn.presets.get("upstream_sm90"), knob, "anything")  # the default: nothing to refuse
+    with pytest.raises(NotImplementedError, match=rf"{knob}='{value}'.*the widget"):
+        require_default(mn.presets.get("upstream_sm90").replace(**{knob: value}), knob, "the widget")
 
 
 def test_presets_unknown_name_lists_known_ones():
@@ -196,3 +217,12 @@ def test_policies_pickle():
     for name in mn.presets.names():
         policy = mn.presets.get(name)
         assert pickle.loads(pickle.dumps(policy)) == policy
+
+
+def test_with_float64_math_resets_the_fp32_level_models():
+    from mimo_numerics.policy import with_float64_math
+
+    modelled = mn.presets.get("upstream_sm90").replace(gemm_model="sm90_wgmma", reduction_order="sequential_time")
+    wide = with_float64_math(modelled)
+    assert wide.math_dtype == "float64" and wide.gemm_model == "fp32" and wide.reduction_order == "pairwise"
+    assert wide.section(STAGE1) == modelled.section(STAGE1)

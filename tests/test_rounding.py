@@ -130,3 +130,35 @@ def test_round_sum_to_lp_constructed_double_rounding_case():
     assert round_to_lp(acc + prod).tolist() == [1.0, 1.0, -1.0]  # one float32 rounding too many
     with pytest.raises(TypeError, match="same dtype"):
         round_sum_to_lp(acc, prod.double())
+
+
+def test_fma_fp32_rounds_once():
+    """fma_fp32 against exact rational arithmetic: random draws with cancellation, and the float64 midpoints where
+    a product-then-cast (two roundings) goes wrong."""
+    from fractions import Fraction
+
+    from mimo_numerics.rounding import fma_fp32
+
+    def exact(a, b, c):  # the float32 nearest a·b + c (ties to even), by search around the float64 value
+        value = Fraction(a) * Fraction(b) + Fraction(c)
+        x = torch.tensor(float(value), dtype=torch.float32)
+        near = [x, torch.nextafter(x, torch.tensor(float("inf"))), torch.nextafter(x, torch.tensor(float("-inf")))]
+        return min(near, key=lambda v: (abs(Fraction(v.item()) - value), int(v.view(torch.int32)) & 1)).item()
+
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(3000, generator=g) * torch.exp2(torch.randint(-30, 30, (3000,), generator=g).float())
+    b = torch.randn(3000, generator=g)
+    c = -(a.double() * b.double()).float() * (1 + torch.randn(3000, generator=g) * 1e-5)
+    # the midpoint cases: the float64 sum lands halfway between two float32 numbers, the exact sum does not
+    a = torch.cat([a, torch.tensor([-(1 + 2 ** -23), 1 + 2 ** -23])])
+    b = torch.cat([b, torch.tensor([2 ** -24 * (1 - 2 ** -23), -2 ** -24 * (1 - 2 ** -23)])])
+    c = torch.cat([c, torch.tensor([1 + 2 ** -23, -(1 + 2 ** -23)])])
+    got = fma_fp32(a, b, c)
+    want = torch.tensor([exact(x, y, z) for x, y, z in zip(a.tolist(), b.tolist(), c.tolist())])
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    naive = (a.double() * b.double() + c.double()).float()
+    assert not torch.equal(naive[-2:], got[-2:])  # the two constructed cases defeat the double rounding
+    # the overflow midpoint: the float64 sum is 2^128 − 2^103 (casts to inf), the exact sum is just below it
+    a, b, c = (torch.tensor([v, -v]) for v in (18631 * 2.0 ** 64, 1801 * 2.0 ** 39, -(2.0 ** -149)))
+    b = b.abs()
+    assert fma_fp32(a, b, c).tolist() == [torch.finfo(torch.float32).max, -torch.finfo(torch.float32).max]

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from mimo_numerics import presets
 from mimo_numerics.ops import registry
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs
-from mimo_numerics.policy import KNOBS, RoundingPolicy
+from mimo_numerics.policy import KNOB_CONSUMERS, KNOBS, RoundingPolicy
 
 _EXPLORE = bool(os.environ.get("MIMO_RELIABILITY_EXPLORE"))
 _QUIET = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large,
@@ -63,10 +63,12 @@ STAGE1 = "mamba_mimo_bwd_fwd"
 
 def policies(lp_dtype=None, kernel=False):
     """Random policies: every honoured knob and every site of every registered operator (stage 1's sites drawn
-    first); the kernels' subset has FP32 math and rounded outputs."""
+    first); the kernels' subset has FP32 math and rounded outputs. The FP32-level models (``KNOB_CONSUMERS``:
+    ``gemm_model``, ``reduction_order``) keep their defaults: not every consumer honours them, they need FP32 math,
+    and tests/test_tensor_core.py and tests/ops/mamba_mimo_bwd_fwd/test_fp32_level_models.py test them."""
     fields = {}
     for knob, values in KNOBS.items():
-        fields[knob] = st.sampled_from(values)
+        fields[knob] = st.just(values[0]) if knob in KNOB_CONSUMERS else st.sampled_from(values)
     if lp_dtype is not None:
         fields["lp_dtype"] = st.just(lp_dtype)
     if kernel:
@@ -88,7 +90,7 @@ def partial_policy_files(draw):
                                       if all(presets.get(n).defines(op) for op in registry.OPERATORS)]))
     expected = presets.get(base_name)
     data = {"schema_version": 2, "base": base_name}
-    knobs = draw(st.dictionaries(st.sampled_from(sorted(KNOBS)), st.none()))
+    knobs = draw(st.dictionaries(st.sampled_from(sorted(set(KNOBS) - set(KNOB_CONSUMERS))), st.none()))
     for knob in knobs:
         data[knob] = draw(st.sampled_from(KNOBS[knob]), label=knob)
     expected = expected.replace(**{k: data[k] for k in knobs})

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from ...rounding import round_sum_to_lp, round_to_lp
 from ...validation import Dims
+from .gemm import Matmul, plain_matmul
 
 
 def pad_time(x: Optional[torch.Tensor], length: int, dim: int) -> Optional[torch.Tensor]:
@@ -119,7 +120,7 @@ def chunk_decay(exp_da_cs: torch.Tensor, dims: Dims) -> torch.Tensor:
 
 def chunk_outputs(q_rot_c: torch.Tensor, k_scaled_c: torch.Tensor, psiv_c: torch.Tensor,
                   state_operand: torch.Tensor, exp_da_cs: torch.Tensor, segsum: torch.Tensor, dims: Dims,
-                  md: torch.dtype, rnd):
+                  md: torch.dtype, rnd, matmul: Matmul = plain_matmul, intra_into_inter: bool = False):
     """The chunk outputs of every chunk at once: the inter term, the strictly causal decayed scores and the intra
     term.
 
@@ -127,6 +128,9 @@ def chunk_outputs(q_rot_c: torch.Tensor, k_scaled_c: torch.Tensor, psiv_c: torch
         q_rot_c, k_scaled_c (Tensor): ``[B, H, nc, L, N]``. psiv_c (Tensor): ``[B, H, nc, L, P]``.
         state_operand (Tensor): ``[B, H, nc, N, P]``. exp_da_cs (Tensor): ``[B, H, Sp]``.
         segsum (Tensor): ``[B, H, nc, C, C]``. rnd: rounds the masked scores (``causal_scores``).
+        matmul: the three GEMMs (``gemm.policy_matmul``: the policy's ``gemm_model``).
+        intra_into_inter (bool): the intra GEMM accumulates into ``inter`` (the forward's L316 under a tensor-core
+            ``gemm_model``); the third result is then ``inter + masked·ΨV`` as that one GEMM gives it.
 
     Returns:
         tuple: ``inter = (q_rot·h)·exp(da_cs)`` ``[B, H, nc, L, P]``, the masked scores ``[B, H, nc, L, L]`` and
@@ -135,8 +139,8 @@ def chunk_outputs(q_rot_c: torch.Tensor, k_scaled_c: torch.Tensor, psiv_c: torch
     B, H, nc, C, R = dims.batch, dims.heads, dims.nchunks, dims.chunk_size, dims.rank
     L = C * R
     row_decay = exp_da_cs.reshape(B, H, nc, C).repeat_interleave(R, dim=3)  # [B, H, nc, L]
-    inter = (q_rot_c @ state_operand) * row_decay[..., None]  # [B, H, nc, L, P]
-    scores = q_rot_c @ k_scaled_c.transpose(-1, -2)  # [B, H, nc, L, L]
+    inter = matmul(q_rot_c, state_operand) * row_decay[..., None]  # [B, H, nc, L, P]
+    scores = matmul(q_rot_c, k_scaled_c.transpose(-1, -2))  # [B, H, nc, L, L]
     # strictly causal mask and decay at token granularity [C, C], broadcast over the rank axes of the L x L scores
     step = torch.arange(C, device=dims.device)
     causal = (step[:, None] > step[None, :])[:, None, :, None]  # [C, 1, C, 1]
@@ -145,4 +149,4 @@ def chunk_outputs(q_rot_c: torch.Tensor, k_scaled_c: torch.Tensor, psiv_c: torch
     masked = torch.where(causal, scores.view(B, H, nc, C, R, C, R) * decay_ij,
                          torch.zeros((), dtype=md, device=dims.device))
     masked = rnd("causal_scores", masked.reshape(B, H, nc, L, L))
-    return inter, masked, masked @ psiv_c
+    return inter, masked, matmul(masked, psiv_c, inter if intra_into_inter else None)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from ...tensor_core import tensor_core_matmul
 from .cuda_graph import replayed
+from .gemm import operand_format, policy_matmul
 
 #: Rows per accumulate step of the state GEMMs under ``state_update="accumulate_into"`` (the wgmma/mma k16 step).
 STATE_ACCUMULATE_ROWS = 16
@@ -91,7 +93,8 @@ def state_recurrence(k_state: torch.Tensor, psiv: torch.Tensor, decay: torch.Ten
         psiv (Tensor): [B, H, nc, L, P].
         decay (Tensor): [B, H, nc] exp(da_cs) at the last valid token of each chunk.
         policy: its ``state_update`` (``"separate"``: one GEMM per chunk added to the decayed state;
-            ``"accumulate_into"``: the GEMM adds into it in slices of ``STATE_ACCUMULATE_ROWS`` rows).
+            ``"accumulate_into"``: the GEMM adds into it in slices of ``STATE_ACCUMULATE_ROWS`` rows) and its
+            ``gemm_model`` (a tensor-core model: :func:`modelled_state_recurrence`).
 
         final (bool): also return h_nc ``[B, H, N, P]``, the state after the last chunk (upstream's
             ``FINAL_STATE``), the walk's next step.
@@ -101,6 +104,8 @@ def state_recurrence(k_state: torch.Tensor, psiv: torch.Tensor, decay: torch.Ten
     """
     batch, heads, nchunks, rows, _ = k_state.shape
     kt = k_state.transpose(-1, -2)  # [B, H, nc, N, L]
+    if policy.gemm_model != "fp32":
+        return modelled_state_recurrence(kt, psiv, decay, policy, final)
     if policy.state_update == "separate":
         steps = (kt @ psiv).unsqueeze(3)  # [B, H, nc, 1, N, P]
     else:
@@ -108,3 +113,41 @@ def state_recurrence(k_state: torch.Tensor, psiv: torch.Tensor, decay: torch.Ten
                   for s in range(0, rows, STATE_ACCUMULATE_ROWS)]
         steps = torch.stack(slices, dim=3)  # [B, H, nc, n_slices, N, P]
     return chunk_recurrence(steps, decay, final=final)
+
+
+def modelled_state_recurrence(kt: torch.Tensor, psiv: torch.Tensor, decay: torch.Tensor, policy, final: bool = False,
+                              reverse: bool = False):
+    """The chunk walk of :func:`state_recurrence` (``reverse``: of stage 2's dstates) under a tensor-core
+    ``gemm_model`` (``mimo_numerics.tensor_core``).
+
+    ``"accumulate_into"``: h_{c+1} = the GEMM ktᵀ·ΨV of chunk c accumulated *into* C = h_c·decay_c (upstream's
+    ``clear_accum=False`` / ``mma.sync`` with C, S44–S45), chunk after chunk; ``reverse``: D_{nc−1} = 0,
+    D_{c−1} = the GEMM of chunk c into D_c·decay_c. ``"separate"``: the cleared GEMM per chunk, then the FP32 walk of
+    :func:`chunk_recurrence`.
+
+    Args:
+        kt (Tensor): [B, H, nc, N, L] the GEMM's left operand (k_stateᵀ; stage 2: q_rotᵀ). psiv (Tensor):
+            [B, H, nc, L, P]. decay (Tensor): [B, H, nc].
+        policy: its ``gemm_model``, ``lp_dtype`` and ``state_update``. final (bool): as in :func:`state_recurrence`
+            (not with ``reverse``).
+
+    Returns:
+        Tensor: [B, H, nc, N, P] h_c (``reverse``: D_c), float32; with ``final`` a pair ``(h, h_nc [B, H, N, P])``.
+    """
+    if final and reverse:
+        raise ValueError("final=True is the forward walk's last step; the reverse walk has none")
+    if policy.state_update == "separate":
+        steps = policy_matmul(policy)(kt, psiv).unsqueeze(3)  # [B, H, nc, 1, N, P]
+        return chunk_recurrence(steps, decay, reverse=reverse, final=final)
+    formats = operand_format(kt, policy.lp_dtype), operand_format(psiv, policy.lp_dtype)
+    batch, heads, nchunks, n, _ = kt.shape
+    states = kt.new_empty((batch, heads, nchunks + int(final), n, psiv.shape[-1]))
+    h = states[:, :, nchunks - 1 if reverse else 0]
+    h.zero_()
+    order = range(nchunks - 1, 0, -1) if reverse else range(nchunks if final else nchunks - 1)
+    for c in order:
+        h = tensor_core_matmul(kt[:, :, c], psiv[:, :, c], h * decay[:, :, c, None, None], policy.gemm_model, *formats)
+        states[:, :, c - 1 if reverse else c + 1] = h
+    if final:
+        return states[:, :, :nchunks], states[:, :, nchunks]
+    return states

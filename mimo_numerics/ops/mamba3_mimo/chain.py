@@ -35,7 +35,7 @@ from ..mamba_mimo_bwd_fwd import oracle as _stage1_oracle_module
 from ... import presets as _presets
 from ..mamba_mimo_bwd_fwd import reference as _stage1_reference
 from ..mamba_mimo_bwd_fwd.outputs import INPUT_NAMES as _STAGE1_INPUT_NAMES
-from ...policy import RoundingPolicy
+from ...policy import RoundingPolicy, require_default
 from ..mamba_mimo_bwd_fwd.validation import LP_INPUTS as _STAGE1_LP_INPUTS
 from ..mamba3_mimo_epilogue.oracle import mamba3_mimo_epilogue_oracle
 from ..mamba3_mimo_epilogue.reference import mamba3_mimo_epilogue_reference
@@ -130,6 +130,7 @@ def chain_kind(policy) -> str:
     if not isinstance(policy, RoundingPolicy):
         raise TypeError(f"policy must resolve to a RoundingPolicy, got {type(policy).__name__}")
     sections = {op: policy.section(op) for op in POLICY_OPERATORS}  # PolicyUndefined names the operator
+    require_default(policy, "reduction_order", "the whole op (its stage-2 reference)")
     if policy.math_dtype == "float32":
         if not policy.round_outputs:
             raise NotImplementedError(

@@ -40,6 +40,7 @@ from typing import Optional, Tuple
 import torch
 
 from ... import presets
+from ...policy import require_default
 from .step import DecodeState, check_step_inputs
 
 #: The π upstream's rotary kernel multiplies by (``3.141592653589793`` in its source), and as an fp32 operand.
@@ -157,9 +158,10 @@ def mamba3_mimo_step(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z: Opt
     Raises:
         TypeError, ValueError: naming the argument.
     """
+    policy = presets.resolve(policy)
+    require_default(policy, "gemm_model", "the decode step")
     B, R, G, N, H, P = check_step_inputs(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles,
                                           D, Z, state)
-    policy = presets.resolve(policy)
     _check_lp("Q", Q, policy)
     f = policy.math_torch_dtype
 

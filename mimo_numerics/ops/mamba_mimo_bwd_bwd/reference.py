@@ -28,11 +28,13 @@ from typing import Dict, Optional
 import torch
 
 from ... import presets as _presets
+from ...policy import require_default
 from ...rounding import round_sum_to_lp, round_to_lp
 from ...validation import Dims
 from .._common.chunked import (biased_heads, chunk_decay, discretisation, ieee_fp32_matmul, pad_time, rotate,
                                rotation_angles)
-from .._common.recurrence import STATE_ACCUMULATE_ROWS, chunk_recurrence
+from .._common.gemm import policy_matmul
+from .._common.recurrence import STATE_ACCUMULATE_ROWS, chunk_recurrence, modelled_state_recurrence
 from .._common.rounder import SiteRounder
 from .sites import OPERATOR_NAME
 from .spec import MimoBwdBwdOutputs
@@ -87,6 +89,8 @@ def _reverse_dstates(q_rot_c: torch.Tensor, dphio_scaled_c: torch.Tensor, decay:
     """
     rows = q_rot_c.shape[3]
     qt = q_rot_c.transpose(-1, -2)  # [B, H, nc, N, L]
+    if policy.gemm_model != "fp32":  # the mma.sync accumulating into D·decay (tensor-core model)
+        return modelled_state_recurrence(qt, dphio_scaled_c, decay, policy, reverse=True)
     if policy.state_update == "separate":
         steps = [qt @ dphio_scaled_c]
     else:
@@ -128,6 +132,7 @@ def mamba_mimo_bwd_bwd(
         float32, or every output unrounded in the math dtype when ``policy.round_outputs`` is false.
     """
     policy = _presets.resolve(policy)
+    require_default(policy, "reduction_order", "stage 2's reference (its sums over time keep torch's order)")
     policy.section(OPERATOR_NAME)  # PolicyUndefined when the policy defines no stage-2 semantics (seed_bf16)
     with ieee_fp32_matmul():
         return _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs,
@@ -148,6 +153,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
                                                                  qk_dot, segsum))
     md = policy.math_torch_dtype
     rnd = SiteRounder(policy, OPERATOR_NAME)
+    matmul = policy_matmul(policy)  # the nine wgmma GEMMs under policy.gemm_model (dstates: _reverse_dstates)
     B, S, H, N, P, R, C, nc = (dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank,
                                dims.chunk_size, dims.nchunks)
     Sp, L = dims.padded_seqlen, C * R
@@ -233,8 +239,8 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     del dphio_scaled
 
     # ---------------------------------------------------------------- dΨV (L809-871)
-    dpsiv_inter = (k_c @ dstates_op) * row_rev  # [B, H, nc, L, P]
-    lkq = k_c @ q_c.transpose(-1, -2)  # [B, H, nc, L(k rows i), L(q rows j)]
+    dpsiv_inter = matmul(k_c, dstates_op) * row_rev  # [B, H, nc, L, P]
+    lkq = matmul(k_c, q_c.transpose(-1, -2))  # [B, H, nc, L(k rows i), L(q rows j)]
     lkq_stored = rnd("lkq", lkq)
     # reverse-causal mask t_i < t_j and decay exp(segsum[t_j, t_i]) at token granularity, broadcast over the ranks
     step = torch.arange(C, device=dims.device)
@@ -249,7 +255,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
 
     lkq_masked = rnd("lkq_masked", masked(lkq_stored if R == 1 else lkq))
     del lkq
-    dpsiv = dpsiv_inter + lkq_masked @ dphio_c
+    dpsiv = matmul(lkq_masked, dphio_c, dpsiv_inter)  # the GEMM accumulates into dΨV (L846)
     if dims.has_d:
         dpsiv = dpsiv + dphio_c * d.to(md)[None, :, None, None, None]
     dpsiv = unchunk(dpsiv)  # [B, H, Sp, R(in), P]
@@ -271,23 +277,23 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     del dv_acc, dpsiv
 
     # ---------------------------------------------------------------- same-token (diagonal) terms (L903-926)
-    dqk_diag = dphio @ psiv.transpose(-1, -2)  # [B, H, Sp, R(out), R(in)]
+    dqk_diag = matmul(dphio, psiv.transpose(-1, -2))  # [B, H, Sp, R(out), R(in)]
     dgamma_diag = (qk * dqk_diag).sum(dim=(-1, -2))  # [B, H, Sp]
     dqk_gamma = dqk_diag * gamma[..., None, None]
     put("dqk_diag", tokens(dqk_diag))
     del dqk_diag
 
     # ---------------------------------------------------------------- dk (L928-995)
-    dk_inter_raw = psiv_c @ dstates_op.transpose(-1, -2)  # [B, H, nc, L, N]
+    dk_inter_raw = matmul(psiv_c, dstates_op.transpose(-1, -2))  # [B, H, nc, L, N]
     ddA_cs_rev = chunk_sum(k_c * dk_inter_raw)
     dk_inter = rnd("dk_inter", dk_inter_raw * row_rev)
     del dk_inter_raw
-    dk_intra = psiv_c @ dphio_c.transpose(-1, -2)  # [B, H, nc, L(i), L(j)]
+    dk_intra = matmul(psiv_c, dphio_c.transpose(-1, -2))  # [B, H, nc, L(i), L(j)]
     dssda_terms = rnd("dssda_term", lkq_stored * dk_intra)
     dSSdA = dssda_terms.view(B, H, nc, C, R, C, R).sum(dim=6).sum(dim=4)  # [B, H, nc, C(k token), C(q token)]
     del lkq_stored, psiv_c, psiv
     dkq = rnd("dkq_masked", masked(dk_intra))
-    dk_nodiag = dk_inter + dkq @ q_c
+    dk_nodiag = matmul(dkq, q_c, dk_inter)  # the GEMM accumulates into the rounded dk_inter (L977-980)
     dfactor = chunk_sum(chunked(k_rot) * dk_nodiag)
     dk_rot = rnd("dk_scaled", dk_nodiag * per_token(trap_scale)[..., None])
     put("dk_inter", tokens(unchunk(dk_inter))), put("dk_intra_scores", dk_intra), put("dssda_terms", dssda_terms)
@@ -298,10 +304,10 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     states_md = states.to(md)  # [B, H, nc, N, P]
     dda_terms = states_md * dstates * decay[..., None, None]
     ddA = dda_terms.sum(dim=(-1, -2)).repeat_interleave(C, dim=2)  # [B, H, Sp]
-    dq_inter_raw = dphio_c @ states_md.transpose(-1, -2)  # [B, H, nc, L, N]
+    dq_inter_raw = matmul(dphio_c, states_md.transpose(-1, -2))  # [B, H, nc, L, N]
     ddA_cs = chunk_sum(q_c * dq_inter_raw)
     dq_inter = rnd("dq_inter", dq_inter_raw * row_cs)
-    dq_rot = rnd("dq_combined", dq_inter + dkq.transpose(-1, -2) @ k_c)
+    dq_rot = rnd("dq_combined", matmul(dkq.transpose(-1, -2), k_c, dq_inter))  # accumulates into dq_inter
     put("dda_terms", dda_terms), put("dq_inter", tokens(unchunk(dq_inter))), put("dq_rot", tokens(unchunk(dq_rot)))
     del dda_terms, dq_inter_raw, dq_inter, dkq, states_md, dstates, dstates_op, k_scaled, k_c
 

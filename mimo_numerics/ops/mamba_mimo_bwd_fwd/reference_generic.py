@@ -10,9 +10,11 @@ from __future__ import annotations
 import torch
 
 from ...policy import RoundingPolicy
+from ...rounding import fma_fp32
 from ...validation import Dims
 from .._common.chunked import (biased_heads, chunk_decay, chunk_outputs, diagonal_rank_sum, discretisation,
                                pad_time, rotate, rotation_angles)
+from .._common.gemm import policy_matmul
 from .._common.recurrence import state_recurrence
 from .._common.rounder import SiteRounder
 from .outputs import MimoBwdFwdOutputs
@@ -30,6 +32,7 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
                                dims.chunk_size, dims.nchunks)
     Sp, L = dims.padded_seqlen, C * R
     keep = record is not None
+    matmul = policy_matmul(policy)  # the GEMMs G1–G4 (G5 is the state recurrence's) under policy.gemm_model
 
     def put(name, value):
         if keep:
@@ -41,7 +44,7 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
     # ---------------------------------------------------------------- per-token quantities, [B, H, Sp, R, *]
     q_biased = biased_heads(q, q_bias, dims, md, rnd)
     k_biased = biased_heads(k, k_bias, dims, md, rnd)
-    qk_full = q_biased @ k_biased.transpose(-1, -2)  # [B, H, Sp, R, R]
+    qk_full = matmul(q_biased, k_biased.transpose(-1, -2))  # [B, H, Sp, R, R]
     qk_internal = rnd("qk_dot_internal", qk_full)
     put("q_biased", tokens(q_biased)), put("k_biased", tokens(k_biased)), put("qk_dot", tokens(qk_internal))
 
@@ -75,7 +78,7 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
 
     # ---------------------------------------------------------------- chunk outputs, all chunks at once
     inter, masked, intra = chunk_outputs(chunked(q_rot), chunked(k_scaled), psiv_c, state_operand, exp_da_cs, segsum,
-                                         dims, md, rnd)
+                                         dims, md, rnd, matmul)
     unchunk = lambda x: x.reshape(B, H, Sp, R, x.shape[-1])
     put("inter", tokens(unchunk(inter))), put("causal_scores", masked), put("intra", tokens(unchunk(intra)))
     o = unchunk(intra + inter)  # [B, H, Sp, R, P]
@@ -108,7 +111,7 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
     if dims.reduce_o:
         dout_h = dout.to(md).permute(0, 2, 1, 3)[:, :, :, None, :]  # [B, H, S, 1, P]
         gated = gate * out_v if dims.has_z else out_v
-        dmimo_o = (gated * dout_h).sum(dim=2).to(out_fp)
+        dmimo_o = time_sum_of_products(gated, dout_h, policy, dims).to(out_fp)
         if dims.has_z:
             phi = rnd("phi_weight", mimo_o.to(md))
             dphio = rnd("dphio", rnd("dphio", dout_h * phi[None, :, None]) * out_v)
@@ -129,8 +132,44 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
                 acc = rnd.always(acc)
         put("dz_accum", acc)
         dz = rnd.output(acc).permute(0, 2, 1, 3).contiguous()  # [B, S, H, P]
-        dmimo_z = (dzz * z_h[:, :, :, None, :]).sum(dim=2).to(out_fp)
+        dmimo_z = chunked_time_sum(dzz * z_h[:, :, :, None, :], policy, dims).to(out_fp)
 
     states = rnd.output(state).contiguous()
     qk_dot = rnd.output(tokens(qk_full)).contiguous()
     return MimoBwdFwdOutputs(dmimo_o=dmimo_o, states=states, dz=dz, dmimo_z=dmimo_z, qk_dot=qk_dot)
+
+
+def time_sum_of_products(a: torch.Tensor, b: torch.Tensor, policy, dims: Dims) -> torch.Tensor:
+    """Σ_t a·b over dim 2 (S33, dΦ): ``reduction_order="pairwise"``: torch's sum of the products;
+    ``"sequential_time"``: upstream's one running FP32 FMA chain over t, ascending (``acc = fma(a_t, b_t, acc)``).
+
+    Args:
+        a (Tensor): ``[B, H, S, R, P]`` in the math dtype; b: broadcastable to it. Returns: ``[B, H, R, P]``.
+    """
+    if policy.reduction_order == "pairwise":
+        return (a * b).sum(dim=2)
+    b = b.expand_as(a)
+    acc = torch.zeros_like(a[:, :, 0])
+    for t in range(dims.seqlen):
+        acc = fma_fp32(a[:, :, t], b[:, :, t], acc)
+    return acc
+
+
+def chunked_time_sum(x: torch.Tensor, policy, dims: Dims) -> torch.Tensor:
+    """Σ_t x over dim 2 (S39, dζ): ``"pairwise"``: torch's sum; ``"sequential_time"``: per chunk a serial FP32 sum
+    over its tokens, added to the running total chunk by chunk (the catalog's reading of upstream's ``reduce_sum``
+    with ``clear=False``; its in-chunk order is not identified on the golden data, whose dζ terms already differ
+    through the fast sigmoid).
+
+    Args:
+        x (Tensor): ``[B, H, S, R, P]``. Returns: ``[B, H, R, P]``.
+    """
+    if policy.reduction_order == "pairwise":
+        return x.sum(dim=2)
+    acc = torch.zeros_like(x[:, :, 0])
+    for start in range(0, dims.seqlen, dims.chunk_size):
+        part = x[:, :, start]
+        for t in range(start + 1, min(start + dims.chunk_size, dims.seqlen)):
+            part = part + x[:, :, t]
+        acc = acc + part
+    return acc

@@ -6,7 +6,7 @@ trimmed to the S valid tokens; the site in parentheses rounds it (catalog site n
 
 from __future__ import annotations
 
-from ...operator import Operator, Stage
+from ...operator import KERNEL_KNOBS, Operator, Stage
 from .._common.inputs import inputs_of
 from .outputs import INPUT_NAMES, OPTIONAL_INPUTS
 
@@ -64,6 +64,7 @@ OPERATOR = Operator(
     lp_outputs=("states", "dz", "qk_dot"),
     stages=STAGES,
     knob_sites={"diag_mode": ("diag_accum",)},
+    knobs=KERNEL_KNOBS + ("reduction_order",),  # its sums over time (dΦ, dζ) model upstream's order on request
     outputs_type="mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs:MimoBwdFwdOutputs",
     upstream="mimo_numerics.ops.mamba_mimo_bwd_fwd.upstream:mamba_mimo_bwd_fwd",
     kernels="mimo_numerics.kernels:mamba_mimo_bwd_fwd",

@@ -31,6 +31,7 @@ from ... import presets as _presets
 from ...validation import Dims
 from .._common.chunked import (biased_heads, chunk_decay, chunk_outputs, diagonal_rank_sum, discretisation,
                                ieee_fp32_matmul, pad_time, rotate, rotation_angles)
+from .._common.gemm import policy_matmul
 from .._common.recurrence import state_recurrence
 from .._common.rounder import SiteRounder
 from .sites import SITES  # noqa: F401  (the forward's sites, for readers of this module)
@@ -97,6 +98,7 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
              final_tokens: Tuple[int, ...] = ()):
     md = policy.math_torch_dtype
     rnd = SiteRounder(policy, OPERATOR_NAME)
+    matmul = policy_matmul(policy)  # the GEMMs under policy.gemm_model (the state update's: state_recurrence)
     B, S, H, R, C, nc = dims.batch, dims.seqlen, dims.heads, dims.rank, dims.chunk_size, dims.nchunks
     Sp, L = dims.padded_seqlen, C * R
 
@@ -118,7 +120,7 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
 
     q_biased = biased_heads(q, q_bias, dims, md, rnd)
     k_biased = biased_heads(k, k_bias, dims, md, rnd)
-    qk = rnd("qk_dot", q_biased @ k_biased.transpose(-1, -2))  # [B, H, Sp, R, R]
+    qk = rnd("qk_dot", matmul(q_biased, k_biased.transpose(-1, -2)))  # [B, H, Sp, R, R]
     put("q_biased", tokens(q_biased)), put("k_biased", tokens(k_biased)), put("qk_dot", tokens(qk))
 
     cos, sin = rotation_angles(angles, dims, md)  # [B, H, Sp, 1, N/d]
@@ -152,9 +154,14 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
     del state, k_state
 
     # ---------------------------------------------------------------- chunk outputs, all chunks at once (L243-316)
+    # the intra GEMM accumulates onto the scaled inter term (L316): with FP32 GEMMs that is inter + intra, under a
+    # tensor-core gemm_model one GEMM into inter, whose "intra" record is then (inter + intra) − inter
+    into_inter = policy.gemm_model != "fp32"
     inter, masked, intra = chunk_outputs(chunked(q_rot), chunked(k_scaled), psiv_c, state_operand, exp_da_cs,
-                                         segsum, dims, md, rnd)
-    put("inter", tokens(unchunked(inter))), put("causal_scores", masked), put("intra", tokens(unchunked(intra)))
+                                         segsum, dims, md, rnd, matmul, intra_into_inter=into_inter)
+    chunk_sum = intra if into_inter else inter + intra  # [B, H, nc, L, P]
+    put("inter", tokens(unchunked(inter))), put("causal_scores", masked)
+    put("intra", tokens(unchunked(chunk_sum - inter if into_inter else intra)))
     del masked, state_operand, q_rot, k_scaled, q_biased, k_biased, cos, sin
 
     # ---------------------------------------------------------------- diagonal and D terms (L318-336)
@@ -165,9 +172,9 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
     if dims.has_d:
         diag = rnd("d_term", diag + d.to(md)[None, :, None, None, None] * psiv)
         put("d_term", tokens(diag))
-    out = tokens(unchunked(inter + intra) + diag)  # [B, H, S, R, P]
+    out = tokens(unchunked(chunk_sum) + diag)  # [B, H, S, R, P]
     put("out", out)
-    del inter, intra, diag, psiv, psiv_c
+    del inter, intra, chunk_sum, diag, psiv, psiv_c
 
     # ---------------------------------------------------------------- gate and output (L338-384)
     if dims.has_z:
