@@ -3,8 +3,9 @@
 A policy has
 
 * **knobs** shared by every kernel, because they describe the hardware and software setup (``lp_dtype``,
-  ``diag_mode``, ``math_dtype``, ``state_update``, ``silu_form``, ``round_outputs``, and the declared FP32-level
-  knobs of :data:`FUTURE_KNOBS`);
+  ``diag_mode``, ``math_dtype``, ``state_update``, ``silu_form``, ``round_outputs``, ``helper_fma``, the FP32-level
+  models ``gemm_model`` and ``reduction_order`` (honoured where :data:`KNOB_CONSUMERS` says), and the declared
+  FP32-level knobs of :data:`FUTURE_KNOBS`);
 * one **section** per operator of the registry (:mod:`mimo_numerics.ops.registry`): the operator's rounding sites
   as :class:`Sites`, an immutable mapping ``site -> bool``, or ``None`` where the policy defines no semantics for that
   operator (``seed_bf16`` is defined by the seed PR for stage 1 only). ``policy.section(op)`` (or ``policy.<op>``)

@@ -200,8 +200,9 @@ def main(argv=None) -> int:
             if F is not None and F <= 24:
                 table = ex2_table(kernels[name], F)
                 np.savez_compressed(args.out / "mufu_ex2_table.npz", offsets=table, fraction_bits=F)
+                values, counts = np.unique(table, return_counts=True)
                 entry["table"] = {"entries": int(table.size), "fraction_bits": F,
-                                  "offset_counts": {int(v): int(c) for v, c in zip(*np.unique(table, return_counts=True))}}
+                                  "offset_counts": {int(v): int(c) for v, c in zip(values, counts)}}
         entry["seconds"] = round(time.time() - t0, 1)
         summary["functions"][name] = entry
         print(name, json.dumps(entry)[:400], flush=True)

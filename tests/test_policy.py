@@ -8,8 +8,8 @@ import pytest
 import mimo_numerics as mn
 from mimo_numerics.ops import registry
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as STAGE1_SITES
-from mimo_numerics.policy import (ALL_KNOBS, FP32_LEVEL_DEFAULTS, FUTURE_KNOBS, KNOBS, PolicyUndefined, RoundingPolicy, Sites,
-                                  field_names)
+from mimo_numerics.policy import (ALL_KNOBS, FP32_LEVEL_DEFAULTS, FUTURE_KNOBS, KNOBS, PolicyUndefined,
+                                  RoundingPolicy, Sites, field_names)
 
 STAGE1 = "mamba_mimo_bwd_fwd"
 ISSUE_SWITCHES = ("psi_weight qk_bias phi_weight dt_input qk_biased psiv shifted_gamma trap_scale qk_dot_internal "
