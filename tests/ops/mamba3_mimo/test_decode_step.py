@@ -18,12 +18,11 @@ from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba3_mimo import decode, step
 from mimo_numerics.ops.mamba3_mimo.cases import OP_INPUT_NAMES, make_op_inputs, small_case
 from mimo_numerics.ops.mamba3_mimo.fp64_model import mamba3_mimo_fp64
+from mamba3_mimo_support import one_token, token_range
 
 CASES = [small_case(seqlen=40, seed=7), small_case(seqlen=40, seed=9, dtype="float16"),
          small_case(seqlen=40, seed=3, reduce_o=False, has_z=False, has_d=False), small_case(seqlen=40, groups=2, seed=4)]
 SPLIT = 24
-_TIME = ("Q", "K", "V", "Angles", "Z")
-_HEAD_TIME = ("ADT", "DT", "Trap")
 
 
 def _policy(name, spec):
@@ -31,26 +30,8 @@ def _policy(name, spec):
     return policy.replace(lp_dtype="float16") if spec.dtype == "float16" else policy
 
 
-def _cut(raw, lo, hi):
-    out = {}
-    for name in OP_INPUT_NAMES:
-        x = raw[name]
-        if x is not None and name in _TIME:
-            x = x[:, lo:hi]
-        elif x is not None and name in _HEAD_TIME:
-            x = x[..., lo:hi]
-        out[name] = x
-    return out
-
-
-def _token(raw, t):
-    return [None if raw[n] is None else (raw[n][:, t] if n in _TIME else raw[n][..., t] if n in _HEAD_TIME
-                                          else raw[n]) for n in OP_INPUT_NAMES]
-
-
 def _prefill_state(raw, policy):
-    x = _cut(raw, 0, SPLIT)
-    out = mn.mamba3_mimo(*[x[n] for n in OP_INPUT_NAMES], chunk_size=raw["chunk_size"],
+    out = mn.mamba3_mimo(*token_range(raw, 0, SPLIT), chunk_size=raw["chunk_size"],
                          rotary_dim_divisor=raw["rotary_dim_divisor"], policy=policy, return_state=True)
     return step.DecodeState(*out[1:])
 
@@ -58,7 +39,7 @@ def _prefill_state(raw, policy):
 def _decode(raw, state, policy):
     outs = []
     for t in range(SPLIT, raw["V"].shape[1]):
-        out, state = decode.mamba3_mimo_step(*_token(raw, t), state, policy=policy)
+        out, state = decode.mamba3_mimo_step(*one_token(raw, t), state, policy=policy)
         outs.append(out)
     return torch.stack(outs, dim=1), state
 
@@ -70,8 +51,8 @@ def test_fp64_policy_step_is_the_fp64_step(spec):
     ours = theirs = _prefill_state(raw, policy)
     bound = tolerances.get("decode_policy_fp64_vs_fp64_step_rel_rms")
     for t in range(SPLIT, raw["V"].shape[1]):
-        want, theirs = step.mamba3_mimo_step_fp64(*_token(raw, t), theirs)
-        got, ours = decode.mamba3_mimo_step(*_token(raw, t), ours, policy=policy)
+        want, theirs = step.mamba3_mimo_step_fp64(*one_token(raw, t), theirs)
+        got, ours = decode.mamba3_mimo_step(*one_token(raw, t), ours, policy=policy)
         assert got.dtype == torch.float64 and rel_rms(got, want) <= bound
         assert rel_rms(torch.remainder(ours.angle, 2 * math.pi), theirs.angle) <= bound
         for name in ("ssm", "k", "v"):
@@ -99,7 +80,7 @@ def test_the_output_stores_are_the_only_roundings(spec):
     raw = make_op_inputs(spec)
     policy = _policy("upstream_sm90", spec)
     state = _prefill_state(raw, policy)
-    token = _token(raw, SPLIT)
+    token = one_token(raw, SPLIT)
     Q, K, Angles, DT = token[0], token[1], token[11], token[4]
     heads = torch.arange(raw["V"].shape[2]) // (raw["V"].shape[2] // Q.shape[2])
     args = (Q[:, :, heads], K[:, :, heads], state.angle, Angles, DT, raw["Q_bias"].transpose(0, 1),
@@ -121,7 +102,7 @@ def test_silu_form_changes_only_the_gate():
     raw = make_op_inputs(spec)
     policy = _policy("fp32", spec).replace(round_outputs=False)
     state = _prefill_state(raw, _policy("fp32", spec))
-    token = _token(raw, SPLIT)
+    token = one_token(raw, SPLIT)
     tanh_form, _ = decode.mamba3_mimo_step(*token, state, policy=policy.replace(silu_form="tanh"))
     sigmoid_form, _ = decode.mamba3_mimo_step(*token, state, policy=policy.replace(silu_form="sigmoid"))
     assert not torch.equal(tanh_form, sigmoid_form)  # two FP32 forms of one function
@@ -133,7 +114,7 @@ def test_angle_state_is_kept_unreduced_as_upstreams():
     policy = _policy("upstream_sm90", CASES[0])
     state = _prefill_state(raw, policy)
     big = state._replace(angle=state.angle + 200 * math.pi)
-    _, after = decode.mamba3_mimo_step(*_token(raw, SPLIT), big, policy=policy)
+    _, after = decode.mamba3_mimo_step(*one_token(raw, SPLIT), big, policy=policy)
     assert after.angle.min() > 100 * math.pi  # not reduced mod 2π
 
 
@@ -169,11 +150,11 @@ def test_step_state_shapes_are_checked():
     raw = make_op_inputs(CASES[0])
     state = _prefill_state(raw, "upstream_sm90")
     with pytest.raises(ValueError, match="state.ssm must have shape"):
-        decode.mamba3_mimo_step(*_token(raw, SPLIT), state._replace(ssm=state.ssm[..., :3]))
+        decode.mamba3_mimo_step(*one_token(raw, SPLIT), state._replace(ssm=state.ssm[..., :3]))
 
 
 def test_lp_dtype_mismatch_names_the_argument():
     raw = make_op_inputs(CASES[0])  # bf16
     state = _prefill_state(raw, "upstream_sm90")
     with pytest.raises(TypeError, match="Q has dtype torch.bfloat16 but the policy's lp_dtype is torch.float16"):
-        decode.mamba3_mimo_step(*_token(raw, SPLIT), state, policy="upstream_sm90_fp16")
+        decode.mamba3_mimo_step(*one_token(raw, SPLIT), state, policy="upstream_sm90_fp16")

@@ -19,14 +19,13 @@ from mimo_numerics.ops.mamba3_mimo.cases import OP_INPUT_NAMES, make_op_inputs, 
 from mimo_numerics.ops.mamba3_mimo.fp64_model import mamba3_mimo_fp64
 from mimo_numerics.ops.mamba_mimo_fwd.oracle import mamba_mimo_fwd_oracle
 from mimo_numerics.ops.mamba_mimo_fwd.reference import mamba_mimo_fwd
+from mamba3_mimo_support import one_token, token_range
 
 STATE_NAMES = ("Out", "Final_Angle", "Final_SSM_State", "Final_K", "Final_V")
 #: Drawn cases: bf16 and fp16, a tail chunk, G = H = 2, not reduced without Z and D, N = 64 with R = 4.
 CASES = [small_case(), small_case(seqlen=29), small_case(dtype="float16", seed=3), small_case(groups=2, seed=1),
          small_case(reduce_o=False, has_z=False, has_d=False, seed=2),
          small_case(seqlen=64, rank=4, state_dim=64, value_dim=32, seed=4)]
-_TIME_INPUTS = ("Q", "K", "V", "Angles", "Z")
-_HEAD_TIME_INPUTS = ("ADT", "DT", "Trap")
 
 
 def _policy(name: str, spec):
@@ -37,25 +36,6 @@ def _policy(name: str, spec):
 def _run(raw: dict, policy, **kwargs):
     return mn.mamba3_mimo(*[raw[n] for n in OP_INPUT_NAMES], chunk_size=raw["chunk_size"],
                           rotary_dim_divisor=raw["rotary_dim_divisor"], policy=policy, **kwargs)
-
-
-def _tokens(raw: dict, lo: int, hi: int) -> list:
-    """The 14 inputs of tokens ``lo .. hi - 1`` (time axis cut, parameters as they are)."""
-    out = []
-    for name in OP_INPUT_NAMES:
-        x = raw[name]
-        if x is not None and name in _TIME_INPUTS:
-            x = x[:, lo:hi]
-        elif x is not None and name in _HEAD_TIME_INPUTS:
-            x = x[..., lo:hi]
-        out.append(x)
-    return out
-
-
-def _one_token(raw: dict, t: int) -> list:
-    return [x if x is None or name not in _TIME_INPUTS + _HEAD_TIME_INPUTS
-            else (x[:, t] if name in _TIME_INPUTS else x[..., t])
-            for name, x in zip(OP_INPUT_NAMES, _tokens(raw, 0, raw["V"].shape[1]))]
 
 
 @pytest.mark.parametrize("spec", CASES, ids=lambda s: s.case_id if hasattr(s, "case_id") else str(s))
@@ -105,12 +85,12 @@ def test_prefill_then_decode_is_one_longer_prefill(split):
     the rest one token at a time from the returned state: Out and the final state equal one prefill of all."""
     raw = make_op_inputs(small_case(seqlen=40, seed=7))
     S, C, d = raw["V"].shape[1], raw["chunk_size"], raw["rotary_dim_divisor"]
-    full = mamba3_mimo_fp64(*_tokens(raw, 0, S), C, d, return_state=True)
-    prefill = _run({**dict(zip(OP_INPUT_NAMES, _tokens(raw, 0, split))), "chunk_size": C, "rotary_dim_divisor": d},
+    full = mamba3_mimo_fp64(*token_range(raw, 0, S), C, d, return_state=True)
+    prefill = _run({**dict(zip(OP_INPUT_NAMES, token_range(raw, 0, split))), "chunk_size": C, "rotary_dim_divisor": d},
                    "fp64", return_state=True)
     state, outs = step.DecodeState(*prefill[1:]), []
     for t in range(split, S):
-        out, state = step.mamba3_mimo_step_fp64(*_one_token(raw, t), state)
+        out, state = step.mamba3_mimo_step_fp64(*one_token(raw, t), state)
         outs.append(out)
     bound = tolerances.get("decode_fp64_vs_prefill_rel_rms")
     assert rel_rms(torch.stack(outs, dim=1), full[0][:, split:]) <= bound
@@ -125,9 +105,9 @@ def test_decode_from_the_initial_state_is_the_prefill():
     state = step.initial_state(B, H, raw["Angles"].shape[-1], P, N, R)
     outs = []
     for t in range(S):
-        out, state = step.mamba3_mimo_step_fp64(*_one_token(raw, t), state)
+        out, state = step.mamba3_mimo_step_fp64(*one_token(raw, t), state)
         outs.append(out)
-    full = mamba3_mimo_fp64(*_tokens(raw, 0, S), raw["chunk_size"], raw["rotary_dim_divisor"])
+    full = mamba3_mimo_fp64(*token_range(raw, 0, S), raw["chunk_size"], raw["rotary_dim_divisor"])
     assert rel_rms(torch.stack(outs, dim=1), full) <= tolerances.get("decode_fp64_vs_prefill_rel_rms")
 
 
@@ -176,7 +156,7 @@ def test_return_state_refusals_name_the_argument():
     with pytest.raises(ValueError, match="state.ssm must have shape"):
         bad = step.DecodeState(torch.zeros(1, 2, 8), torch.zeros(1, 2, 3, 3), torch.zeros(1, 2, 2, 32),
                                torch.zeros(1, 2, 16))
-        step.mamba3_mimo_step_fp64(*_one_token(raw, 0), bad)
+        step.mamba3_mimo_step_fp64(*one_token(raw, 0), bad)
 
 
 @pytest.mark.skipif(not kernels.triton_available(), reason="needs triton")
