@@ -593,6 +593,8 @@ def require_default(policy: RoundingPolicy, knob: str, where: str) -> None:
         NotImplementedError: ``policy.<knob>`` is not the default; the message names the knob, ``where`` and what
         honours it.
     """
+    if knob not in KNOB_CONSUMERS:
+        raise ValueError(f"knob must be one of {sorted(KNOB_CONSUMERS)}, got {knob!r}")
     default = KNOBS[knob][0]
     if getattr(policy, knob) != default:
         raise NotImplementedError(

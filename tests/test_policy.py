@@ -191,6 +191,8 @@ def test_require_default_names_the_knob_and_the_consumer(knob, value):
     require_default(mn.presets.get("upstream_sm90"), knob, "anything")  # the default: nothing to refuse
     with pytest.raises(NotImplementedError, match=rf"{knob}='{value}'.*the widget"):
         require_default(mn.presets.get("upstream_sm90").replace(**{knob: value}), knob, "the widget")
+    with pytest.raises(ValueError, match="knob must be one of"):
+        require_default(mn.presets.get("upstream_sm90"), "diag_mode", "the widget")
 
 
 def test_presets_unknown_name_lists_known_ones():
