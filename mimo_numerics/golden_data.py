@@ -76,6 +76,14 @@ FILES: Dict[str, GoldenFile] = {
         "upstream_h200_decode_rotary_cases.pt", "15901f157edb0e0a671f867a837bd45aea19b8e71876ff670bf2bfb703ad6bb2",
         "the decode step's rotary kernel (apply_rotary_qk_inference_fwd) on 5 cases, one a 256-step chain, inputs "
         "stored", DECODE_VERSIONS),
+    "full_op_long": GoldenFile(
+        "upstream_h200_full_op_long_cases.pt", "653738b5b70e8974a3c0cdcfa90bfb9da5131907e22bb19f8fb0e8cd3db36f8b",
+        "the whole op at S = 2048 and 8192 (bf16 reduced, fp16 not reduced), every kernel's outputs as sampled "
+        "records (golden_samples), inputs regenerated from the spec", WHOLE_OP_VERSIONS),
+    "mufu_samples": GoldenFile(
+        "mufu_h200_samples.pt", "dc52da4811456dda14d72170c201790c5a2c512a0fdf982728bb0c3ae0326a13",
+        "the H200's ex2/rcp/sin/cos/tanh.approx outputs on 65536 sampled float32 inputs (scripts/fit_mufu_models.py "
+        "--samples)", {"torch": "2.11.0+cu130", "triton": "3.6.0"}),
     "inference_counterexamples": GoldenFile(
         "inference_counterexamples.pt", "2508ecee5864358dd7d2a15a7319045f5c8b55fdbf77f46f7e95056f4a8873ed",
         "inputs of four infer_policy counterexamples (reports/reliability.md), no upstream output"),

@@ -62,6 +62,9 @@ KNOBS: Dict[str, Tuple[Any, ...]] = {
     # the order of stage 1's FP32 sums over time: torch's (pairwise), or upstream's (dΦ one FMA chain over t, dζ a
     # serial sum per chunk added to the running total)
     "reduction_order": ("pairwise", "sequential_time"),
+    # exp, sigmoid, tanh, cos/sin: torch's (accurate), or the H200's fast-math MUFU approximations bit for bit
+    # (mimo_numerics.mufu: ex2/rcp/tanh/sin/cos.approx, table models proven on all 2^32 inputs)
+    "special_functions": ("accurate", "fast_sm90"),
 }
 
 #: What honours the other values of the FP32-level knobs of KNOBS (the text of :func:`require_default`'s error);
@@ -70,12 +73,13 @@ KNOB_CONSUMERS: Dict[str, str] = {
     "gemm_model": "the references of the forward and of both backward stages, and so the whole op's reference chain "
                   "(any device)",
     "reduction_order": "stage 1's reference (its sums over time)",
+    "special_functions": "the references of the forward, of both backward stages, of the epilogue and of the angle "
+                         "preprocessing, and so the whole op's reference chain (any device)",
 }
 
 #: FP32-level knobs of ``upstream_rounding_sites.md`` §3.2 that are declared but not honoured yet: every value but
 #: the first raises ``NotImplementedError`` naming the knob (no silent fallback).
 FUTURE_KNOBS: Dict[str, Tuple[Any, ...]] = {
-    "special_functions": ("accurate", "fast"),
     "fp32_fma": (False, True),
 }
 ALL_KNOBS: Tuple[str, ...] = tuple(KNOBS) + tuple(FUTURE_KNOBS)
@@ -237,10 +241,11 @@ class RoundingPolicy:
             (every site on). None marks an operator the policy defines no semantics for.
         lp_dtype, diag_mode, math_dtype, state_update, silu_form, round_outputs: the knobs (:data:`KNOBS`); the
             defaults are upstream on Hopper.
-        helper_fma, gemm_model, reduction_order: knobs too; ``gemm_model`` (``"fp32"``, ``"sm90_wgmma"``,
-            ``"sm80_mma"``) and ``reduction_order`` (``"pairwise"``, ``"sequential_time"``) are honoured where
-            :data:`KNOB_CONSUMERS` says and refused elsewhere (:func:`require_default`).
-        special_functions, fp32_fma: declared FP32-level knobs (:data:`FUTURE_KNOBS`).
+        helper_fma, gemm_model, reduction_order, special_functions: knobs too; ``gemm_model`` (``"fp32"``,
+            ``"sm90_wgmma"``, ``"sm80_mma"``), ``reduction_order`` (``"pairwise"``, ``"sequential_time"``) and
+            ``special_functions`` (``"accurate"``, ``"fast_sm90"``) are honoured where :data:`KNOB_CONSUMERS` says
+            and refused elsewhere (:func:`require_default`).
+        fp32_fma: a declared FP32-level knob (:data:`FUTURE_KNOBS`).
 
     Instances are frozen and hashable; change them with :meth:`replace` or :meth:`with_sites`. See the module
     docstring for names, sections and JSON.

@@ -1,8 +1,10 @@
 #!/usr/bin/env python
-"""The references under each ``gemm_model`` against the real upstream kernels (golden H200 data): per kernel.
+"""The references under each FP32-level model against the real upstream kernels (golden H200 data): per kernel.
 
 Three tables, each output's rel RMS to upstream and its bit-equal fraction, under ``upstream_sm90`` (or its fp16
-twin) with ``gemm_model`` = ``fp32``, ``sm90_wgmma`` and ``sm80_mma``:
+twin) with the FP32-level knobs of each variant (:data:`VARIANTS`; default ``gemm_model`` = ``fp32``,
+``sm90_wgmma`` and ``sm80_mma``; ``--variants fp32 sm90_wgmma fast_sm90 wgmma_fast --out
+reports/fp32_level_golden.md`` adds the MUFU models of ``special_functions``):
 
 1. stage 1 on the seed golden cases (``tests/data/upstream_h200_seed_cases.pt``);
 2. stage 1 on the long realistic cases (S up to 2048; ``upstream_h200_realistic_outputs.pt``, inputs regenerated);
@@ -36,10 +38,14 @@ from mimo_numerics.studies.golden_figures import STAGE1_OUTPUTS, STAGE2_OUTPUTS
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "reports" / "gemm_model_golden.md"
 MODELS = ("fp32", "sm90_wgmma", "sm80_mma")
+#: Variant name -> the FP32-level knobs it sets on ``upstream_sm90`` (``fp32``: none, the baseline of the ratios).
+VARIANTS = {"fp32": {}, "sm90_wgmma": {"gemm_model": "sm90_wgmma"}, "sm80_mma": {"gemm_model": "sm80_mma"},
+            "fast_sm90": {"special_functions": "fast_sm90"},
+            "wgmma_fast": {"gemm_model": "sm90_wgmma", "special_functions": "fast_sm90"}}
 
 
 def _policy(lp: torch.dtype, model: str):
-    return mn.presets.get("upstream_sm90" if lp == torch.bfloat16 else "upstream_sm90_fp16").replace(gemm_model=model)
+    return mn.presets.get("upstream_sm90" if lp == torch.bfloat16 else "upstream_sm90_fp16").replace(**VARIANTS[model])
 
 
 def _row(case: str, kernel: str, output: str, got: Dict[str, torch.Tensor], want: torch.Tensor) -> dict:
@@ -116,17 +122,22 @@ def detail(rows: List[dict], models) -> List[str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--smoke", action="store_true", help="one case per table, fp32 and sm90_wgmma only")
+    parser.add_argument("--smoke", action="store_true", help="one case per table, the first two variants only")
+    parser.add_argument("--variants", nargs="+", default=list(MODELS), choices=list(VARIANTS),
+                        help="the first must be fp32 (the baseline)")
     args = parser.parse_args(argv)
-    models = MODELS[:2] if args.smoke else MODELS
+    if args.variants[0] != "fp32":
+        parser.error("--variants must start with fp32 (the baseline of the ratios)")
+    models = tuple(args.variants[:2] if args.smoke else args.variants)
     prov = provenance.collect()
     rows = stage1_rows(models, args.smoke) + whole_op_rows(models, args.smoke)
     lines = [
-        "# The references under each `gemm_model` against the H200 golden data",
+        "# The references under each FP32-level model against the H200 golden data",
         "",
         provenance.markdown_header(prov) + (" **Smoke run: not the report's figures.**" if args.smoke else ""),
         "",
-        "Policy `upstream_sm90` (fp16 cases: `upstream_sm90_fp16`) with `gemm_model` replaced; rel RMS to "
+        "Policy `upstream_sm90` (fp16 cases: `upstream_sm90_fp16`) with the FP32-level knobs of each variant ("
+        + ", ".join(f"`{m}`: {VARIANTS[m] or 'none'}" for m in models) + "); rel RMS to "
         "upstream's output and, for outputs of the same dtype, the fraction of bit-equal elements. Stage 1 runs "
         "from the golden inputs; the forward and stage 2 from upstream's recorded inputs of that kernel (its "
         "preprocessing outputs, and stage 1's for stage 2), so each kernel's own distance shows. Ratios are "

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
-@pytest.mark.parametrize("script,args", [("check_tensor_core_model.py", []), ("probe_mufu.py", ["--out", "unused"])])
+@pytest.mark.parametrize("script,args", [("check_tensor_core_model.py", []), ("fit_mufu_models.py", ["--out", "unused"])])
 def test_hardware_scripts_need_cuda(script, args, tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True,
                           cwd=tmp_path)

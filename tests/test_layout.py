@@ -47,7 +47,7 @@ GENERIC_MODULES = (
     "bundle_manifest", "bundles", "drift", "envinfo", "exact_random", "inference", "metrics", "nonfinite",
     "operator", "plots", "policy", "presets", "pytest_plugin", "report", "rounding", "sensitivity", "sweep",
     "testing", "tolerances", "golden_data", "golden_samples", "provenance", "benchmark_cases", "gate_cases",
-    "gate_checks", "gate_devices", "gate_nearest", "gate_noise", "gate_report", "gate_settings", "tensor_core",
+    "gate_checks", "gate_devices", "gate_nearest", "gate_noise", "gate_report", "gate_settings", "tensor_core", "mufu",
 )
 #: Top-level modules allowed to name operators, with the reason.
 NAMING_ALLOWED = {

@@ -396,7 +396,7 @@ def _policy_unknown_value(m):
 
 
 def _policy_unimplemented_knob(m):
-    m["cases"][0]["policy"]["special_functions"] = "fast"
+    m["cases"][0]["policy"]["fp32_fma"] = True
 
 
 def _spec_unknown_field(m):
@@ -419,7 +419,7 @@ def _files_path_escape(m):
     (_policy_from_the_future, "policy of case 'case0' does not load: policy schema_version 99"),
     (_policy_unknown_field, "unknown RoundingPolicy field"),
     (_policy_unknown_value, "diag_mode='fma3'"),
-    (_policy_unimplemented_knob, "special_functions"),
+    (_policy_unimplemented_knob, "fp32_fma"),
     (_spec_unknown_field, "sequence_parallel"),
     (_spec_type_unknown, "unknown spec_type"),
     (_scalars_missing, "lacks chunk_size/rotary_dim_divisor"),

@@ -208,9 +208,12 @@ def test_site_ranking_runs_each_variant_on_the_backend_that_expresses_it(tmp_pat
     out = tmp_path / "ranking.md"
     assert site_ranking.main(["--smoke", "--quiet", "--backend", "triton", "--out", str(out)]) == 0
     assert len(calls) > 10 and all(backend == runs.backend_for(p, "triton") for p, backend in calls)
-    # every one-off variant of upstream_sm90 has kernels but the tensor-core gemm_model ones (reference only)
-    assert {backend for p, backend in calls if p.gemm_model == "fp32"} == {"triton"}
+    # every one-off variant of upstream_sm90 has kernels but the FP32-level models' ones (tensor-core gemm_model,
+    # the MUFU special functions: reference only)
+    default = lambda p: p.gemm_model == "fp32" and p.special_functions == "accurate"  # noqa: E731
+    assert {backend for p, backend in calls if default(p)} == {"triton"}
     assert {backend for p, backend in calls if p.gemm_model != "fp32"} == {"reference"}
+    assert {backend for p, backend in calls if p.special_functions != "accurate"} == {"reference"}
     assert calls[0][0].name == "upstream_sm90"
     assert "the policy runs on the Triton kernels" in out.read_text()
     assert json.loads(out.with_suffix(".json").read_text())["backend"] == "triton"

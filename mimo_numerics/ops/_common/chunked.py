@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from ...rounding import round_sum_to_lp, round_to_lp
 from ...validation import Dims
 from .gemm import Matmul, plain_matmul
+from .special import ACCURATE
 
 
 def pad_time(x: Optional[torch.Tensor], length: int, dim: int) -> Optional[torch.Tensor]:
@@ -37,12 +38,13 @@ def ieee_fp32_matmul():
         torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-def discretisation(dt: torch.Tensor, trap: torch.Tensor, dims: Dims, md: torch.dtype, rnd):
+def discretisation(dt: torch.Tensor, trap: torch.Tensor, dims: Dims, md: torch.dtype, rnd, fns=ACCURATE):
     """dt' = rnd(dt) (``dt_input``), γ = dt'·σ(trap), shifted γ = dt'_{t+1}·σ(−trap_{t+1}) (0 at t = S − 1,
     ``shifted_gamma``) and the trap scale γ + shifted γ (``trap_scale``), each ``[B, H, Sp]`` in ``md``.
 
     Args:
         dt, trap (Tensor): ``[B, H, S]``. rnd: a :class:`~.rounder.SiteRounder` (or any ``rnd(site, x)``).
+        fns: the policy's :class:`~.special.SpecialFunctions` (σ).
 
     Returns:
         tuple: ``(dt_lp, gamma, shifted, trap_scale)``.
@@ -50,9 +52,9 @@ def discretisation(dt: torch.Tensor, trap: torch.Tensor, dims: Dims, md: torch.d
     S, Sp = dims.seqlen, dims.padded_seqlen
     dt_lp = rnd("dt_input", pad_time(dt, Sp, 2).to(md))
     trap_md = pad_time(trap, Sp, 2).to(md)
-    gamma = dt_lp * torch.sigmoid(trap_md)
+    gamma = dt_lp * fns.sigmoid(trap_md)
     shifted = torch.zeros_like(gamma)
-    shifted[..., :S - 1] = rnd("shifted_gamma", dt_lp[..., 1:S] * torch.sigmoid(-trap_md[..., 1:S]))
+    shifted[..., :S - 1] = rnd("shifted_gamma", dt_lp[..., 1:S] * fns.sigmoid(-trap_md[..., 1:S]))
     trap_scale = rnd("trap_scale", gamma + shifted)
     return dt_lp, gamma, shifted, trap_scale
 
@@ -65,10 +67,12 @@ def biased_heads(x: torch.Tensor, bias: torch.Tensor, dims: Dims, md: torch.dtyp
     return rnd("qk_biased", heads + rnd("qk_bias", bias.to(md))[None, :, None])
 
 
-def rotation_angles(angles: torch.Tensor, dims: Dims, md: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
-    """cos θ, sin θ ``[B, H, Sp, 1, N/d]`` of the cumulative angles ``[B, S, H, N/d]`` (whole tensors)."""
+def rotation_angles(angles: torch.Tensor, dims: Dims, md: torch.dtype,
+                    fns=ACCURATE) -> Tuple[torch.Tensor, torch.Tensor]:
+    """cos θ, sin θ ``[B, H, Sp, 1, N/d]`` of the cumulative angles ``[B, S, H, N/d]`` (whole tensors; ``fns``: the
+    policy's :class:`~.special.SpecialFunctions`)."""
     theta = pad_time(angles, dims.padded_seqlen, 1).to(md).permute(0, 2, 1, 3).unsqueeze(3)
-    return theta.cos(), theta.sin()
+    return fns.cos_sin(theta)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: Dims, rnd, site: str = "rotary",
@@ -120,7 +124,8 @@ def chunk_decay(exp_da_cs: torch.Tensor, dims: Dims) -> torch.Tensor:
 
 def chunk_outputs(q_rot_c: torch.Tensor, k_scaled_c: torch.Tensor, psiv_c: torch.Tensor,
                   state_operand: torch.Tensor, exp_da_cs: torch.Tensor, segsum: torch.Tensor, dims: Dims,
-                  md: torch.dtype, rnd, matmul: Matmul = plain_matmul, intra_into_inter: bool = False):
+                  md: torch.dtype, rnd, matmul: Matmul = plain_matmul, intra_into_inter: bool = False,
+                  exp=torch.exp):
     """The chunk outputs of every chunk at once: the inter term, the strictly causal decayed scores and the intra
     term.
 
@@ -129,6 +134,7 @@ def chunk_outputs(q_rot_c: torch.Tensor, k_scaled_c: torch.Tensor, psiv_c: torch
         state_operand (Tensor): ``[B, H, nc, N, P]``. exp_da_cs (Tensor): ``[B, H, Sp]``.
         segsum (Tensor): ``[B, H, nc, C, C]``. rnd: rounds the masked scores (``causal_scores``).
         matmul: the three GEMMs (``gemm.policy_matmul``: the policy's ``gemm_model``).
+        exp: the decay's exponential (the policy's ``SpecialFunctions.exp``).
         intra_into_inter (bool): the intra GEMM accumulates into ``inter`` (the forward's L316 under a tensor-core
             ``gemm_model``); the third result is then ``inter + masked·ΨV`` as that one GEMM gives it.
 
@@ -145,7 +151,7 @@ def chunk_outputs(q_rot_c: torch.Tensor, k_scaled_c: torch.Tensor, psiv_c: torch
     step = torch.arange(C, device=dims.device)
     causal = (step[:, None] > step[None, :])[:, None, :, None]  # [C, 1, C, 1]
     seg = segsum.to(md)[:, :, :, :, None, :, None]  # [B, H, nc, C, 1, C, 1]
-    decay_ij = torch.exp(torch.where(causal, seg, torch.zeros_like(seg)))
+    decay_ij = exp(torch.where(causal, seg, torch.zeros_like(seg)))
     masked = torch.where(causal, scores.view(B, H, nc, C, R, C, R) * decay_ij,
                          torch.zeros((), dtype=md, device=dims.device))
     masked = rnd("causal_scores", masked.reshape(B, H, nc, L, L))

@@ -205,13 +205,17 @@ def _per_batch_slice(step, inputs: dict, pre: dict, *rest: dict, record: Optiona
 
 
 # ---------------------------------------------------------------------------------------------------- steps
-def preprocess(inputs: dict, math_dtype, return_state: bool = False) -> Dict[str, torch.Tensor]:
+def preprocess(inputs: dict, math_dtype, return_state: bool = False,
+               special_functions: str = "accurate") -> Dict[str, torch.Tensor]:
     """Upstream's preprocessing (``angle_dt_fwd``, ``compute_dacs_segsum_triton``) in ``math_dtype``: golden
     ``pre`` names; ``return_state`` adds ``final_angle`` ``[B, H, K]``, the angle walk's state after the last chunk
-    (``angle_dt_fwd``'s ``output_state``)."""
+    (``angle_dt_fwd``'s ``output_state``). ``special_functions="fast_sm90"``: the angles' ``tanh_approx`` is
+    ``tanh.approx.f32`` bit for bit."""
     C = inputs["chunk_size"]
     da_cs, da_cs_rev, segsum = dacs_segsum(inputs["ADT"], C, math_dtype=math_dtype)
-    angles = angle_cumsum(inputs["Angles"], inputs["DT"], C, math_dtype=math_dtype, return_final_state=return_state)
+    tanh = "upstream" if special_functions == "fast_sm90" else "accurate"
+    angles = angle_cumsum(inputs["Angles"], inputs["DT"], C, math_dtype=math_dtype, tanh=tanh,
+                          return_final_state=return_state)
     pre = {"angles_cumsum": angles[0] if return_state else angles, "da_cs": da_cs, "da_cs_rev": da_cs_rev,
            "segsum": segsum}
     if return_state:
@@ -269,7 +273,8 @@ def run_preprocess(inputs: dict, policy, *, record: Optional[dict] = None,
     """The preprocessing in the chain's math dtype; ``record`` gets ``mamba3_mimo_preprocess.<name>``;
     ``return_state``: with ``final_angle`` (:func:`preprocess`)."""
     kind = chain_kind(policy)
-    pre = preprocess(inputs, torch.float32 if kind == "reference" else _F64, return_state=return_state)
+    pre = preprocess(inputs, torch.float32 if kind == "reference" else _F64, return_state=return_state,
+                     special_functions=policy.special_functions if kind == "reference" else "accurate")
     _store(record, "mamba3_mimo_preprocess", pre)
     return pre
 
@@ -414,7 +419,8 @@ def run_epilogue(inputs: dict, pre: dict, bwd_fwd: dict, bwd_bwd: dict, policy, 
         result = mamba3_mimo_epilogue_oracle(*args, **kw)
     else:
         result = mamba3_mimo_epilogue_reference(*args, **kw, fma=policy.helper_fma == "contracted",
-                                                bias_sums_in_lp=policy.round_outputs)
+                                                bias_sums_in_lp=policy.round_outputs,
+                                                special_functions=policy.special_functions)
     _store(record, "mamba3_mimo_epilogue", result)
     return result
 

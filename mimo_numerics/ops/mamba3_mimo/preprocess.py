@@ -38,12 +38,13 @@ holds (``_triton_scan``). Measured against the golden H200 data (``upstream_h200
 torch 2.11): every element of ``da_cs``, ``da_cs_rev`` and ``segsum`` of the 7 cases is bit-equal with the layouts
 of ``SCAN_LAYOUTS`` (1-D scans: one element per lane, C lanes, for C = 16 and 32; ``segsum``'s [C, C] scan: 1 x 16
 at C = 16, 4 elements per thread x 8 lanes at C = 32). Other chunk sizes use one element per lane, which is
-**not verified** (no golden data). For the angles, bits are **not** reproduced: ``tanh_approx`` is the hardware
-``tanh.approx.f32`` (MUFU.TANH, a hardware approximation: on the golden inputs median 35, up to 118 fp32 ulps
-from torch's tanh, unbiased; ``measure.tanh_ulp_offsets_at_first_token``) and cannot be emulated, so ``tanh="accurate"`` (torch's tanh) is the only form; the rest of the FP32 chain (π₃₂,
-the product order, the chunk scan, a butterfly ``tl.sum``, the mod with ``2π₃₂`` and one rounding of
-``out - 2π₃₂·k`` as an FMA) is modelled but cannot be checked bitwise behind the tanh difference; the exact
-division ``out / 2π₃₂`` stands for Triton's ``div.full.f32`` (they differ only within 2 ulp of a multiple of 2π).
+**not verified** (no golden data). For the angles, ``tanh_approx`` is the hardware ``tanh.approx.f32`` (MUFU.TANH:
+on the golden inputs median 35, up to 118 fp32 ulps from torch's tanh; ``measure.tanh_ulp_offsets_at_first_token``).
+``tanh="upstream"`` computes it bit for bit (:mod:`mimo_numerics.mufu`'s table model, proven on all 2^32 inputs on
+the H200; the whole op uses it under ``special_functions="fast_sm90"``), ``tanh="accurate"`` is torch's tanh. The
+rest of the FP32 chain (π₃₂, the product order, the chunk scan, a butterfly ``tl.sum``, the mod with ``2π₃₂`` and
+one rounding of ``out - 2π₃₂·k`` as an FMA) is modelled; the exact division ``out / 2π₃₂`` stands for Triton's
+``div.full.f32`` (they differ only within 2 ulp of a multiple of 2π).
 
 **FP64 (``math_dtype=torch.float64``).** The same definitions evaluated in float64 (``torch.cumsum`` order) with
 the true 2π in the mod. Upstream's mod by ``2π₃₂ = 2π + 1.75e-7`` makes its angle ``k · 1.75e-7`` smaller than
@@ -59,9 +60,10 @@ import torch
 
 from ...validation import check_int
 from .._common.cuda_graph import replayed
+from .._common.special import SpecialFunctions
 
 #: ``tanh`` forms of :func:`angle_cumsum`.
-TANH_FORMS = ("accurate",)
+TANH_FORMS = ("accurate", "upstream")
 #: ``(elements per thread, lanes)`` of Triton's scan along an axis of ``C`` elements, by (kind, C). Measured on the
 #: golden H200 data: ("1d", 16), ("1d", 32), ("2d", 16), ("2d", 32). Sizes not listed use (1, C), not verified.
 SCAN_LAYOUTS: Dict[Tuple[str, int], Tuple[int, int]] = {
@@ -199,9 +201,9 @@ def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, mat
         chunk_size (int): C, the chunk of upstream's walk (float32 form: a power of 2; the float64 result does not
             depend on it beyond validation).
         math_dtype (torch.dtype | str): ``torch.float32`` for upstream's FP32 evaluation order (module docstring:
-            not bit-exact, the hardware tanh is not reproducible), ``torch.float64`` for the definition in float64.
-        tanh (str): ``"accurate"``: torch's tanh in the math dtype. (Upstream's ``tanh.approx.f32`` cannot be
-            emulated; asking for ``"upstream"`` raises.)
+            module docstring), ``torch.float64`` for the definition in float64.
+        tanh (str): ``"accurate"``: torch's tanh in the math dtype; ``"upstream"``: ``tanh.approx.f32`` bit for bit
+            (float32 math only).
         return_final_state (bool): also return the walk's state after the last chunk, ``[B, H, K]`` (upstream's
             ``return_output_state=True``: in float32 ``(state + Σ chunk) mod 2π₃₂`` after the last chunk, so not
             the last token's cumulative angle bit for bit; in float64 the total mod 2π).
@@ -214,12 +216,10 @@ def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, mat
         TypeError, ValueError: naming the argument.
     """
     math_dtype = _resolve_math_dtype(math_dtype)
-    if tanh == "upstream":
-        raise ValueError("tanh='upstream' is not available: upstream's tanh.approx.f32 (MUFU.TANH) is a hardware "
-                         "table approximation that torch cannot reproduce; use tanh='accurate' (docs/fp64_model.md "
-                         "gives the measured difference)")
     if tanh not in TANH_FORMS:
         raise ValueError(f"tanh must be one of {TANH_FORMS}, got {tanh!r}")
+    if tanh == "upstream" and math_dtype != torch.float32:
+        raise ValueError(f"tanh='upstream' (tanh.approx.f32) needs math_dtype=torch.float32, got {math_dtype}")
     _check_float_tensor("angles", angles, 4, "[B, S, H, K]")
     _check_float_tensor("dt", dt, 3, "[B, H, S]")
     chunk_size = _check_chunk_size(chunk_size, math_dtype)
@@ -235,7 +235,8 @@ def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, mat
         cumsum = torch.remainder(torch.cumsum(increments, dim=1), 2.0 * math.pi)
         return (cumsum, cumsum[:, -1].clone()) if return_final_state else cumsum
 
-    vals = (torch.tanh(angles.to(torch.float32)) * _PI_F32) * dt.to(torch.float32).permute(0, 2, 1)[..., None]
+    fns = SpecialFunctions("fast_sm90" if tanh == "upstream" else "accurate")
+    vals = (fns.tanh(angles.to(torch.float32)) * _PI_F32) * dt.to(torch.float32).permute(0, 2, 1)[..., None]
     nc = -(-S // chunk_size)
     padded = torch.zeros((B, nc * chunk_size, H, K), dtype=torch.float32, device=angles.device)
     padded[:, :S] = vals

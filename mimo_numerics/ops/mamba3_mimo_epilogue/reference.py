@@ -32,9 +32,10 @@ FP32-level details:
   of ``ddA_cs_rev`` as an inclusive cumsum shifted; the segsum term as a reverse cumsum over the target, masked,
   then a row sum; ``((grad · dt) · π) · sech²`` with π rounded to fp32; ``dADT = ddA + (cumsum terms + segsum
   term)``;
-* not modelled: Triton's transcendental approximations (``tanh.approx.f32`` in ``tanh_approx``/``sech2_approx``,
-  relative error ~2^-11; ``tl.exp`` and ``tl.sigmoid`` through ``ex2.approx``), for which torch's fp32 functions
-  are used; the orders of Triton's ``tl.cumsum``/``tl.sum`` and of torch's CUDA sums (sequential orders here);
+* modelled, as a parameter: ``special_functions="fast_sm90"``: ``tanh.approx.f32`` in ``tanh_approx``/
+  ``sech2_approx`` and ``tl.exp`` through ``ex2.approx`` bit for bit (subnormal results of ``tl.exp`` flushed,
+  which Triton's non-ftz ``ex2.approx.f32`` keeps); torch's functions otherwise;
+* not modelled: ``tl.sigmoid``'s ``div.full.f32`` (torch's sigmoid is used); the orders of Triton's ``tl.cumsum``/``tl.sum`` and of torch's CUDA sums (sequential orders here);
   contractions inside those scans and sums. The fused multiply-add is evaluated as ``a·b + c`` in float64 and
   rounded to float32 (exact product; a double rounding is possible in rare halfway cases).
 """
@@ -49,6 +50,7 @@ import torch
 
 from ...rounding import round_to_lp
 from .._common.cuda_graph import replayed
+from .._common.special import SpecialFunctions
 from .spec import OUTPUT_NAMES
 from .validation import validate_inputs
 
@@ -163,7 +165,7 @@ def _dtrap_ddt(trap, dt, dfactor, dgamma_diag, *, fma: bool):
     return ddt, dtrap
 
 
-def _dadt(dSSdA, segsum, ddA_cs, ddA_cs_rev, da_cs, da_cs_rev, chunk_size: int) -> torch.Tensor:
+def _dadt(dSSdA, segsum, ddA_cs, ddA_cs_rev, da_cs, da_cs_rev, chunk_size: int, exp=torch.exp) -> torch.Tensor:
     """``bwd_dadt_fused_triton`` (its two kernels): ``[B, H, S]`` fp32, to be added to stage 2's ``ddA``."""
     B, H, S = ddA_cs.shape
     C, nc = chunk_size, S // chunk_size
@@ -172,11 +174,11 @@ def _dadt(dSSdA, segsum, ddA_cs, ddA_cs_rev, da_cs, da_cs_rev, chunk_size: int) 
         return x.reshape(B, H, nc, C)
 
     # kernel 1: reverse cumsum of exp(da_cs)·ddA_cs plus the exclusive cumsum of exp(da_cs_rev)·ddA_cs_rev
-    from_cs = _cumsum_sequential(torch.exp(chunks(da_cs)) * chunks(ddA_cs), reverse=True)
-    from_cs_rev = _shift_right(_cumsum_sequential(torch.exp(chunks(da_cs_rev)) * chunks(ddA_cs_rev)))
+    from_cs = _cumsum_sequential(exp(chunks(da_cs)) * chunks(ddA_cs), reverse=True)
+    from_cs_rev = _shift_right(_cumsum_sequential(exp(chunks(da_cs_rev)) * chunks(ddA_cs_rev)))
     total = from_cs + from_cs_rev
     # kernel 2: block[a, b] = dSSdA[b, a]·exp(segsum[a, b]), reverse cumsum over a, keep a > b, sum over b
-    block = dSSdA.transpose(-1, -2) * torch.exp(segsum)
+    block = dSSdA.transpose(-1, -2) * exp(segsum)
     block = _cumsum_sequential(block.transpose(-1, -2), reverse=True).transpose(-1, -2)
     lower = torch.tril(torch.ones(C, C, dtype=torch.bool, device=dSSdA.device), diagonal=-1)
     block = torch.where(lower, block, torch.zeros((), dtype=_F32, device=dSSdA.device))
@@ -197,7 +199,7 @@ def _later_chunks_sum(chunk_sum: torch.Tensor) -> torch.Tensor:
     return carried
 
 
-def _angle_dt_bwd(dangles, angles, dt, chunk_size: int, *, fma: bool):
+def _angle_dt_bwd(dangles, angles, dt, chunk_size: int, *, fma: bool, tanh_fn=torch.tanh):
     """``angle_dt_bwd_kernel`` without initial or output state: ``dAngles [B, S, H, A]``, ``dDT_angle [B, H, S]``.
 
     Reverse cumulative sum of ``dangles`` over the whole sequence, chunk by chunk from the last: within a chunk as
@@ -217,7 +219,7 @@ def _angle_dt_bwd(dangles, angles, dt, chunk_size: int, *, fma: bool):
     else:
         carried = replayed(_later_chunks_sum, chunk_sum)  # one graph replay on CUDA
     grad = rev.transpose(-1, -2) + carried[:, :, :, None, :]  # [B, H, nc, C, A]
-    tanh = torch.tanh(angles.permute(0, 2, 1, 3).reshape(B, H, nc, C, A))
+    tanh = tanh_fn(angles.permute(0, 2, 1, 3).reshape(B, H, nc, C, A))
     sech2 = _mul_add(-tanh, tanh, torch.ones_like(tanh), fma)
     dt_c = dt.reshape(B, H, nc, C, 1)
     grad_angle = (((grad * dt_c) * _PI_F32) * sech2).reshape(B, H, S, A)
@@ -229,6 +231,7 @@ def mamba3_mimo_epilogue_reference(
     dq, dk, dv, dmimo_v, dD, dangles, dfactor, dgamma_diag, ddA, dSSdA, ddA_cs_rev, ddA_cs,
     dmimo_o, dz, dmimo_z, trap, dt, angles, da_cs, da_cs_rev, segsum,
     *, groups: int, chunk_size: int, fma: bool = True, bias_sums_in_lp: bool = True,
+    special_functions: str = "accurate",
 ) -> Dict[str, Optional[torch.Tensor]]:
     """The chain after stage 2 in FP32, as upstream computes it (module docstring).
 
@@ -247,6 +250,10 @@ def mamba3_mimo_epilogue_reference(
         groups (int): G (1 or H). chunk_size (int): C, dividing S.
         fma (bool): contract the ``a * b + c`` of the Triton helpers into one rounding (upstream: True).
         bias_sums_in_lp (bool): round ``dQ_bias``/``dK_bias`` to the lp dtype (2.3.2.post1: True).
+        special_functions (str): ``"accurate"`` (torch's tanh and exp) or ``"fast_sm90"``: ``tanh_approx`` /
+            ``sech2_approx`` through ``tanh.approx.f32`` and ``tl.exp`` through ``ex2.approx`` bit for bit
+            (:mod:`mimo_numerics.ops._common.special`; ``tl.sigmoid`` stays torch's: its ``div.full.f32`` is not
+            modelled).
 
     Returns:
         dict: by :data:`.spec.OUTPUT_NAMES`, dtypes as upstream returns them: ``dQ, dK`` ``[B, S, R, G, N]``,
@@ -276,10 +283,11 @@ def mamba3_mimo_epilogue_reference(
     def batch_sum(x):
         return None if x is None else _sum_sequential(x, dim=0)
 
+    fns = SpecialFunctions(special_functions)
     ddt_core, dtrap = _dtrap_ddt(trap, dt, dfactor, dgamma_diag, fma=fma)
-    d_angles, d_dt_angle = _angle_dt_bwd(dangles, angles, dt, chunk_size, fma=fma)
+    d_angles, d_dt_angle = _angle_dt_bwd(dangles, angles, dt, chunk_size, fma=fma, tanh_fn=fns.tanh)
     out["dQ"], out["dK"], out["dV"] = group_sum(dq), group_sum(dk), dv.clone()
-    out["dADT"] = ddA + _dadt(dSSdA, segsum, ddA_cs, ddA_cs_rev, da_cs, da_cs_rev, chunk_size)
+    out["dADT"] = ddA + _dadt(dSSdA, segsum, ddA_cs, ddA_cs_rev, da_cs, da_cs_rev, chunk_size, fns.triton_exp)
     out["dDT"] = ddt_core + d_dt_angle
     out["dTrap"] = round_to_lp(dtrap, lp).to(lp)
     out["dQ_bias"], out["dK_bias"] = bias_sum(dq), bias_sum(dk)

@@ -15,10 +15,10 @@ Scope beyond what upstream runs:
   the tail results.
 * float16: the same sites with lp = float16; no upstream fp16 run exists.
 
-FP32-level effects that are not modelled (not sites): MUFU approximations of exp/sin/cos/tanh/σ (fast math), FP32
-FMA contraction, tensor-core accumulation (wgmma/mma.sync order and truncation), the accumulating GEMMs' order
-(L846, L980, L1050: here C + A·B; the dstates update follows ``policy.state_update``), and reduction orders (dD's
-256-thread all-reduce, DMIMO_V's sequential sum over t, the reduces to DSSDA/DDA*/DFACTOR/DGAMMA_DIAG).
+FP32-level models: tensor-core accumulation under ``gemm_model`` (with the accumulating GEMMs L846, L980, L1050),
+the MUFU approximations of exp/sin/cos/tanh/σ (fast math) under ``special_functions``. Not modelled: FP32 FMA
+contraction and reduction orders (dD's 256-thread all-reduce, DMIMO_V's sequential sum over t, the reduces to
+DSSDA/DDA*/DFACTOR/DGAMMA_DIAG).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from .._common.chunked import (biased_heads, chunk_decay, discretisation, ieee_f
 from .._common.gemm import policy_matmul
 from .._common.recurrence import STATE_ACCUMULATE_ROWS, chunk_recurrence, modelled_state_recurrence
 from .._common.rounder import SiteRounder
+from .._common.special import special_functions
 from .sites import OPERATOR_NAME
 from .spec import MimoBwdBwdOutputs
 from .validation import validate_inputs
@@ -154,6 +155,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     md = policy.math_torch_dtype
     rnd = SiteRounder(policy, OPERATOR_NAME)
     matmul = policy_matmul(policy)  # the nine wgmma GEMMs under policy.gemm_model (dstates: _reverse_dstates)
+    fns = special_functions(policy)  # exp, σ, tanh, cos/sin under policy.special_functions
     B, S, H, N, P, R, C, nc = (dims.batch, dims.seqlen, dims.heads, dims.state_dim, dims.value_dim, dims.rank,
                                dims.chunk_size, dims.nchunks)
     Sp, L = dims.padded_seqlen, C * R
@@ -179,7 +181,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
         return x.reshape(B, H, nc, C, R * x.shape[-1]).sum(-1).reshape(B, H, Sp)
 
     # ---------------------------------------------------------------- discretisation (L689-722, L863-864)
-    _, gamma, shifted, trap_scale = discretisation(dt, trap, dims, md, rnd)  # [B, H, Sp]
+    _, gamma, shifted, trap_scale = discretisation(dt, trap, dims, md, rnd, fns)  # [B, H, Sp]
     gamma_lp = rnd("gamma_diag", gamma)
     put("gamma", tokens(gamma)), put("shifted_gamma", tokens(shifted)), put("trap_scale", tokens(trap_scale))
 
@@ -198,9 +200,9 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
         x = rnd("z_zeta", z_h * zeta[None, :, None])
         if policy.silu_form == "tanh":
             half = x * 0.5
-            gate = half * torch.tanh(half) + half
+            gate = half * fns.tanh(half) + half
         else:
-            gate = x * torch.sigmoid(x)
+            gate = x * fns.sigmoid(x)
         dphio = rnd("dphio_gate", dphio * gate)
         put("gate", tokens(gate))
         del z_h, x, gate
@@ -215,7 +217,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     # ---------------------------------------------------------------- q, k, rotation, trap scaling (L757-807)
     q_biased = biased_heads(q, q_bias, dims, md, rnd)
     k_biased = biased_heads(k, k_bias, dims, md, rnd)
-    cos, sin = rotation_angles(angles, dims, md)  # [B, H, Sp, 1, N/d]
+    cos, sin = rotation_angles(angles, dims, md, fns)  # [B, H, Sp, 1, N/d]
     q_rot = rotate(q_biased, cos, sin, dims, rnd, "rotary")
     k_rot = rotate(k_biased, cos, sin, dims, rnd, "rotary")
     k_scaled = rnd("k_scaled", k_rot * trap_scale[..., None, None])
@@ -227,8 +229,8 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     q_c, k_c, dphio_c, psiv_c = chunked(q_rot), chunked(k_scaled), chunked(dphio), chunked(psiv)
 
     # ---------------------------------------------------------------- reverse dstates recurrence (L1133-1149)
-    exp_da_cs = torch.exp(pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
-    exp_da_cs_rev = torch.exp(pad_time(da_cs_rev, Sp, 2).to(md))
+    exp_da_cs = fns.exp(pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
+    exp_da_cs_rev = fns.exp(pad_time(da_cs_rev, Sp, 2).to(md))
     row_cs, row_rev = per_token(exp_da_cs)[..., None], per_token(exp_da_cs_rev)[..., None]  # [B, H, nc, L, 1]
     decay = chunk_decay(exp_da_cs, dims)  # [B, H, nc]
     dphio_scaled = rnd("dphio_scaled", dphio_c * row_cs)
@@ -246,7 +248,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
     step = torch.arange(C, device=dims.device)
     reverse_causal = (step[:, None] < step[None, :])[:, None, :, None]  # [C, 1, C, 1]
     seg_t = segsum.to(md).transpose(-1, -2)[:, :, :, :, None, :, None]  # [B, H, nc, C(i), 1, C(j), 1]
-    decay_ij = torch.exp(torch.where(reverse_causal, seg_t, torch.zeros_like(seg_t)))
+    decay_ij = fns.exp(torch.where(reverse_causal, seg_t, torch.zeros_like(seg_t)))
     zero = torch.zeros((), dtype=md, device=dims.device)
 
     def masked(scores):  # [B, H, nc, L, L] -> reverse-causal, decayed

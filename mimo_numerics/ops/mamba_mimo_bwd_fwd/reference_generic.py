@@ -17,6 +17,7 @@ from .._common.chunked import (biased_heads, chunk_decay, chunk_outputs, diagona
 from .._common.gemm import policy_matmul
 from .._common.recurrence import state_recurrence
 from .._common.rounder import SiteRounder
+from .._common.special import special_functions
 from .outputs import MimoBwdFwdOutputs
 
 #: The operator whose policy section this reference reads.
@@ -33,6 +34,7 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
     Sp, L = dims.padded_seqlen, C * R
     keep = record is not None
     matmul = policy_matmul(policy)  # the GEMMs G1–G4 (G5 is the state recurrence's) under policy.gemm_model
+    fns = special_functions(policy)  # exp, σ, tanh, cos/sin under policy.special_functions
 
     def put(name, value):
         if keep:
@@ -48,12 +50,12 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
     qk_internal = rnd("qk_dot_internal", qk_full)
     put("q_biased", tokens(q_biased)), put("k_biased", tokens(k_biased)), put("qk_dot", tokens(qk_internal))
 
-    cos, sin = rotation_angles(angles, dims, md)  # [B, H, Sp, 1, N/d]
+    cos, sin = rotation_angles(angles, dims, md, fns)  # [B, H, Sp, 1, N/d]
     q_rot = rotate(q_biased, cos, sin, dims, rnd)
     k_rot = rotate(k_biased, cos, sin, dims, rnd)
     put("q_rot", tokens(q_rot)), put("k_rot", tokens(k_rot))
 
-    _, gamma, shifted, trap_scale = discretisation(dt, trap, dims, md, rnd)  # [B, H, Sp]
+    _, gamma, shifted, trap_scale = discretisation(dt, trap, dims, md, rnd, fns)  # [B, H, Sp]
     k_scaled = rnd("k_scaled", k_rot * trap_scale[..., None, None])
     put("gamma", tokens(gamma)), put("shifted_gamma", tokens(shifted)), put("trap_scale", tokens(trap_scale))
     put("k_scaled", tokens(k_scaled))
@@ -64,8 +66,8 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
     put("psiv", tokens(psiv))
 
     # ---------------------------------------------------------------- state recurrence (S41–S45)
-    exp_da_cs = torch.exp(pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
-    exp_da_cs_rev = torch.exp(pad_time(da_cs_rev, Sp, 2).to(md))
+    exp_da_cs = fns.exp(pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
+    exp_da_cs_rev = fns.exp(pad_time(da_cs_rev, Sp, 2).to(md))
     k_state = rnd("k_state", k_scaled * exp_da_cs_rev[..., None, None])
     put("k_state", tokens(k_state))
     decay = chunk_decay(exp_da_cs, dims)  # [B, H, nc]
@@ -78,7 +80,7 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
 
     # ---------------------------------------------------------------- chunk outputs, all chunks at once
     inter, masked, intra = chunk_outputs(chunked(q_rot), chunked(k_scaled), psiv_c, state_operand, exp_da_cs, segsum,
-                                         dims, md, rnd, matmul)
+                                         dims, md, rnd, matmul, exp=fns.exp)
     unchunk = lambda x: x.reshape(B, H, Sp, R, x.shape[-1])
     put("inter", tokens(unchunk(inter))), put("causal_scores", masked), put("intra", tokens(unchunk(intra)))
     o = unchunk(intra + inter)  # [B, H, Sp, R, P]
@@ -104,9 +106,9 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
         x = z_h[:, :, :, None, :] * mimo_z.to(md)[None, :, None]  # [B, H, S, R, P]
         if policy.silu_form == "tanh":
             half = x * 0.5
-            gate = half * torch.tanh(half) + half
+            gate = half * fns.tanh(half) + half
         else:
-            gate = x * torch.sigmoid(x)
+            gate = x * fns.sigmoid(x)
         put("gate", gate)
     if dims.reduce_o:
         dout_h = dout.to(md).permute(0, 2, 1, 3)[:, :, :, None, :]  # [B, H, S, 1, P]
@@ -119,7 +121,7 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
         dphio = rnd("dphio", dout.to(md).permute(0, 3, 1, 2, 4) * out_v)  # DOUT_r [B, H, S, R, P]
     if dims.has_z:
         put("dphio", dphio)
-        dzz = dphio * torch.sigmoid(x) * (1 + x * torch.sigmoid(-x))
+        dzz = dphio * fns.sigmoid(x) * (1 + x * fns.sigmoid(-x))
         put("dzz", dzz)
         zeta = mimo_z.to(md)[None, :, None]  # [1, H, 1, R, P]
         terms = dzz * zeta

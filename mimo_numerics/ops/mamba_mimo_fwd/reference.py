@@ -16,9 +16,10 @@ term (L316) instead of starting from zero; the diagonal term, with D·ΨV added,
 to ``o`` (``d_term``, L333); ``o`` itself is never rounded before the gate; the reduced output is a rank sum carried
 in lp (``out_proj``, ``out_accum``).
 
-Not modelled (FP32 level, as in stage 1): MUFU ``tanh``/``ex2``/``sin``/``cos``/``rcp`` approximations (fast
-math; ``tanh`` feeds the lp rounding of the gate), FMA contraction of fp32 ops, the tensor cores' accumulation
-order inside a GEMM, and the intra GEMM's k16 steps into the inter term (modelled as one add).
+FP32-level models: the GEMMs under ``gemm_model`` (the intra GEMM's k16 steps into the inter term under a
+tensor-core model), the MUFU ``tanh``/``ex2``/``sin``/``cos``/``rcp`` approximations of fast math under
+``special_functions="fast_sm90"`` (``tanh`` feeds the lp rounding of the gate). Not modelled: FMA contraction of
+fp32 ops.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .._common.chunked import (biased_heads, chunk_decay, chunk_outputs, diagona
 from .._common.gemm import policy_matmul
 from .._common.recurrence import state_recurrence
 from .._common.rounder import SiteRounder
+from .._common.special import special_functions
 from .sites import SITES  # noqa: F401  (the forward's sites, for readers of this module)
 from .spec import MimoFwdOutputs, MimoFwdStateOutputs
 from .validation import check_final_tokens, validate_inputs
@@ -99,6 +101,7 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
     md = policy.math_torch_dtype
     rnd = SiteRounder(policy, OPERATOR_NAME)
     matmul = policy_matmul(policy)  # the GEMMs under policy.gemm_model (the state update's: state_recurrence)
+    fns = special_functions(policy)  # exp, σ, tanh, cos/sin under policy.special_functions
     B, S, H, R, C, nc = dims.batch, dims.seqlen, dims.heads, dims.rank, dims.chunk_size, dims.nchunks
     Sp, L = dims.padded_seqlen, C * R
 
@@ -110,7 +113,7 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
         return x[:, :, :S]
 
     # ---------------------------------------------------------------- per token, [B, H, Sp, R, *] (L174-219)
-    _, gamma, shifted, trap_scale = discretisation(dt, trap, dims, md, rnd)  # [B, H, Sp]
+    _, gamma, shifted, trap_scale = discretisation(dt, trap, dims, md, rnd, fns)  # [B, H, Sp]
     put("gamma", tokens(gamma)), put("shifted_gamma", tokens(shifted)), put("trap_scale", tokens(trap_scale))
 
     psi = rnd("psi_weight", mimo_v.to(md))  # [H, R, P]
@@ -123,7 +126,7 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
     qk = rnd("qk_dot", matmul(q_biased, k_biased.transpose(-1, -2)))  # [B, H, Sp, R, R]
     put("q_biased", tokens(q_biased)), put("k_biased", tokens(k_biased)), put("qk_dot", tokens(qk))
 
-    cos, sin = rotation_angles(angles, dims, md)  # [B, H, Sp, 1, N/d]
+    cos, sin = rotation_angles(angles, dims, md, fns)  # [B, H, Sp, 1, N/d]
     q_rot = rotate(q_biased, cos, sin, dims, rnd)
     k_rot = rotate(k_biased, cos, sin, dims, rnd)
     k_scaled = rnd("k_scaled", k_rot * trap_scale[..., None, None])
@@ -135,8 +138,8 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
     del k_rot  # each dead intermediate is freed as soon as it is dead (memory only: the bits do not depend on it)
 
     # ---------------------------------------------------------------- state recurrence (L386-407)
-    exp_da_cs = torch.exp(pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
-    k_state = rnd("k_state", k_scaled * torch.exp(pad_time(da_cs_rev, Sp, 2).to(md))[..., None, None])
+    exp_da_cs = fns.exp(pad_time(da_cs, Sp, 2).to(md))  # [B, H, Sp]
+    k_state = rnd("k_state", k_scaled * fns.exp(pad_time(da_cs_rev, Sp, 2).to(md))[..., None, None])
     put("k_state", tokens(k_state))
     decay = chunk_decay(exp_da_cs, dims)  # [B, H, nc] (L398-404)
 
@@ -158,7 +161,7 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
     # tensor-core gemm_model one GEMM into inter, whose "intra" record is then (inter + intra) − inter
     into_inter = policy.gemm_model != "fp32"
     inter, masked, intra = chunk_outputs(chunked(q_rot), chunked(k_scaled), psiv_c, state_operand, exp_da_cs,
-                                         segsum, dims, md, rnd, matmul, intra_into_inter=into_inter)
+                                         segsum, dims, md, rnd, matmul, intra_into_inter=into_inter, exp=fns.exp)
     chunk_sum = intra if into_inter else inter + intra  # [B, H, nc, L, P]
     put("inter", tokens(unchunked(inter))), put("causal_scores", masked)
     put("intra", tokens(unchunked(chunk_sum - inter if into_inter else intra)))
@@ -181,9 +184,9 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
         x = z.to(md).permute(0, 2, 1, 3)[:, :, :, None, :] * mimo_z.to(md)[None, :, None]  # [B, H, S, R, P]
         if policy.silu_form == "tanh":
             half = x * 0.5
-            gate = rnd("gate", half * torch.tanh(half) + half)
+            gate = rnd("gate", half * fns.tanh(half) + half)
         else:
-            gate = rnd("gate", x * torch.sigmoid(x))
+            gate = rnd("gate", x * fns.sigmoid(x))
         put("gate", gate)
     if dims.reduce_o:
         phi = rnd("phi_weight", mimo_o.to(md))[None, :, None]  # [1, H, 1, R, P]

@@ -122,7 +122,7 @@ _DT = torch.zeros(1, 2, 8)
 
 
 @pytest.mark.parametrize("call, error, match", [
-    (lambda: angle_cumsum(_ANGLES, _DT, 4, math_dtype=torch.float32, tanh="upstream"), ValueError, "tanh"),
+    (lambda: angle_cumsum(_ANGLES, _DT, 4, math_dtype=torch.float64, tanh="upstream"), ValueError, "tanh"),
     (lambda: angle_cumsum(_ANGLES, _DT, 4, math_dtype=torch.float32, tanh="fast"), ValueError, "tanh"),
     (lambda: angle_cumsum(_ANGLES, _DT, 4, math_dtype=torch.float16), ValueError, "math_dtype"),
     (lambda: angle_cumsum(_ANGLES.half(), _DT, 4, math_dtype="float32"), TypeError, "angles"),
