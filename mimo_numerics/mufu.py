@@ -47,6 +47,9 @@ INV_TWO_PI_FP32 = float(torch.tensor(1.0 / (2.0 * math.pi), dtype=torch.float32)
 #: fl32(log2 e), the constant of the ``FMUL`` in front of ``MUFU.EX2`` for ``expf``.
 LOG2E_FP32 = float(torch.tensor(math.log2(math.e), dtype=torch.float32))
 _TINY = 2.0 ** -126
+#: |t| is clamped here before its fixed-point key is taken: every FP32 value of 2^23 or more is an integer (key 0),
+#: and t·2^F stays far inside int64 (a float -> int64 conversion out of range is device-dependent).
+_LARGE = 2.0 ** 30
 ROUNDINGS = ("floor", "trunc", "nearest")
 #: ex2 also knows ``magnitude``: |x| truncated, the sign a key bit, ``2^-n`` for negative x.
 EX2_ROUNDINGS = ROUNDINGS + ("magnitude",)
@@ -176,7 +179,7 @@ def _quadrant_parts(model, x):
     F = int(model.params["fraction_bits"])
     quarter = 1 << (F - 2)
     t = turns(x)
-    j = _fixed_point(t.abs().to(torch.float64).clamp(max=2.0 ** 40), F, "trunc") & ((1 << F) - 1)
+    j = _fixed_point(t.abs().to(torch.float64).clamp(max=_LARGE), F, "trunc") & ((1 << F) - 1)
     if model.function == "cos":
         j = (j + quarter) & ((1 << F) - 1)
     q = j >> (F - 2)
@@ -195,9 +198,9 @@ def _trig_keys(model, x):
     t = turns(x)
     if reduction == "fixed":
         F = int(model.params["fraction_bits"])
-        t64 = t.to(torch.float64).clamp(-2.0 ** 40, 2.0 ** 40)
+        t64 = t.to(torch.float64).clamp(-_LARGE, _LARGE)
         return _fixed_point(t64, F, str(model.params["rounding"])) & ((1 << F) - 1)
-    a = t.abs().to(torch.float64).clamp(max=2.0 ** 40)
+    a = t.abs().to(torch.float64).clamp(max=_LARGE)
     if reduction == "magnitude_fixed":
         F = int(model.params["fraction_bits"])
         return _fixed_point(a, F, "trunc") & ((1 << F) - 1)

@@ -87,6 +87,15 @@ def test_trig_storage_keeps_the_reachable_keys(tmp_path):
     assert torch.equal(mufu.MufuModel("cos", model.params, back)(x), model(x))
 
 
+def test_trig_keys_of_huge_inputs_are_device_independent(all_models):
+    """|t| >= 2^23 is an integer: key 0. (A clamp at 2^40 made t·2^25 overflow int64: the CPU wrapped to key 0, the
+    GPU saturated to the last key; measured on the H200.)"""
+    x = torch.tensor([1e30, -1e30, 3e38, 2.0 ** 60, 1727109005312.0], dtype=torch.float32)
+    for name in ("sin", "cos"):
+        assert torch.equal(all_models[name].keys(x), torch.zeros(5, dtype=torch.int64)), name
+    assert torch.equal(all_models["sin"](x), torch.tensor([0.0, -0.0, 0.0, 0.0, 0.0]))
+
+
 def test_bad_input_is_named():
     with pytest.raises(TypeError, match="float32"):
         models("cpu")["ex2"](torch.zeros(3, dtype=torch.float64))
