@@ -23,6 +23,7 @@ sys.path.pop(0)
 
 #: Smokes whose output need not say "Smoke run", and why.
 UNMARKED = {"reliability": "re-renders the stored profile results: its figures are the report's",
+            "mufu_models_h200": "re-renders the stored H200 verify results: its figures are the report's",
             "gpu_nonfinite": "the CPU reference against itself; the title names the implementation (`reference`)",
             "whole_op_report": "a complete report of the built-in `small` case, which its header and metrics.json "
                                "name (the committed report is of a golden case)"}

@@ -272,6 +272,7 @@ def run_preprocess(inputs: dict, policy, *, record: Optional[dict] = None,
                    return_state: bool = False) -> Dict[str, torch.Tensor]:
     """The preprocessing in the chain's math dtype; ``record`` gets ``mamba3_mimo_preprocess.<name>``;
     ``return_state``: with ``final_angle`` (:func:`preprocess`)."""
+    policy = _presets.resolve(policy)
     kind = chain_kind(policy)
     pre = preprocess(inputs, torch.float32 if kind == "reference" else _F64, return_state=return_state,
                      special_functions=policy.special_functions if kind == "reference" else "accurate")
