@@ -40,8 +40,8 @@ the batch in float32 before comparing.
 Search
 ------
 Only the fields the reference honours are searched: the operator's switches and the knobs ``diag_mode``,
-``state_update`` and ``silu_form`` (and ``gemm_model``, ``special_functions``, ``reduction_order`` where the
-operator has them, when ``fields`` names them).
+``state_update`` and ``silu_form`` (and ``gemm_model``, ``special_functions``, ``fp32_fma``, ``reduction_order``
+where the operator has them, when ``fields`` names them).
 ``lp_dtype`` is fixed by the inputs, ``math_dtype`` is float32 and ``round_outputs`` is True
 (the kernel contract). From ``start`` (normalised to those fixed values), each round does
 
@@ -97,7 +97,7 @@ from .policy import KNOBS, RoundingPolicy, read_field, write_fields
 SEARCHED_KNOBS: Tuple[str, ...] = ("diag_mode", "state_update", "silu_form")
 #: Knobs searched only when ``fields`` names them (where the operator has them): an evaluation under a tensor-core
 #: ``gemm_model`` costs several FP32 ones, and the FP32-level knobs move the distance far less than the switches.
-ON_REQUEST_KNOBS: Tuple[str, ...] = ("gemm_model", "reduction_order", "special_functions")
+ON_REQUEST_KNOBS: Tuple[str, ...] = ("gemm_model", "reduction_order", "special_functions", "fp32_fma")
 
 
 
@@ -750,7 +750,8 @@ def infer_policy(inputs: CasesLike, outputs, start: PolicyLike = "seed_bf16",
             the best one returned (its single-field neighbours are evaluated too, for :attr:`neighbours`).
         fields (sequence of str): the searched fields (default: every switch of the operator and
             ``SEARCHED_KNOBS``, :func:`searched_fields`); the knobs of ``ON_REQUEST_KNOBS`` the operator has
-            (``gemm_model``, ``special_functions``; ``reduction_order``: stage 1) are searched when named here.
+            (``gemm_model``, ``special_functions``, ``fp32_fma``; ``reduction_order``: stage 1) are searched when
+            named here.
         pair_moves (bool): try pairs of single-field changes when descent stalls above distance 0.
         pair_limit (int, optional): pair only the ``pair_limit`` single-field changes with the lowest distance on
             their own (45 pairs for 10; None, the default: all of them, about 230 pairs).

@@ -56,7 +56,7 @@ class Stage:
 KERNEL_SCALARS: Tuple[str, ...] = ("chunk_size", "rotary_dim_divisor")
 #: The policy knobs that act on every kernel.
 KERNEL_KNOBS: Tuple[str, ...] = ("lp_dtype", "diag_mode", "math_dtype", "state_update", "silu_form", "round_outputs",
-                                 "gemm_model", "special_functions")
+                                 "gemm_model", "special_functions", "fp32_fma")
 
 
 def _load(path: Optional[str]):

@@ -4,8 +4,8 @@ A policy has
 
 * **knobs** shared by every kernel, because they describe the hardware and software setup (``lp_dtype``,
   ``diag_mode``, ``math_dtype``, ``state_update``, ``silu_form``, ``round_outputs``, ``helper_fma``, the FP32-level
-  models ``gemm_model`` and ``reduction_order`` (honoured where :data:`KNOB_CONSUMERS` says), and the declared
-  FP32-level knobs of :data:`FUTURE_KNOBS`);
+  models ``gemm_model``, ``reduction_order``, ``special_functions`` and ``fp32_fma`` (honoured where
+  :data:`KNOB_CONSUMERS` says), and the declared FP32-level knobs of :data:`FUTURE_KNOBS`);
 * one **section** per operator of the registry (:mod:`mimo_numerics.ops.registry`): the operator's rounding sites
   as :class:`Sites`, an immutable mapping ``site -> bool``, or ``None`` where the policy defines no semantics for that
   operator (``seed_bf16`` is defined by the seed PR for stage 1 only). ``policy.section(op)`` (or ``policy.<op>``)
@@ -65,6 +65,11 @@ KNOBS: Dict[str, Tuple[Any, ...]] = {
     # exp, sigmoid, tanh, cos/sin: torch's (accurate), or the H200's fast-math MUFU approximations bit for bit
     # (mimo_numerics.mufu: ex2/rcp/tanh/sin/cos.approx, table models proven on all 2^32 inputs)
     "special_functions": ("accurate", "fast_sm90"),
+    # FP32 a·b ± c·d inside upstream's TileLang kernels (nvcc contracts by default): plain FP32 (each product rounded,
+    # then the sum), or as the H200's code computes them, the first product fused into the sum,
+    # fma(a, b, ±fl(c·d)): the rotary rotations of q/k (forward, both backward stages) and the inverse rotation and
+    # DANGLES of stage 2 (read from the golden data: with it the forward's o is bit-equal on every golden case)
+    "fp32_fma": (False, True),
 }
 
 #: What honours the other values of the FP32-level knobs of KNOBS (the text of :func:`require_default`'s error);
@@ -75,13 +80,18 @@ KNOB_CONSUMERS: Dict[str, str] = {
     "reduction_order": "stage 1's reference (its sums over time)",
     "special_functions": "the references of the forward, of both backward stages, of the epilogue and of the angle "
                          "preprocessing, and so the whole op's reference chain (any device)",
+    "fp32_fma": "the references of the forward and of both backward stages, and so the whole op's reference chain "
+                "(any device)",
 }
 
+#: Every FP32-level model of the H200 the whole op's reference chain honours: ``policy.replace(**FP32_LEVEL_SM90)``
+#: on an ``upstream_sm90*`` preset (``reduction_order`` stays pairwise: stage 2's reference refuses another).
+FP32_LEVEL_SM90: Dict[str, Any] = {"gemm_model": "sm90_wgmma", "special_functions": "fast_sm90", "fp32_fma": True}
+
 #: FP32-level knobs of ``upstream_rounding_sites.md`` §3.2 that are declared but not honoured yet: every value but
-#: the first raises ``NotImplementedError`` naming the knob (no silent fallback).
-FUTURE_KNOBS: Dict[str, Tuple[Any, ...]] = {
-    "fp32_fma": (False, True),
-}
+#: the first raises ``NotImplementedError`` naming the knob (no silent fallback). None at present (the mechanism
+#: stays for the next one).
+FUTURE_KNOBS: Dict[str, Tuple[Any, ...]] = {}
 ALL_KNOBS: Tuple[str, ...] = tuple(KNOBS) + tuple(FUTURE_KNOBS)
 #: The FP32-level knobs (``upstream_rounding_sites.md`` §3.2) and their defaults: the Triton kernels compute each at
 #: its default only and refuse any other value.
@@ -241,11 +251,11 @@ class RoundingPolicy:
             (every site on). None marks an operator the policy defines no semantics for.
         lp_dtype, diag_mode, math_dtype, state_update, silu_form, round_outputs: the knobs (:data:`KNOBS`); the
             defaults are upstream on Hopper.
-        helper_fma, gemm_model, reduction_order, special_functions: knobs too; ``gemm_model`` (``"fp32"``,
-            ``"sm90_wgmma"``, ``"sm80_mma"``), ``reduction_order`` (``"pairwise"``, ``"sequential_time"``) and
-            ``special_functions`` (``"accurate"``, ``"fast_sm90"``) are honoured where :data:`KNOB_CONSUMERS` says
-            and refused elsewhere (:func:`require_default`).
-        fp32_fma: a declared FP32-level knob (:data:`FUTURE_KNOBS`).
+        helper_fma, gemm_model, reduction_order, special_functions, fp32_fma: knobs too; ``gemm_model``
+            (``"fp32"``, ``"sm90_wgmma"``, ``"sm80_mma"``), ``reduction_order`` (``"pairwise"``,
+            ``"sequential_time"``), ``special_functions`` (``"accurate"``, ``"fast_sm90"``) and ``fp32_fma``
+            (False, True) are honoured where :data:`KNOB_CONSUMERS` says and refused elsewhere
+            (:func:`require_default`).
 
     Instances are frozen and hashable; change them with :meth:`replace` or :meth:`with_sites`. See the module
     docstring for names, sections and JSON.

@@ -9,7 +9,8 @@ records, inputs regenerated from the spec) the reference chain runs from the raw
 
 * ``fp32``: the ``fp32`` preset (no rounding site; fp16 cases: with ``lp_dtype="float16"``);
 * ``upstream_sm90``: the bf16/fp16 rounding sites, FP32-level knobs at their defaults;
-* ``upstream_sm90 + fp32-level``: with ``gemm_model="sm90_wgmma"`` and ``special_functions="fast_sm90"``.
+* ``upstream_sm90 + fp32-level``: with every FP32-level model of the H200 (``policy.FP32_LEVEL_SM90``:
+  ``gemm_model="sm90_wgmma"``, ``special_functions="fast_sm90"``, ``fp32_fma=True``).
 
 Each stage's outputs are compared with upstream's recorded outputs of that stage (rel RMS; on the long cases over
 the record's 4096 sampled positions, ``golden_samples.sampled_rel_rms``). Writes ``reports/fp32_level_whole_op.md``
@@ -29,6 +30,7 @@ import mimo_numerics as mn
 from mimo_numerics import golden_data, golden_samples, provenance
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba3_mimo import chain
+from mimo_numerics.policy import FP32_LEVEL_SM90
 from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +45,7 @@ def policies(lp: torch.dtype) -> dict:
     base = mn.presets.get("upstream_sm90_fp16" if fp16 else "upstream_sm90")
     plain = mn.presets.get("fp32")
     return {"fp32": plain.replace(lp_dtype="float16") if fp16 else plain, "upstream_sm90": base,
-            "upstream_sm90 + fp32-level": base.replace(gemm_model="sm90_wgmma", special_functions="fast_sm90")}
+            "upstream_sm90 + fp32-level": base.replace(**FP32_LEVEL_SM90)}
 
 
 def run_chain(inputs: dict, policy) -> dict:
@@ -114,7 +116,7 @@ def render(rows: dict, prov: dict, smoke: bool) -> list:
              provenance.markdown_header(prov) + (" **Smoke run: not the report's figures.**" if smoke else ""),
              "", "Rel RMS to upstream's recorded output of each stage (the chain runs from the raw inputs, so each "
              "stage also carries the difference of the stages before it). `fp32-level`: `gemm_model=\"sm90_wgmma\"`, "
-             "`special_functions=\"fast_sm90\"`. Long cases (S >= 2048): over 4096 sampled positions per tensor. "
+             "`special_functions=\"fast_sm90\"`, `fp32_fma=True`. Long cases (S >= 2048): over 4096 sampled positions per tensor. "
              "`gain`: rel RMS under `fp32` / under `upstream_sm90 + fp32-level`.", ""]
     lines += ["## The op's outputs (`Out` and the 14 gradients), worst per case", "",
               "Gain over the outputs the policy changes (fp32 and upstream_sm90 differ); an output made exact counts "

@@ -3,8 +3,9 @@
 
 Three tables, each output's rel RMS to upstream and its bit-equal fraction, under ``upstream_sm90`` (or its fp16
 twin) with the FP32-level knobs of each variant (:data:`VARIANTS`; default ``gemm_model`` = ``fp32``,
-``sm90_wgmma`` and ``sm80_mma``; ``--variants fp32 sm90_wgmma fast_sm90 wgmma_fast --out
-reports/fp32_level_golden.md`` adds the MUFU models of ``special_functions``):
+``sm90_wgmma`` and ``sm80_mma``; ``--variants fp32 sm90_wgmma fast_sm90 wgmma_fast fp32_level --out
+reports/fp32_level_golden.md`` adds the MUFU models of ``special_functions`` and, in ``fp32_level``, every model
+with ``fp32_fma``):
 
 1. stage 1 on the seed golden cases (``tests/data/upstream_h200_seed_cases.pt``);
 2. stage 1 on the long realistic cases (S up to 2048; ``upstream_h200_realistic_outputs.pt``, inputs regenerated);
@@ -33,6 +34,7 @@ from mimo_numerics.ops.mamba3_mimo import chain
 from mimo_numerics.ops.mamba_mimo_bwd_fwd import golden as stage1_golden
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.reference import mamba_mimo_bwd_fwd
+from mimo_numerics.policy import FP32_LEVEL_SM90
 from mimo_numerics.studies.golden_figures import STAGE1_OUTPUTS, STAGE2_OUTPUTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +43,8 @@ MODELS = ("fp32", "sm90_wgmma", "sm80_mma")
 #: Variant name -> the FP32-level knobs it sets on ``upstream_sm90`` (``fp32``: none, the baseline of the ratios).
 VARIANTS = {"fp32": {}, "sm90_wgmma": {"gemm_model": "sm90_wgmma"}, "sm80_mma": {"gemm_model": "sm80_mma"},
             "fast_sm90": {"special_functions": "fast_sm90"},
-            "wgmma_fast": {"gemm_model": "sm90_wgmma", "special_functions": "fast_sm90"}}
+            "wgmma_fast": {"gemm_model": "sm90_wgmma", "special_functions": "fast_sm90"},
+            "fp32_level": dict(FP32_LEVEL_SM90)}
 
 
 def _policy(lp: torch.dtype, model: str):

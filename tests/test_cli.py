@@ -571,9 +571,9 @@ def test_policy_show_names_the_file_in_json_errors(tmp_path, capsys):
     assert f"policy file {broken} is not valid JSON" in err
     assert "preset names" not in err and "must end in .json" not in err and "fix the file" in err
     future = tmp_path / "future.json"
-    future.write_text('{"schema_version": 2, "base": "upstream_sm90", "fp32_fma": true}')
+    future.write_text('{"schema_version": 2, "base": "upstream_sm90", "math_dtype": "float64", "fp32_fma": true}')
     code, _, err = run_cli(capsys, "policy", "show", str(future))
-    assert code == 2 and f"policy file {future}: RoundingPolicy.fp32_fma=True" in err
+    assert code == 2 and f"policy file {future}: RoundingPolicy.fp32_fma=True models FP32 arithmetic" in err
     listed = tmp_path / "list.json"
     listed.write_text("[1]")
     code, _, err = run_cli(capsys, "policy", "diff", "upstream_sm90", str(listed))

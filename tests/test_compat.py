@@ -116,6 +116,8 @@ def test_backward_combined_returns_upstreams_fourteen(mods, case, policy):
     if policy == "fp64":  # the package's fp64 chain preprocesses in float64; so does the compat call then
         angles = angle_cumsum(x["Angles"], x["DT"], C, math_dtype=torch.float64)
         da_cs, da_cs_rev, segsum = dacs_segsum(x["ADT"], C, math_dtype=torch.float64)
+    elif mn.presets.get(policy).helper_fma == "separate":  # the chain's angles under it: products rounded first
+        angles = angle_cumsum(x["Angles"], x["DT"], C, math_dtype=torch.float32, fma=False)
     grads = mods.bwd.mamba_mimo_bwd_combined(
         raw["dout"], x["Q"], x["K"], x["V"], x["Q_bias"], x["K_bias"], x["MIMO_V"], x["MIMO_Out"], x["Z"],
         x["MIMO_Z"], angles, da_cs, da_cs_rev, x["DT"], x["Trap"], x["D"], segsum, C, d, torch.bfloat16,

@@ -8,8 +8,8 @@ import pytest
 import mimo_numerics as mn
 from mimo_numerics.ops import registry
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES as STAGE1_SITES
-from mimo_numerics.policy import (ALL_KNOBS, FP32_LEVEL_DEFAULTS, FUTURE_KNOBS, KNOBS, PolicyUndefined,
-                                  RoundingPolicy, Sites, field_names)
+from mimo_numerics.policy import (ALL_KNOBS, FP32_LEVEL_DEFAULTS, FUTURE_KNOBS, KNOB_CONSUMERS, KNOBS,
+                                  PolicyUndefined, RoundingPolicy, Sites, field_names)
 
 STAGE1 = "mamba_mimo_bwd_fwd"
 ISSUE_SWITCHES = ("psi_weight qk_bias phi_weight dt_input qk_biased psiv shifted_gamma trap_scale qk_dot_internal "
@@ -165,11 +165,13 @@ def test_version_1_missing_knobs_take_their_defaults_with_a_warning():
         RoundingPolicy.from_dict(_v1(mn.presets.get("seed_bf16")))  # a complete v1 file loads silently
 
 
-@pytest.mark.parametrize("knob", sorted(FUTURE_KNOBS))
-def test_policy_declared_but_unimplemented_knobs_raise_not_implemented(knob):
-    other = FUTURE_KNOBS[knob][1]
-    with pytest.raises(NotImplementedError, match=knob):
-        RoundingPolicy(**{knob: other})
+@pytest.mark.parametrize("knob", sorted(KNOB_CONSUMERS))
+def test_policy_fp32_level_models_need_fp32_math(knob):
+    """Every other value of an FP32-level knob models FP32 arithmetic: with float64 math it is refused, by name."""
+    other = KNOBS[knob][1]
+    RoundingPolicy(**{knob: other})  # honoured where KNOB_CONSUMERS says
+    with pytest.raises(ValueError, match=f"{knob}={other!r} models FP32 arithmetic"):
+        RoundingPolicy(math_dtype="float64", **{knob: other})
 
 
 @pytest.mark.parametrize("model", ["sm90_wgmma", "sm80_mma"])

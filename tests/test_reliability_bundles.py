@@ -395,8 +395,9 @@ def _policy_unknown_value(m):
     m["cases"][0]["policy"]["diag_mode"] = "fma3"
 
 
-def _policy_unimplemented_knob(m):
+def _policy_inconsistent_knobs(m):  # an FP32-level model with float64 math
     m["cases"][0]["policy"]["fp32_fma"] = True
+    m["cases"][0]["policy"]["math_dtype"] = "float64"
 
 
 def _spec_unknown_field(m):
@@ -419,7 +420,7 @@ def _files_path_escape(m):
     (_policy_from_the_future, "policy of case 'case0' does not load: policy schema_version 99"),
     (_policy_unknown_field, "unknown RoundingPolicy field"),
     (_policy_unknown_value, "diag_mode='fma3'"),
-    (_policy_unimplemented_knob, "fp32_fma"),
+    (_policy_inconsistent_knobs, "fp32_fma=True models FP32 arithmetic"),
     (_spec_unknown_field, "sequence_parallel"),
     (_spec_type_unknown, "unknown spec_type"),
     (_scalars_missing, "lacks chunk_size/rotary_dim_divisor"),

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ...rounding import round_sum_to_lp, round_to_lp
+from ...rounding import fma_fp32, round_sum_to_lp, round_to_lp
 from ...validation import Dims
 from .gemm import Matmul, plain_matmul
 from .special import ACCURATE
@@ -75,22 +75,32 @@ def rotation_angles(angles: torch.Tensor, dims: Dims, md: torch.dtype,
     return fns.cos_sin(theta)
 
 
+def fused_first(a: torch.Tensor, b: torch.Tensor, rest: torch.Tensor, fused: bool) -> torch.Tensor:
+    """``a·b + rest`` in float32 as nvcc contracts ``a*b ± c*d`` (``rest = ±fl(c·d)``): one FMA rounding with
+    ``fused`` (the policy's ``fp32_fma``), else the product rounded, then the sum."""
+    if not fused:
+        return a * b + rest
+    a, b, rest = torch.broadcast_tensors(a, b, rest)
+    return fma_fp32(a.contiguous(), b.contiguous(), rest.contiguous())
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: Dims, rnd, site: str = "rotary",
-           inverse: bool = False) -> torch.Tensor:
+           inverse: bool = False, fma: bool = False) -> torch.Tensor:
     """Rotate columns [0, N/d) against [N/2, N/2 + N/d) of x [B, H, T, R, N] by θ (``inverse``: by −θ).
 
     Forward: [c·x1 − s·x2, s·x1 + c·x2]; inverse: [c·x1 + s·x2, −s·x1 + c·x2]. cos, sin are [B, H, T, 1, N/d];
-    the rotated columns are rounded by ``site``, the others keep x.
+    the rotated columns are rounded by ``site``, the others keep x. ``fma`` (``fp32_fma``, float32 only): the first
+    product of each fused into the sum, ``fma(c, x1, −fl(s·x2))`` and so on (:func:`fused_first`).
     """
     width, half = dims.state_dim // dims.rotary_dim_divisor, dims.state_dim // 2
     first, second = x[..., :width], x[..., half:half + width]
     out = x.clone()
     if inverse:
-        out[..., :width] = rnd(site, cos * first + sin * second)
-        out[..., half:half + width] = rnd(site, -sin * first + cos * second)
+        out[..., :width] = rnd(site, fused_first(cos, first, sin * second, fma))
+        out[..., half:half + width] = rnd(site, fused_first(-sin, first, cos * second, fma))
     else:
-        out[..., :width] = rnd(site, cos * first - sin * second)
-        out[..., half:half + width] = rnd(site, sin * first + cos * second)
+        out[..., :width] = rnd(site, fused_first(cos, first, -(sin * second), fma))
+        out[..., half:half + width] = rnd(site, fused_first(sin, first, cos * second, fma))
     return out
 
 

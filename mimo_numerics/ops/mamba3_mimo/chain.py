@@ -206,16 +206,17 @@ def _per_batch_slice(step, inputs: dict, pre: dict, *rest: dict, record: Optiona
 
 # ---------------------------------------------------------------------------------------------------- steps
 def preprocess(inputs: dict, math_dtype, return_state: bool = False,
-               special_functions: str = "accurate") -> Dict[str, torch.Tensor]:
+               special_functions: str = "accurate", helper_fma: str = "contracted") -> Dict[str, torch.Tensor]:
     """Upstream's preprocessing (``angle_dt_fwd``, ``compute_dacs_segsum_triton``) in ``math_dtype``: golden
     ``pre`` names; ``return_state`` adds ``final_angle`` ``[B, H, K]``, the angle walk's state after the last chunk
     (``angle_dt_fwd``'s ``output_state``). ``special_functions="fast_sm90"``: the angles' ``tanh_approx`` is
-    ``tanh.approx.f32`` bit for bit."""
+    ``tanh.approx.f32`` bit for bit; ``helper_fma="contracted"``: the angle increments' products are contracted
+    into the scan's and the chunk sum's first add, as Triton compiles them."""
     C = inputs["chunk_size"]
     da_cs, da_cs_rev, segsum = dacs_segsum(inputs["ADT"], C, math_dtype=math_dtype)
     tanh = "upstream" if special_functions == "fast_sm90" else "accurate"
     angles = angle_cumsum(inputs["Angles"], inputs["DT"], C, math_dtype=math_dtype, tanh=tanh,
-                          return_final_state=return_state)
+                          fma=helper_fma == "contracted", return_final_state=return_state)
     pre = {"angles_cumsum": angles[0] if return_state else angles, "da_cs": da_cs, "da_cs_rev": da_cs_rev,
            "segsum": segsum}
     if return_state:
@@ -275,7 +276,8 @@ def run_preprocess(inputs: dict, policy, *, record: Optional[dict] = None,
     policy = _presets.resolve(policy)
     kind = chain_kind(policy)
     pre = preprocess(inputs, torch.float32 if kind == "reference" else _F64, return_state=return_state,
-                     special_functions=policy.special_functions if kind == "reference" else "accurate")
+                     special_functions=policy.special_functions if kind == "reference" else "accurate",
+                     helper_fma=policy.helper_fma)
     _store(record, "mamba3_mimo_preprocess", pre)
     return pre
 

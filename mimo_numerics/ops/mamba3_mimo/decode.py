@@ -161,6 +161,7 @@ def mamba3_mimo_step(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z: Opt
     policy = presets.resolve(policy)
     require_default(policy, "gemm_model", "the decode step")
     require_default(policy, "special_functions", "the decode step")
+    require_default(policy, "fp32_fma", "the decode step")
     B, R, G, N, H, P = check_step_inputs(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles,
                                           D, Z, state)
     _check_lp("Q", Q, policy)

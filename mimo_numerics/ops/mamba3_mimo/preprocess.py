@@ -42,9 +42,13 @@ at C = 16, 4 elements per thread x 8 lanes at C = 32). Other chunk sizes use one
 on the golden inputs median 35, up to 118 fp32 ulps from torch's tanh; ``measure.tanh_ulp_offsets_at_first_token``).
 ``tanh="upstream"`` computes it bit for bit (:mod:`mimo_numerics.mufu`'s table model, proven on all 2^32 inputs on
 the H200; the whole op uses it under ``special_functions="fast_sm90"``), ``tanh="accurate"`` is torch's tanh. The
-rest of the FP32 chain (π₃₂, the product order, the chunk scan, a butterfly ``tl.sum``, the mod with ``2π₃₂`` and
-one rounding of ``out - 2π₃₂·k`` as an FMA) is modelled; the exact division ``out / 2π₃₂`` stands for Triton's
-``div.full.f32`` (they differ only within 2 ulp of a multiple of 2π).
+chunk's ``tl.cumsum`` and ``tl.sum`` follow the ``[C, BLOCK_D]`` tile's register layout under the ``num_warps`` the
+H200's autotuner picked, with the product ``fl(tanh·π₃₂)·dt`` contracted into the first add that consumes it
+(``fma=True``, the policy's ``helper_fma="contracted"``; :mod:`.._common.triton_tiles`, read from the PTX Triton
+3.6 emits): with ``tanh="upstream"`` every ``angles_cumsum`` of the 11 golden whole-op cases and of the sampled
+S = 2048 and 8192 cases is bit-identical to the H200's. The mod with ``2π₃₂`` rounds ``out - 2π₃₂·k`` once (an
+FMA); the exact division ``out / 2π₃₂`` stands for Triton's ``div.full.f32`` (they differ only within 2 ulp of a
+multiple of 2π, which no golden case reached).
 
 **FP64 (``math_dtype=torch.float64``).** The same definitions evaluated in float64 (``torch.cumsum`` order) with
 the true 2π in the mod. Upstream's mod by ``2π₃₂ = 2π + 1.75e-7`` makes its angle ``k · 1.75e-7`` smaller than
@@ -54,12 +58,13 @@ the exact one after ``k`` wraps; that is an FP32 effect of upstream, modelled by
 from __future__ import annotations
 
 import math
-from typing import Dict, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 
 from ...validation import check_int
 from .._common.cuda_graph import replayed
+from .._common import triton_tiles
 from .._common.special import SpecialFunctions
 
 #: ``tanh`` forms of :func:`angle_cumsum`.
@@ -142,14 +147,6 @@ def _triton_scan(x: torch.Tensor, per_thread: int, lanes: int, reverse: bool = F
     return torch.stack(columns, dim=-1).reshape(x.shape)
 
 
-def _butterfly_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum along the last dim (a power of 2) in the order of a Triton warp reduction: halves added pairwise."""
-    while x.shape[-1] > 1:
-        half = x.shape[-1] // 2
-        x = x[..., :half] + x[..., half:]
-    return x[..., 0]
-
-
 def _mod_two_pi_f32(x: torch.Tensor) -> torch.Tensor:
     """``x - 2π₃₂ · floor(x / 2π₃₂)`` in float32, the product and difference rounded once (an FMA).
 
@@ -192,7 +189,8 @@ def _entering_angles(sums: torch.Tensor) -> torch.Tensor:
 
 
 def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, math_dtype: DtypeLike,
-                 tanh: str = "accurate", return_final_state: bool = False):
+                 tanh: str = "accurate", fma: bool = True, num_warps: Optional[int] = None,
+                 return_final_state: bool = False):
     """Cumulative rotary angles of ``angle_dt_fwd``: ``(Σ_{u <= t} π·tanh(angles_u)·dt_u) mod 2π``.
 
     Args:
@@ -204,6 +202,11 @@ def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, mat
             module docstring), ``torch.float64`` for the definition in float64.
         tanh (str): ``"accurate"``: torch's tanh in the math dtype; ``"upstream"``: ``tanh.approx.f32`` bit for bit
             (float32 math only).
+        fma (bool): float32 form: the product ``fl(tanh·π₃₂)·dt`` contracted into the first add of the scan and
+            of the chunk sum that consumes it, as Triton compiles them (the policy's ``helper_fma="contracted"``);
+            False: every product rounded first.
+        num_warps (int, optional): float32 form: the ``num_warps`` of upstream's autotuned kernel (2, 4 or 8), which
+            fixes the order of its scan and sum (``_common.triton_tiles``); None: the H200's pick.
         return_final_state (bool): also return the walk's state after the last chunk, ``[B, H, K]`` (upstream's
             ``return_output_state=True``: in float32 ``(state + Σ chunk) mod 2π₃₂`` after the last chunk, so not
             the last token's cumulative angle bit for bit; in float64 the total mod 2π).
@@ -236,14 +239,21 @@ def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, mat
         return (cumsum, cumsum[:, -1].clone()) if return_final_state else cumsum
 
     fns = SpecialFunctions("fast_sm90" if tanh == "upstream" else "accurate")
-    vals = (fns.tanh(angles.to(torch.float32)) * _PI_F32) * dt.to(torch.float32).permute(0, 2, 1)[..., None]
     nc = -(-S // chunk_size)
-    padded = torch.zeros((B, nc * chunk_size, H, K), dtype=torch.float32, device=angles.device)
-    padded[:, :S] = vals
-    chunks = padded.reshape(B, nc, chunk_size, H, K).permute(0, 1, 3, 4, 2)  # [B, nc, H, K, C]: scan axis last
-    per_thread, lanes = _scan_layout("2d", chunk_size)
+
+    def per_chunk(x):  # [B, S, H, K or 1] -> [B, nc, H, K, C] (rows past S zero, as upstream's masked loads)
+        padded = torch.zeros((B, nc * chunk_size, H, K), dtype=torch.float32, device=angles.device)
+        padded[:, :S] = x
+        return padded.reshape(B, nc, chunk_size, H, K).permute(0, 1, 3, 4, 2)  # scan axis last
+
+    turned = per_chunk(fns.tanh(angles.to(torch.float32)) * _PI_F32)
+    steps = per_chunk(dt.to(torch.float32).permute(0, 2, 1)[..., None])
+    chunks = turned * steps
+    layout = triton_tiles.angle_dt_layout(chunk_size, K, num_warps=num_warps)
+    factors = (turned, steps) if fma else None
     # every chunk's scan and sum at once (the same operations per element); only the state walks chunk by chunk
-    scans, sums = _triton_scan(chunks, per_thread, lanes), _butterfly_sum(chunks)  # [B, nc, H, K, C], [B, nc, H, K]
+    scans = triton_tiles.tile_cumsum(chunks, layout, factors)  # [B, nc, H, K, C]
+    sums = triton_tiles.tile_sum(chunks, layout, factors)  # [B, nc, H, K]
     entering = _entering_angles(sums)
     out = _mod_two_pi_f32(scans + entering[..., None])
     out = out.permute(0, 1, 4, 2, 3).reshape(B, nc * chunk_size, H, K)[:, :S].contiguous()

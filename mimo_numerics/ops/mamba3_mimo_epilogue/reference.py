@@ -33,11 +33,17 @@ FP32-level details:
   then a row sum; ``((grad · dt) · π) · sech²`` with π rounded to fp32; ``dADT = ddA + (cumsum terms + segsum
   term)``;
 * modelled, as a parameter: ``special_functions="fast_sm90"``: ``tanh.approx.f32`` in ``tanh_approx``/
-  ``sech2_approx`` and ``tl.exp`` through ``ex2.approx`` bit for bit (subnormal results of ``tl.exp`` flushed,
-  which Triton's non-ftz ``ex2.approx.f32`` keeps); torch's functions otherwise;
-* not modelled: ``tl.sigmoid``'s ``div.full.f32`` (torch's sigmoid is used); the orders of Triton's ``tl.cumsum``/``tl.sum`` and of torch's CUDA sums (sequential orders here);
-  contractions inside those scans and sums. The fused multiply-add is evaluated as ``a·b + c`` in float64 and
-  rounded to float32 (exact product; a double rounding is possible in rare halfway cases).
+  ``sech2_approx``, ``tl.exp`` through ``ex2.approx`` and ``tl.sigmoid`` as MUFU.RCP of ``1 + tl.exp(-x)`` (its
+  ``div.full.f32`` of 1) bit for bit (subnormal results of ``tl.exp`` flushed, which Triton's non-ftz
+  ``ex2.approx.f32`` keeps); torch's functions otherwise;
+* modelled: ``angle_dt_bwd``'s ``tl.sum``/``tl.cumsum`` over its ``[C, BLOCK_D]`` tile and its ``tl.sum`` over the
+  columns (``dDT_angle``, products contracted under ``fma``) in the order of the tile's layout under the
+  autotuner's ``num_warps`` (:mod:`.._common.triton_tiles`; ``angle_dt_bwd_warps``): with the fast special
+  functions ``dAngles``, ``dDT_angle``, ``ddt_core`` and ``dDT`` are bit-identical to the H200's on every golden
+  case;
+* not modelled: the orders of ``bwd_dadt_fused``'s ``tl.cumsum``/``tl.sum`` (``dADT``) and of torch's CUDA sums
+  (sequential orders here). The fused multiply-add ``_mul_add`` is evaluated as ``a·b + c`` in float64 and rounded
+  to float32 (exact product; a double rounding is possible in rare halfway cases).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import numpy as np
 import torch
 
 from ...rounding import round_to_lp
+from .._common import triton_tiles
 from .._common.cuda_graph import replayed
 from .._common.special import SpecialFunctions
 from .spec import OUTPUT_NAMES
@@ -146,19 +153,19 @@ def _shift_right(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _dtrap_ddt(trap, dt, dfactor, dgamma_diag, *, fma: bool):
+def _dtrap_ddt(trap, dt, dfactor, dgamma_diag, *, fma: bool, sigmoid=torch.sigmoid):
     """``bwd_dtrap_ddt_kernel``: ``ddt_core`` and ``dtrap`` (unrounded fp32), all ``[B, H, S]``.
 
     γ_t = dt_t σ(trap_t) and γ'_t = dt_{t+1} σ(-trap_{t+1}) (0 at S - 1) enter as ``dgamma = dfactor + dgamma_diag``
     and ``dsgamma = dfactor``; the γ' gradient lands one token later (shift right, 0 at t = 0).
     """
     trap32 = trap.to(_F32)
-    sig, sig_neg = torch.sigmoid(trap32), torch.sigmoid(-trap32)
+    sig, sig_neg = sigmoid(trap32), sigmoid(-trap32)
     zero = torch.zeros_like(dt[..., :1])
     trap_next = torch.cat([trap32[..., 1:], zero], dim=-1)
     dt_next = torch.cat([dt[..., 1:], zero], dim=-1)
     dgamma = dfactor + dgamma_diag
-    d_dt_next = torch.sigmoid(-trap_next) * dfactor
+    d_dt_next = sigmoid(-trap_next) * dfactor
     d_trap_next = -dt_next * dfactor
     ddt = _mul_add(dgamma, sig, _shift_right(d_dt_next), fma)
     dtrap = _mul_add(dgamma, dt, _shift_right(d_trap_next), fma) * (sig * sig_neg)
@@ -199,19 +206,23 @@ def _later_chunks_sum(chunk_sum: torch.Tensor) -> torch.Tensor:
     return carried
 
 
-def _angle_dt_bwd(dangles, angles, dt, chunk_size: int, *, fma: bool, tanh_fn=torch.tanh):
+def _angle_dt_bwd(dangles, angles, dt, chunk_size: int, *, fma: bool, tanh_fn=torch.tanh,
+                  num_warps: Optional[int] = None):
     """``angle_dt_bwd_kernel`` without initial or output state: ``dAngles [B, S, H, A]``, ``dDT_angle [B, H, S]``.
 
     Reverse cumulative sum of ``dangles`` over the whole sequence, chunk by chunk from the last: within a chunk as
-    ``chunk_sum - cumsum + x``, plus the sum of the later chunks; then ``((grad · dt) · π) · sech²(angle)`` and
-    ``Σ_a grad · tanh(angle) · π``.
+    ``(tl.sum - tl.cumsum) + x`` in the order of the kernel's ``[C, BLOCK_D]`` tile under ``num_warps``
+    (:mod:`.._common.triton_tiles`; None: the H200 autotuner's pick), plus the sum of the later chunks; then
+    ``((grad · dt) · π) · sech²(angle)`` and ``tl.sum(grad · tanh(angle)·π, axis=1)`` (its products contracted into
+    the first adds under ``fma``).
     """
     B, S, H, A = dangles.shape
     C, nc = chunk_size, S // chunk_size
+    layout = triton_tiles.angle_dt_layout(C, A, backward=True, num_warps=num_warps)
     # every chunk at once: the operations on an element are the kernel's, only the sum over chunks is sequential
     part = dangles.permute(0, 2, 1, 3).reshape(B, H, nc, C, A).transpose(-1, -2)  # [B, H, nc, A, C]
-    chunk_sum = _sum_sequential(part, dim=-1)  # [B, H, nc, A]
-    rev = (chunk_sum[..., None] - _cumsum_sequential(part)) + part
+    chunk_sum = triton_tiles.tile_sum(part, layout)  # [B, H, nc, A]
+    rev = (chunk_sum[..., None] - triton_tiles.tile_cumsum(part, layout)) + part
     # carried[c] = Σ of the later chunks' sums, added from the last chunk down (0 + sum[nc-1] + ... + sum[c+1])
     ordered_sums = _ordered_sums(chunk_sum)
     if ordered_sums is not None:  # the same adds in one Triton launch
@@ -223,7 +234,8 @@ def _angle_dt_bwd(dangles, angles, dt, chunk_size: int, *, fma: bool, tanh_fn=to
     sech2 = _mul_add(-tanh, tanh, torch.ones_like(tanh), fma)
     dt_c = dt.reshape(B, H, nc, C, 1)
     grad_angle = (((grad * dt_c) * _PI_F32) * sech2).reshape(B, H, S, A)
-    grad_dt = _sum_sequential(grad * (tanh * _PI_F32), dim=-1).reshape(B, H, S)
+    turned = tanh * _PI_F32
+    grad_dt = triton_tiles.column_sum(grad * turned, layout, (turned, grad) if fma else None).reshape(B, H, S)
     return grad_angle.permute(0, 2, 1, 3).contiguous(), grad_dt
 
 
@@ -231,7 +243,7 @@ def mamba3_mimo_epilogue_reference(
     dq, dk, dv, dmimo_v, dD, dangles, dfactor, dgamma_diag, ddA, dSSdA, ddA_cs_rev, ddA_cs,
     dmimo_o, dz, dmimo_z, trap, dt, angles, da_cs, da_cs_rev, segsum,
     *, groups: int, chunk_size: int, fma: bool = True, bias_sums_in_lp: bool = True,
-    special_functions: str = "accurate",
+    special_functions: str = "accurate", angle_dt_bwd_warps: Optional[int] = None,
 ) -> Dict[str, Optional[torch.Tensor]]:
     """The chain after stage 2 in FP32, as upstream computes it (module docstring).
 
@@ -252,8 +264,10 @@ def mamba3_mimo_epilogue_reference(
         bias_sums_in_lp (bool): round ``dQ_bias``/``dK_bias`` to the lp dtype (2.3.2.post1: True).
         special_functions (str): ``"accurate"`` (torch's tanh and exp) or ``"fast_sm90"``: ``tanh_approx`` /
             ``sech2_approx`` through ``tanh.approx.f32`` and ``tl.exp`` through ``ex2.approx`` bit for bit
-            (:mod:`mimo_numerics.ops._common.special`; ``tl.sigmoid`` stays torch's: its ``div.full.f32`` is not
-            modelled).
+            (:mod:`mimo_numerics.ops._common.special`), ``tl.sigmoid`` as MUFU.RCP of ``1 + tl.exp(-x)``.
+        angle_dt_bwd_warps (int, optional): the ``num_warps`` (2, 4, 8) upstream's autotuner gave
+            ``angle_dt_bwd_kernel`` in the process being reproduced; it fixes the order of the kernel's sums and
+            scans. None: the H200's pick in the main golden run (``_common.triton_tiles``).
 
     Returns:
         dict: by :data:`.spec.OUTPUT_NAMES`, dtypes as upstream returns them: ``dQ, dK`` ``[B, S, R, G, N]``,
@@ -284,8 +298,9 @@ def mamba3_mimo_epilogue_reference(
         return None if x is None else _sum_sequential(x, dim=0)
 
     fns = SpecialFunctions(special_functions)
-    ddt_core, dtrap = _dtrap_ddt(trap, dt, dfactor, dgamma_diag, fma=fma)
-    d_angles, d_dt_angle = _angle_dt_bwd(dangles, angles, dt, chunk_size, fma=fma, tanh_fn=fns.tanh)
+    ddt_core, dtrap = _dtrap_ddt(trap, dt, dfactor, dgamma_diag, fma=fma, sigmoid=fns.triton_sigmoid)
+    d_angles, d_dt_angle = _angle_dt_bwd(dangles, angles, dt, chunk_size, fma=fma, tanh_fn=fns.tanh,
+                                         num_warps=angle_dt_bwd_warps)
     out["dQ"], out["dK"], out["dV"] = group_sum(dq), group_sum(dk), dv.clone()
     out["dADT"] = ddA + _dadt(dSSdA, segsum, ddA_cs, ddA_cs_rev, da_cs, da_cs_rev, chunk_size, fns.triton_exp)
     out["dDT"] = ddt_core + d_dt_angle

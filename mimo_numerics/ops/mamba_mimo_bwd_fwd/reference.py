@@ -101,10 +101,11 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles,
     dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d, segsum = (
         None if t is None else t.contiguous() for t in (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z,
                                                          angles, da_cs, da_cs_rev, dt, trap, d, segsum))
-    # the CPU path models FP32 GEMMs, torch's time sums and torch's special functions only: a tensor-core
-    # gemm_model, upstream's time order or the MUFU approximations take the generic path on every device
+    # the CPU path models FP32 GEMMs, torch's time sums, torch's special functions and uncontracted FP32 only: a
+    # tensor-core gemm_model, upstream's time order, the MUFU approximations or fp32_fma take the generic path
     if (dims.device.type == "cpu" and CPU_FAST_PATH and policy.gemm_model == "fp32"
-            and policy.reduction_order == "pairwise" and policy.special_functions == "accurate"):
+            and policy.reduction_order == "pairwise" and policy.special_functions == "accurate"
+            and not policy.fp32_fma):
         return reference_cpu(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt,
                              trap, d, segsum, dims, policy, record)
     return reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, angles, da_cs, da_cs_rev, dt,

@@ -51,8 +51,8 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
     put("q_biased", tokens(q_biased)), put("k_biased", tokens(k_biased)), put("qk_dot", tokens(qk_internal))
 
     cos, sin = rotation_angles(angles, dims, md, fns)  # [B, H, Sp, 1, N/d]
-    q_rot = rotate(q_biased, cos, sin, dims, rnd)
-    k_rot = rotate(k_biased, cos, sin, dims, rnd)
+    q_rot = rotate(q_biased, cos, sin, dims, rnd, fma=policy.fp32_fma)
+    k_rot = rotate(k_biased, cos, sin, dims, rnd, fma=policy.fp32_fma)
     put("q_rot", tokens(q_rot)), put("k_rot", tokens(k_rot))
 
     _, gamma, shifted, trap_scale = discretisation(dt, trap, dims, md, rnd, fns)  # [B, H, Sp]

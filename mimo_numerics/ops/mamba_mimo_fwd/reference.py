@@ -18,8 +18,8 @@ in lp (``out_proj``, ``out_accum``).
 
 FP32-level models: the GEMMs under ``gemm_model`` (the intra GEMM's k16 steps into the inter term under a
 tensor-core model), the MUFU ``tanh``/``ex2``/``sin``/``cos``/``rcp`` approximations of fast math under
-``special_functions="fast_sm90"`` (``tanh`` feeds the lp rounding of the gate). Not modelled: FMA contraction of
-fp32 ops.
+``special_functions="fast_sm90"`` (``tanh`` feeds the lp rounding of the gate), nvcc's FMA contraction of the
+rotation of q and k under ``fp32_fma`` (``fma(c, x1, −fl(s·x2))``, ...). Not modelled: other FP32 contractions.
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
     put("q_biased", tokens(q_biased)), put("k_biased", tokens(k_biased)), put("qk_dot", tokens(qk))
 
     cos, sin = rotation_angles(angles, dims, md, fns)  # [B, H, Sp, 1, N/d]
-    q_rot = rotate(q_biased, cos, sin, dims, rnd)
-    k_rot = rotate(k_biased, cos, sin, dims, rnd)
+    q_rot = rotate(q_biased, cos, sin, dims, rnd, fma=policy.fp32_fma)
+    k_rot = rotate(k_biased, cos, sin, dims, rnd, fma=policy.fp32_fma)
     k_scaled = rnd("k_scaled", k_rot * trap_scale[..., None, None])
     put("q_rot", tokens(q_rot)), put("k_rot", tokens(k_rot)), put("k_scaled", tokens(k_scaled))
     # FINAL_K (L275-279): the last real token's rotated k (as the kernel holds it, before the trapezoid scale)

@@ -13,7 +13,8 @@ from mimo_numerics.ops.mamba3_mimo.preprocess import angle_cumsum
 def angle_dt_fwd(angle: Tensor, dt: Tensor, init_state: Optional[Tensor] = None, chunk_size: int = 64,
                  return_output_state: bool = False, cu_seqlens: Optional[Tensor] = None):
     """The cumulative angles ``(Σ π·tanh(angle)·dt) mod 2π`` of ``angle [B, S, H, K]`` and ``dt [B, H, S]`` in
-    upstream's FP32 order (``preprocess.angle_cumsum``; torch's tanh, not ``tanh.approx.f32``); with
+    upstream's FP32 order (``preprocess.angle_cumsum``: Triton's scan order, the products contracted; torch's tanh,
+    not ``tanh.approx.f32``); with
     ``return_output_state`` also the walk's state after the last chunk ``[B, H, K]``. ``init_state`` and
     ``cu_seqlens`` (varlen) raise ``NotImplementedError``."""
     if init_state is not None:
