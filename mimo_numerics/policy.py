@@ -65,10 +65,12 @@ KNOBS: Dict[str, Tuple[Any, ...]] = {
     # exp, sigmoid, tanh, cos/sin: torch's (accurate), or the H200's fast-math MUFU approximations bit for bit
     # (mimo_numerics.mufu: ex2/rcp/tanh/sin/cos.approx, table models proven on all 2^32 inputs)
     "special_functions": ("accurate", "fast_sm90"),
-    # FP32 a·b ± c·d inside upstream's TileLang kernels (nvcc contracts by default): plain FP32 (each product rounded,
-    # then the sum), or as the H200's code computes them, the first product fused into the sum,
-    # fma(a, b, ±fl(c·d)): the rotary rotations of q/k (forward, both backward stages) and the inverse rotation and
-    # DANGLES of stage 2 (read from the golden data: with it the forward's o is bit-equal on every golden case)
+    # FP32 a·b ± c inside upstream's TileLang kernels (nvcc contracts by default): plain FP32 (each product rounded,
+    # then the sum), or as the H200's code computes them, the first product fused into the sum, fma(a, b, ±c): the
+    # rotary rotations of q/k and the SiLU gate u/2·tanh(u/2) + u/2 (forward, both backward stages), the inverse
+    # rotation and DANGLES of stage 2, stage 1's dζ terms 1 + u·σ(−u) and, with reduction_order="sequential_time",
+    # its per-chunk dζ sum as an FMA chain (read from the golden data: with it the forward's o is bit-equal on every
+    # golden case)
     "fp32_fma": (False, True),
 }
 

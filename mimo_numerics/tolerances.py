@@ -76,6 +76,12 @@ TOLERANCES: Dict[str, Tolerance] = {
         "fp32_fma 1.42e-4, dmimo_z of the S = 2048 case; with reduction_order='sequential_time' as well 2.0e-7) "
         "(2026-12-04, CPU). The margin covers torch's pairwise sums over time, whose bits may differ between CPUs",
         "tests/ops/mamba3_mimo/test_fp32_level_golden.py"),
+    "golden_stage1_seed_fp32_level_rel_rms_max": Tolerance(
+        3e-7,
+        "stage 1 with every FP32-level model and reduction_order='sequential_time' on the 15 seed golden cases "
+        "(TileLang 0.1.15): every output bit-identical but dmimo_z of seed_branch_ro0_z1_d0 (the unreduced output "
+        "with Z), 7.1e-8; with no FP32-level model 6.7e-4 worst (dz of seed_batch_groups) (2026-12-04, CPU)",
+        "tests/ops/mamba_mimo_bwd_fwd/test_fp32_level_models.py"),
     "golden_stage1_fp32_level_states_bit_equal_min": Tolerance(
         0.9999,
         "the same runs: states bit-identical to the H200 on 100 % of the elements of all six cases (99.96 % to "

@@ -214,7 +214,7 @@ def _reference(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z,
         x = rnd("z_zeta", z_h * zeta[None, :, None])
         if policy.silu_form == "tanh":
             half = x * 0.5
-            gate = half * fns.tanh(half) + half
+            gate = fused_first(half, fns.tanh(half), half, policy.fp32_fma)
         else:
             gate = x * fns.sigmoid(x)
         dphio = rnd("dphio_gate", dphio * gate)

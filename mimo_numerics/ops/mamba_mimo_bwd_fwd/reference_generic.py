@@ -13,7 +13,7 @@ from ...policy import RoundingPolicy
 from ...rounding import fma_fp32
 from ...validation import Dims
 from .._common.chunked import (biased_heads, chunk_decay, chunk_outputs, diagonal_rank_sum, discretisation,
-                               pad_time, rotate, rotation_angles)
+                               fused_first, pad_time, rotate, rotation_angles)
 from .._common.gemm import policy_matmul
 from .._common.recurrence import state_recurrence
 from .._common.rounder import SiteRounder
@@ -106,7 +106,7 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
         x = z_h[:, :, :, None, :] * mimo_z.to(md)[None, :, None]  # [B, H, S, R, P]
         if policy.silu_form == "tanh":
             half = x * 0.5
-            gate = half * fns.tanh(half) + half
+            gate = fused_first(half, fns.tanh(half), half, policy.fp32_fma)
         else:
             gate = x * fns.sigmoid(x)
         put("gate", gate)
@@ -121,7 +121,7 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
         dphio = rnd("dphio", dout.to(md).permute(0, 3, 1, 2, 4) * out_v)  # DOUT_r [B, H, S, R, P]
     if dims.has_z:
         put("dphio", dphio)
-        dzz = dphio * fns.sigmoid(x) * (1 + x * fns.sigmoid(-x))
+        dzz = dphio * fns.sigmoid(x) * fused_first(x, fns.sigmoid(-x), torch.ones_like(x), policy.fp32_fma)
         put("dzz", dzz)
         zeta = mimo_z.to(md)[None, :, None]  # [1, H, 1, R, P]
         terms = dzz * zeta
@@ -134,7 +134,7 @@ def reference_generic(dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, mimo_z, 
                 acc = rnd.always(acc)
         put("dz_accum", acc)
         dz = rnd.output(acc).permute(0, 2, 1, 3).contiguous()  # [B, S, H, P]
-        dmimo_z = chunked_time_sum(dzz * z_h[:, :, :, None, :], policy, dims).to(out_fp)
+        dmimo_z = chunked_time_sum(dzz, z_h[:, :, :, None, :], policy, dims).to(out_fp)
 
     states = rnd.output(state).contiguous()
     qk_dot = rnd.output(tokens(qk_full)).contiguous()
@@ -157,21 +157,24 @@ def time_sum_of_products(a: torch.Tensor, b: torch.Tensor, policy, dims: Dims) -
     return acc
 
 
-def chunked_time_sum(x: torch.Tensor, policy, dims: Dims) -> torch.Tensor:
-    """Σ_t x over dim 2 (S39, dζ): ``"pairwise"``: torch's sum; ``"sequential_time"``: per chunk a serial FP32 sum
-    over its tokens, added to the running total chunk by chunk (the catalog's reading of upstream's ``reduce_sum``
-    with ``clear=False``; its in-chunk order is not identified on the golden data, whose dζ terms already differ
-    through the fast sigmoid).
+def chunked_time_sum(a: torch.Tensor, b: torch.Tensor, policy, dims: Dims) -> torch.Tensor:
+    """Σ_t a·b over dim 2 (S39, dζ): ``"pairwise"``: torch's sum of the products; ``"sequential_time"``: per chunk
+    a serial FP32 sum over its tokens, added to the running total chunk by chunk (upstream's ``reduce_sum`` with
+    ``clear=False``); with ``fp32_fma`` the chunk's sum is nvcc's contraction of ``dZetaZ *= z`` into it, an FMA
+    chain ``part = fma(a_t, b_t, part)`` from the chunk's first product (bit-identical to the H200's ``dmimo_z`` on
+    the golden cases recorded with TileLang 0.1.15 at C = 16).
 
     Args:
-        x (Tensor): ``[B, H, S, R, P]``. Returns: ``[B, H, R, P]``.
+        a (Tensor): ``[B, H, S, R, P]``; b: broadcastable to it. Returns: ``[B, H, R, P]``.
     """
     if policy.reduction_order == "pairwise":
-        return x.sum(dim=2)
-    acc = torch.zeros_like(x[:, :, 0])
+        return (a * b).sum(dim=2)
+    b = b.expand_as(a)
+    acc = torch.zeros_like(a[:, :, 0])
     for start in range(0, dims.seqlen, dims.chunk_size):
-        part = x[:, :, start]
+        part = a[:, :, start] * b[:, :, start]
         for t in range(start + 1, min(start + dims.chunk_size, dims.seqlen)):
-            part = part + x[:, :, t]
+            part = (fma_fp32(a[:, :, t].contiguous(), b[:, :, t].contiguous(), part) if policy.fp32_fma
+                    else part + a[:, :, t] * b[:, :, t])
         acc = acc + part
     return acc

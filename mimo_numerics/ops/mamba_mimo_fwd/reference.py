@@ -31,7 +31,7 @@ import torch
 from ... import presets as _presets
 from ...validation import Dims
 from .._common.chunked import (biased_heads, chunk_decay, chunk_outputs, diagonal_rank_sum, discretisation,
-                               ieee_fp32_matmul, pad_time, rotate, rotation_angles)
+                               fused_first, ieee_fp32_matmul, pad_time, rotate, rotation_angles)
 from .._common.gemm import policy_matmul
 from .._common.recurrence import state_recurrence
 from .._common.rounder import SiteRounder
@@ -184,7 +184,7 @@ def _forward(q, k, v, q_bias, k_bias, mimo_v, mimo_o, z, d, mimo_z, angles, da_c
         x = z.to(md).permute(0, 2, 1, 3)[:, :, :, None, :] * mimo_z.to(md)[None, :, None]  # [B, H, S, R, P]
         if policy.silu_form == "tanh":
             half = x * 0.5
-            gate = rnd("gate", half * fns.tanh(half) + half)
+            gate = rnd("gate", fused_first(half, fns.tanh(half), half, policy.fp32_fma))
         else:
             gate = rnd("gate", x * fns.sigmoid(x))
         put("gate", gate)

@@ -231,3 +231,29 @@ def test_consumers_without_upstreams_time_order_refuse_it():
             refuse()
     with pytest.raises(ValueError, match="reduction_order"):
         policy.replace(math_dtype="float64")
+
+
+#: The one seed output the models do not reproduce bit for bit: dζ of the unreduced output with Z, whose in-chunk
+#: order differs from the reduced path's (not identified).
+_SEED_NOT_EXACT = {("seed_branch_ro0_z1_d0", "dmimo_z")}
+
+
+def test_every_fp32_level_model_with_upstreams_time_order_on_the_seed_cases():
+    """Stage 1 with every FP32-level model and ``reduction_order="sequential_time"`` on the 15 seed golden cases
+    (TileLang 0.1.15): every output bit-identical to the H200's but one, which is within the measured figure.
+    dζ per chunk is an FMA chain there (nvcc contracts ``dZetaZ *= z`` into the sum); the SiLU gate is
+    ``fma(u/2, tanh(u/2), u/2)``; ``seed_shape_N64_P128_R4_C16``, whose two ``k_rot`` elements moved under the
+    fast trig functions alone, is back in line through the rotation's contraction."""
+    from mimo_numerics.policy import FP32_LEVEL_SM90
+
+    limit = tolerances.get("golden_stage1_seed_fp32_level_rel_rms_max")
+    for name, (inputs, upstream) in golden.load_golden().items():
+        policy = _policy(inputs["q"].dtype, "fp32").replace(**FP32_LEVEL_SM90, reduction_order="sequential_time")
+        run = mamba_mimo_bwd_fwd(**inputs, policy=policy)
+        for output in OUTPUTS:
+            if upstream[output] is None:
+                continue
+            if (name, output) in _SEED_NOT_EXACT:
+                assert rel_rms(getattr(run, output), upstream[output]) <= limit, (name, output)
+            else:
+                assert torch.equal(getattr(run, output), upstream[output]), (name, output)
