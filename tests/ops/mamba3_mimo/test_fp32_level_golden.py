@@ -243,19 +243,23 @@ def test_fast_special_functions_need_fp32_math():
         mn.presets.get("upstream_sm90").replace(special_functions="fast_sm90", math_dtype="float64")
 
 
-def test_infer_policy_recovers_fp32_fma_from_stage2():
-    """With ``fp32_fma`` among the searched fields, inference on upstream's stage-2 outputs picks the contracted
-    form, by a margin (issue 24, acceptance 3)."""
+def test_infer_policy_recovers_the_fast_math_knobs_from_stage2():
+    """With ``special_functions`` and ``fp32_fma`` among the searched fields, inference on upstream's stage-2
+    outputs, from a start with both off, picks the MUFU functions and the contracted form, each by a margin
+    (issue 24, acceptance 3; ``gemm_model``: ``tests/ops/mamba_mimo_bwd_fwd/test_fp32_level_models.py``)."""
     from mimo_numerics import inference
     from mimo_numerics.ops.mamba_mimo_bwd_bwd.golden import golden_inputs, upstream_outputs
 
     name = "g_B1_S64_H2_N64_P64_R4_C16_zdo"
-    start = _policies(torch.bfloat16)["on"].replace(fp32_fma=False)
+    start = mn.presets.get("upstream_sm90").replace(gemm_model="sm90_wgmma")
     op = "mamba_mimo_bwd_bwd"
-    assert "fp32_fma" not in inference.searched_fields(op)  # searched on request only
+    knobs = ("special_functions", "fp32_fma")
+    assert not set(knobs) & set(inference.searched_fields(op))  # searched on request only
     result = inference.infer_policy([golden_inputs(WHOLE_OP[name])], [upstream_outputs(name)], start=start, op=op,
-                                    fields=inference.searched_fields(op) + ("fp32_fma",), restarts=(), escapes=(),
+                                    fields=inference.searched_fields(op) + knobs, restarts=(), escapes=(),
                                     pair_moves=False)
-    assert result.best.fp32_fma is True
-    other = {c.label(): c.distance for c in result.neighbours}["fp32_fma=False"]
-    assert other >= tolerances.get("inference_fp32_fma_margin_min") * result.distance, (result.distance, other)
+    assert result.best.special_functions == "fast_sm90" and result.best.fp32_fma is True
+    neighbours = {c.label(): c.distance for c in result.neighbours}
+    margin = tolerances.get("inference_fast_math_knobs_margin_min")
+    for label in ("special_functions=accurate", "fp32_fma=False"):
+        assert neighbours[label] >= margin * result.distance, (label, result.distance, neighbours[label])
