@@ -107,7 +107,8 @@ def summary(rows: List[dict], models) -> List[str]:
             geo = math.exp(sum(math.log(q) for q in both) / len(both)) if both else float("nan")
             be = [r["bit_equal"][m] for r in sel if m in r["bit_equal"]]
             exact = sum(1 for r in sel if r["rel_rms"][m] == 0)
-            out.append(f"| {kernel} | {len(sel)} | `{m}` | {geo:.3f} | {max(ratios, default=float('nan')):.3f} | "
+            geo_text = f"{geo:.3f}" if both else "- (every output exact)" if ratios else "-"
+            out.append(f"| {kernel} | {len(sel)} | `{m}` | {geo_text} | {max(ratios, default=float('nan')):.3f} | "
                        f"{sum(be) / max(len(be), 1):.4f} | {exact} |")
     return out
 
