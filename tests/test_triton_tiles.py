@@ -95,3 +95,14 @@ def test_column_sum_pads_to_the_tile_and_checks_its_width():
         tt.column_sum(torch.zeros(2, 20), layout)
     with pytest.raises(TypeError, match="float32"):
         tt.tile_sum(torch.zeros(2, 16, dtype=torch.float64), layout)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="columns must be >= 1"):
+        tt.tile_layout(16, 0, 4)
+    with pytest.raises(TypeError, match="num_warps must be an int"):
+        tt.tile_layout(16, 16, 4.0)
+    with pytest.raises(ValueError, match=r"x must be \[\.\.\., C\] with C = 16"):
+        tt.tile_cumsum(torch.zeros(2, 8), tt.TileLayout(4, 4, 1))
+    with pytest.raises(ValueError, match=r"x must be \[\.\.\., C\] with C = 16"):
+        tt.tile_sum(torch.zeros(2, 8), tt.TileLayout(4, 4, 1))

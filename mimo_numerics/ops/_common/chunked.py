@@ -78,10 +78,7 @@ def rotation_angles(angles: torch.Tensor, dims: Dims, md: torch.dtype,
 def fused_first(a: torch.Tensor, b: torch.Tensor, rest: torch.Tensor, fused: bool) -> torch.Tensor:
     """``a·b + rest`` in float32 as nvcc contracts ``a*b ± c*d`` (``rest = ±fl(c·d)``): one FMA rounding with
     ``fused`` (the policy's ``fp32_fma``), else the product rounded, then the sum."""
-    if not fused:
-        return a * b + rest
-    a, b, rest = torch.broadcast_tensors(a, b, rest)
-    return fma_fp32(a.contiguous(), b.contiguous(), rest.contiguous())
+    return fma_fp32(a, b, rest) if fused else a * b + rest
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: Dims, rnd, site: str = "rotary",

@@ -22,9 +22,10 @@ alignment of the columns (read from the TTGIR and PTX that Triton 3.6.0 compiles
   ``fma(a_rj, b_rj, acc)``) or, without repeats, the first butterfly step (``fma(a_own, b_own, x_partner)``). Every
   other operand is a rounded FP32 value (shuffled, or an earlier sum).
 
-Which ``num_warps`` the autotuner of a helper picks is a runtime measurement; :data:`ANGLE_DT_FWD_NUM_WARPS` holds
-what the H200 picked in every golden run (each reproduces upstream's ``angles_cumsum`` bit for bit on every
-stored case); other tile shapes use :data:`DEFAULT_NUM_WARPS`, not verified.
+Which ``num_warps`` the autotuner of a helper picks is a runtime measurement, kept per process (reruns of the golden
+cases in other processes gave other bits: ``docs/golden_data.md``); :data:`ANGLE_DT_FWD_NUM_WARPS` holds what the
+H200 picked in the stored golden runs (it reproduces their ``angles_cumsum`` bit for bit on every stored case);
+other tile shapes use :data:`DEFAULT_NUM_WARPS`, not verified.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Dict, NamedTuple, Optional, Tuple
 import torch
 
 from ...rounding import fma_fp32
+from ...validation import check_int
 
 #: ``num_warps`` the autotuner of ``angle_dt_fwd_kernel`` chose on the H200 (Triton 3.6.0, TileLang 0.1.8 golden
 #: runs), by ``(C, BLOCK_D, columns aligned)``; measured by reproducing the golden ``angles_cumsum`` bit for bit
@@ -65,7 +67,7 @@ class TileLayout(NamedTuple):
     block_d: int = 1
 
 
-def next_power_of_2(n: int) -> int:
+def _next_power_of_2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
@@ -76,11 +78,13 @@ def tile_layout(chunk: int, columns: int, num_warps: int) -> TileLayout:
     as the tile's rows on the first lanes and warps, which no golden case verifies.
 
     Raises:
-        ValueError: ``chunk`` not a power of 2.
+        ValueError: ``chunk`` not a power of 2, ``columns`` or ``num_warps`` not a positive integer.
     """
-    if chunk < 1 or chunk & (chunk - 1):
+    chunk, columns, num_warps = (check_int(name, value, 1) for name, value in
+                                 (("chunk", chunk), ("columns", columns), ("num_warps", num_warps)))
+    if chunk & (chunk - 1):
         raise ValueError(f"chunk must be a power of 2, got {chunk}")
-    block_d = next_power_of_2(columns)
+    block_d = _next_power_of_2(columns)
     aligned = columns % 16 == 0
     vec = max(1, min(4, chunk * block_d // (32 * num_warps))) if aligned else 1
     col_lanes = min(max(block_d // vec, 1), 32)
@@ -100,16 +104,12 @@ def angle_dt_layout(chunk: int, columns: int, backward: bool = False, num_warps:
     """
     if num_warps is not None:
         if num_warps not in AUTOTUNED_NUM_WARPS:
-            raise ValueError(f"num_warps must be one of the autotuner's {AUTOTUNED_NUM_WARPS} or None, got {num_warps!r}")
+            raise ValueError(f"num_warps must be one of the autotuner's {AUTOTUNED_NUM_WARPS} or None, "
+                             f"got {num_warps!r}")
         return tile_layout(chunk, columns, num_warps)
     table = ANGLE_DT_BWD_NUM_WARPS if backward else ANGLE_DT_FWD_NUM_WARPS
-    key = (chunk, next_power_of_2(columns), columns % 16 == 0)
+    key = (chunk, _next_power_of_2(columns), columns % 16 == 0)
     return tile_layout(chunk, columns, table.get(key, DEFAULT_NUM_WARPS))
-
-
-def _fma(a, b, c):
-    a, b, c = torch.broadcast_tensors(a, b, c)
-    return fma_fp32(a.contiguous(), b.contiguous(), c.contiguous())
 
 
 def _blocks(x: torch.Tensor, layout: TileLayout) -> torch.Tensor:
@@ -124,8 +124,7 @@ def tile_cumsum(x: torch.Tensor, layout: TileLayout, factors: Optional[Tuple[tor
     ``factors``: ``(a, b)`` with ``x = fl(a·b)`` made in the same thread, which the first Hillis-Steele step
     contracts (``fma(a, b, x_before)``); None: ``x`` is a loaded value (no contraction).
     """
-    if x.dtype != torch.float32:
-        raise TypeError(f"x must be float32, got {x.dtype}")
+    _check_tile(x, layout)
     lanes = layout.lanes
     flat = TileLayout(lanes, layout.warps * layout.repeats, 1)  # the repeats scan like further warps
     v = _blocks(x, flat)[..., 0, :, :]  # [..., W·R, L]
@@ -135,7 +134,7 @@ def tile_cumsum(x: torch.Tensor, layout: TileLayout, factors: Optional[Tuple[tor
             first = v[..., 1:] + v[..., :-1]
         else:
             a, b = (_blocks(f.expand_as(x), flat)[..., 0, :, :] for f in factors)
-            first = _fma(a[..., 1:], b[..., 1:], v[..., :-1])
+            first = fma_fp32(a[..., 1:], b[..., 1:], v[..., :-1])
         acc = torch.cat([v[..., :1], first], dim=-1)
         step = 2
         while step < lanes:
@@ -150,6 +149,36 @@ def tile_cumsum(x: torch.Tensor, layout: TileLayout, factors: Optional[Tuple[tor
     return torch.stack(blocks, dim=-2).reshape(x.shape)
 
 
+def _check_tile(x: torch.Tensor, layout: TileLayout) -> None:
+    if x.dtype != torch.float32:
+        raise TypeError(f"x must be float32, got {x.dtype}")
+    rows = layout.lanes * layout.warps * layout.repeats
+    if x.dim() < 1 or x.shape[-1] != rows:
+        raise ValueError(f"x must be [..., C] with C = {rows} rows of the layout {layout}, got {list(x.shape)}")
+
+
+def _thread_then_lanes(v: torch.Tensor, ab) -> torch.Tensor:
+    """``v [..., lanes, k]``: each lane adds its ``k`` elements in order (with ``ab``, the products ``a·b`` of ``v``
+    contracted: ``fma(a_0, b_0, v_1)``, then ``fma(a_j, b_j, acc)``), then a butterfly over the lanes (L/2, ..., 1;
+    its first step contracted with ``ab`` when ``k == 1``). Lane 0's sum, ``[...]``."""
+    lanes, k = v.shape[-2:]
+    lane = torch.arange(lanes, device=v.device)
+    mask = lanes // 2
+    if k > 1:
+        acc = v[..., 0] + v[..., 1] if ab is None else fma_fp32(ab[0][..., 0], ab[1][..., 0], v[..., 1])
+        for j in range(2, k):
+            acc = acc + v[..., j] if ab is None else fma_fp32(ab[0][..., j], ab[1][..., j], acc)
+    elif ab is not None and mask >= 1:
+        acc = fma_fp32(ab[0][..., 0], ab[1][..., 0], v[..., lane ^ mask, 0])
+        mask //= 2
+    else:
+        acc = v[..., 0]
+    while mask >= 1:
+        acc = acc + acc[..., lane ^ mask]
+        mask //= 2
+    return acc[..., 0]
+
+
 def tile_sum(x: torch.Tensor, layout: TileLayout, factors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
              ) -> torch.Tensor:
     """``tl.sum`` over the last dim ``[..., C]`` (fp32) in the order of ``layout``: ``[...]``.
@@ -157,32 +186,14 @@ def tile_sum(x: torch.Tensor, layout: TileLayout, factors: Optional[Tuple[torch.
     ``factors`` as in :func:`tile_cumsum` (contracted into the first add of a thread's repeats, or into the first
     butterfly step without repeats).
     """
-    if x.dtype != torch.float32:
-        raise TypeError(f"x must be float32, got {x.dtype}")
-    v = _blocks(x, layout)  # [..., R, W, L]
-    ab = None if factors is None else tuple(_blocks(f.expand_as(x), layout) for f in factors)
-    lane = torch.arange(layout.lanes, device=x.device)
-    mask = layout.lanes // 2
-    if layout.repeats > 1:
-        acc = v[..., 0, :, :] + v[..., 1, :, :] if ab is None else _fma(ab[0][..., 0, :, :], ab[1][..., 0, :, :],
-                                                                        v[..., 1, :, :])
-        for j in range(2, layout.repeats):
-            acc = acc + v[..., j, :, :] if ab is None else _fma(ab[0][..., j, :, :], ab[1][..., j, :, :], acc)
-    elif ab is not None and mask >= 1:
-        acc = _fma(ab[0][..., 0, :, :], ab[1][..., 0, :, :], v[..., 0, :, lane ^ mask])
-        mask //= 2
-    else:
-        acc = v[..., 0, :, :]
-    while mask >= 1:
-        acc = acc + acc[..., lane ^ mask]
-        mask //= 2
-    partial = acc[..., 0]  # [..., W]: lane 0 of each warp
-    warp = torch.arange(layout.warps, device=x.device)
-    mask = layout.warps // 2
-    while mask >= 1:
-        partial = partial + partial[..., warp ^ mask]
-        mask //= 2
-    return partial[..., 0]
+    _check_tile(x, layout)
+
+    def per_thread(t):  # [..., C] -> [..., W, L, R]: a thread's repeats last
+        return _blocks(t.expand_as(x), layout).movedim(-3, -1)
+
+    ab = None if factors is None else tuple(per_thread(f) for f in factors)
+    partial = _thread_then_lanes(per_thread(x), ab)  # [..., W]: lane 0 of each warp
+    return _thread_then_lanes(partial[..., None], None)  # the warps' partials, through smem
 
 
 def column_sum(x: torch.Tensor, layout: TileLayout,
@@ -200,26 +211,9 @@ def column_sum(x: torch.Tensor, layout: TileLayout,
     if pad < 0:
         raise ValueError(f"x has {x.shape[-1]} columns, more than the tile's {layout.block_d}")
 
-    def tile(t):
+    def per_thread(t):  # [..., D] -> [..., lanes, v], the masked columns as 0
         t = t.expand_as(x)
-        return torch.nn.functional.pad(t, (0, pad)) if pad else t
+        t = torch.nn.functional.pad(t, (0, pad)) if pad else t
+        return t.reshape(*x.shape[:-1], layout.block_d // layout.columns_per_thread, layout.columns_per_thread)
 
-    vec = layout.columns_per_thread
-    v = tile(x).reshape(*x.shape[:-1], layout.block_d // vec, vec)  # [..., lanes, v]
-    ab = None if factors is None else tuple(tile(f).reshape(v.shape) for f in factors)
-    lanes = v.shape[-2]
-    lane = torch.arange(lanes, device=x.device)
-    mask = lanes // 2
-    if vec > 1:
-        acc = v[..., 0] + v[..., 1] if ab is None else _fma(ab[0][..., 0], ab[1][..., 0], v[..., 1])
-        for j in range(2, vec):
-            acc = acc + v[..., j] if ab is None else _fma(ab[0][..., j], ab[1][..., j], acc)
-    elif ab is not None and mask >= 1:
-        acc = _fma(ab[0][..., 0], ab[1][..., 0], v[..., lane ^ mask, 0])
-        mask //= 2
-    else:
-        acc = v[..., 0]
-    while mask >= 1:
-        acc = acc + acc[..., lane ^ mask]
-        mask //= 2
-    return acc[..., 0]
+    return _thread_then_lanes(per_thread(x), None if factors is None else tuple(per_thread(f) for f in factors))

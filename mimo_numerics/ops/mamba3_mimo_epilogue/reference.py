@@ -42,8 +42,8 @@ FP32-level details:
   functions ``dAngles``, ``dDT_angle``, ``ddt_core`` and ``dDT`` are bit-identical to the H200's on every golden
   case;
 * not modelled: the orders of ``bwd_dadt_fused``'s ``tl.cumsum``/``tl.sum`` (``dADT``) and of torch's CUDA sums
-  (sequential orders here). The fused multiply-add ``_mul_add`` is evaluated as ``a·b + c`` in float64 and rounded
-  to float32 (exact product; a double rounding is possible in rare halfway cases).
+  (sequential orders here). The fused multiply-adds are ``_common.chunked.fused_first``: one correctly rounded FMA
+  (``rounding.fma_fp32``).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ import torch
 
 from ...rounding import round_to_lp
 from .._common import triton_tiles
+from .._common.chunked import fused_first
 from .._common.cuda_graph import replayed
 from .._common.special import SpecialFunctions
 from .spec import OUTPUT_NAMES
@@ -64,13 +65,6 @@ from .validation import validate_inputs
 _F32 = torch.float32
 #: Triton's ``PI = 3.141592653589793`` used with fp32 operands: rounded to fp32.
 _PI_F32 = float(torch.tensor(math.pi, dtype=_F32))
-
-
-def _mul_add(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, fma: bool) -> torch.Tensor:
-    """``a * b + c`` in fp32: one rounding with ``fma``, else the product rounded, then the sum."""
-    if fma:
-        return (a.double() * b.double() + c.double()).to(_F32)
-    return a * b + c
 
 
 #: Sums over more terms than this run in numpy on the host instead of one torch add per term (a device launch each
@@ -167,8 +161,8 @@ def _dtrap_ddt(trap, dt, dfactor, dgamma_diag, *, fma: bool, sigmoid=torch.sigmo
     dgamma = dfactor + dgamma_diag
     d_dt_next = sigmoid(-trap_next) * dfactor
     d_trap_next = -dt_next * dfactor
-    ddt = _mul_add(dgamma, sig, _shift_right(d_dt_next), fma)
-    dtrap = _mul_add(dgamma, dt, _shift_right(d_trap_next), fma) * (sig * sig_neg)
+    ddt = fused_first(dgamma, sig, _shift_right(d_dt_next), fma)
+    dtrap = fused_first(dgamma, dt, _shift_right(d_trap_next), fma) * (sig * sig_neg)
     return ddt, dtrap
 
 
@@ -231,7 +225,7 @@ def _angle_dt_bwd(dangles, angles, dt, chunk_size: int, *, fma: bool, tanh_fn=to
         carried = replayed(_later_chunks_sum, chunk_sum)  # one graph replay on CUDA
     grad = rev.transpose(-1, -2) + carried[:, :, :, None, :]  # [B, H, nc, C, A]
     tanh = tanh_fn(angles.permute(0, 2, 1, 3).reshape(B, H, nc, C, A))
-    sech2 = _mul_add(-tanh, tanh, torch.ones_like(tanh), fma)
+    sech2 = fused_first(-tanh, tanh, torch.ones_like(tanh), fma)
     dt_c = dt.reshape(B, H, nc, C, 1)
     grad_angle = (((grad * dt_c) * _PI_F32) * sech2).reshape(B, H, S, A)
     turned = tanh * _PI_F32
@@ -282,6 +276,9 @@ def mamba3_mimo_epilogue_reference(
     dims = validate_inputs(dq, dk, dv, dmimo_v, dD, dangles, dfactor, dgamma_diag, ddA, dSSdA, ddA_cs_rev, ddA_cs,
                            dmimo_o, dz, dmimo_z, trap, dt, angles, da_cs, da_cs_rev, segsum, groups=groups,
                            chunk_size=chunk_size, strict_dtypes=True)
+    if angle_dt_bwd_warps not in (None,) + triton_tiles.AUTOTUNED_NUM_WARPS:
+        raise ValueError(f"angle_dt_bwd_warps must be None or one of the autotuner's "
+                         f"{triton_tiles.AUTOTUNED_NUM_WARPS}, got {angle_dt_bwd_warps!r}")
     lp = dims.lp_dtype
     out: Dict[str, Optional[torch.Tensor]] = {}
 

@@ -156,6 +156,16 @@ def test_epilogue_angle_and_dt_gradients_are_bit_identical(name):
         assert not torch.equal(table["dAngles"], case["post"]["dAngles"])
 
 
+def test_epilogue_names_a_bad_angle_dt_bwd_warps():
+    from mimo_numerics.ops.mamba3_mimo_epilogue.reference import mamba3_mimo_epilogue_reference
+
+    case = WHOLE_OP[_DEFAULT[0]]
+    x = dict(case["inputs"])
+    args = chain.epilogue_args(x, case["pre"], case["bwd_fwd"], case["bwd_bwd"])
+    with pytest.raises(ValueError, match="angle_dt_bwd_warps must be None or one of"):
+        mamba3_mimo_epilogue_reference(*args, **chain.epilogue_kwargs(x), angle_dt_bwd_warps=3)
+
+
 def _stage_errors(inputs: dict, case: dict, policy) -> dict:
     """``{"<section>.<name>": rel RMS}`` of the reference chain from the raw inputs against every recorded stage
     (sampled records: over their positions)."""
