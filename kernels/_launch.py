@@ -16,7 +16,7 @@ import torch
 
 from mimo_numerics.validation import Dims
 
-from . import _backend
+from . import _backend, _compile_ahead
 from ._config import KERNEL_FUNCTIONS, LaunchConfig, Plan, launch_config, plan
 
 #: State and value dims the kernels support (powers of two; tl.dot needs ≥ 16 on NVIDIA).
@@ -105,7 +105,7 @@ class Launch:
     options: dict
 
     def run(self):
-        self.kernel[(self.grid,)](*self.args, **self.constexprs, **self.options)
+        _compile_ahead.launch(self.kernel, (self.grid,), self.args, {**self.constexprs, **self.options})
 
 
 @dataclass

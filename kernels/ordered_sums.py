@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import torch
 
+from . import _compile_ahead
+
 #: Columns per program of the CUDA launch.
 CUDA_BLOCK = 128
 
@@ -138,7 +140,8 @@ def _launch(name: str, rows: torch.Tensor, out: torch.Tensor, **constexprs) -> N
     interpreted = rows.device.type == "cpu"
     grid = (-(-n_cols // CUDA_BLOCK),)
     options = {} if interpreted else {"enable_fp_fusion": False}
-    _compiled_kernels(interpreted)[name][grid](rows, out, n_rows, n_cols, BLOCK=CUDA_BLOCK, **constexprs, **options)
+    _compile_ahead.launch(_compiled_kernels(interpreted)[name], grid, (rows, out, n_rows, n_cols),
+                         dict(BLOCK=CUDA_BLOCK, **constexprs, **options))
 
 
 def ordered_row_sum(x: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,7 @@ _LAZY_FUNCTIONS = {
     "mamba_mimo_fwd": ("mimo_numerics.ops.mamba_mimo_fwd.reference", "mamba_mimo_fwd"),
     "mamba_mimo_bwd_bwd": ("mimo_numerics.ops.mamba_mimo_bwd_bwd.reference", "mamba_mimo_bwd_bwd"),
     "mamba3_mimo": ("mimo_numerics.ops.mamba3_mimo.autograd", "mamba3_mimo"),
+    "precompile_mamba3_mimo": ("mimo_numerics.ops.mamba3_mimo.autograd", "precompile_mamba3_mimo"),
 }
 
 

@@ -369,6 +369,44 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
     return varlen.unpack(result, bounds)
 
 
+def precompile_mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D, Z,
+                           chunk_size: int = 16, rotary_dim_divisor: int = 4, *, policy="upstream_sm90",
+                           backward: bool = True, workers: Optional[int] = None, return_state: bool = False,
+                           cu_seqlens=None):
+    """Compile, in parallel and without running them, the Triton kernels that :func:`mamba3_mimo` with
+    ``backend="triton"`` launches for these inputs' shapes and dtypes under ``policy`` (forward, and with
+    ``backward`` the backward as ``Out.backward`` runs it): ``kernels.compile_ahead`` of one call. The first real
+    call afterwards starts without Triton's one-after-another compiles (``docs/kernels.md`` has the figures).
+
+    The inputs are used for their shapes, dtypes and devices only (detached copies; nothing is written to them
+    and no gradient is kept). Arguments as :func:`mamba3_mimo`.
+
+    Returns:
+        kernels.CompileAheadReport: launches seen, kernel specializations compiled, threads, seconds.
+
+    Raises:
+        ImportError: Triton is not installed. Otherwise what :func:`mamba3_mimo` raises for these arguments.
+    """
+    from ...kernels import _compile_ahead, _launch
+
+    _launch.require_triton()
+    if not isinstance(backward, bool):
+        raise TypeError(f"backward must be a bool, got {type(backward).__name__}")
+    tensors = (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out, Angles, D, Z)
+
+    def one_call():
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(backward) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                      else t for t in tensors]
+            result = mamba3_mimo(*leaves, chunk_size, rotary_dim_divisor, policy=policy, backend="triton",
+                                 return_state=return_state, cu_seqlens=cu_seqlens)
+            out = result[0] if return_state else result
+            if backward:
+                out.backward(torch.ones_like(out))
+
+    return _compile_ahead.compile_ahead(one_call, workers=workers)
+
+
 # ---------------------------------------------------------------------------------------------------- records
 #: Golden-file section -> (record prefix, {golden name: record name}) for :func:`golden_sections`.
 GOLDEN_SECTIONS = {

@@ -1,0 +1,99 @@
+"""``kernels.compile_ahead`` and ``mn.precompile_mamba3_mimo`` (issue 23: the first-call compile cost): inside, a
+launch of this package becomes the kernel's ``warmup`` with the launch's own arguments (a compile request, no run);
+outside, launches run. Interpreted kernels (CPU tensors) are counted and skipped. The GPU test
+(``test_compile_ahead_gpu.py``) checks that the real call afterwards compiles nothing more and gives the same bits."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import mimo_numerics as mn
+from mimo_numerics import kernels
+from mimo_numerics.kernels import _compile_ahead
+from mimo_numerics.ops.mamba3_mimo.autograd import BackendFallbackWarning
+from mimo_numerics.ops.mamba3_mimo.cases import OP_INPUT_NAMES, make_op_inputs, small_case
+
+
+class _FakeKernel:
+    """Records how it was called: ``kernel[grid](...)`` (a run) or ``kernel.warmup(...)`` (a compile request)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append(("run", grid, args, kwargs))
+
+    def warmup(self, *args, grid, **kwargs):
+        self.calls.append(("warmup", grid, args, kwargs))
+
+
+def test_a_launch_runs_outside_and_becomes_a_compile_request_inside():
+    kernel = _FakeKernel()
+    args, kwargs = (1, 2.0), {"BLOCK": 128, "num_warps": 4}
+    _compile_ahead.launch(kernel, (3,), args, kwargs)
+    report = kernels.compile_ahead(_compile_ahead.launch, kernel, (5,), args, kwargs, workers=2)
+    assert kernel.calls == [("run", (3,), args, kwargs), ("warmup", (5,), args, kwargs)]
+    assert report.launches == 1 and report.interpreted == 0 and report.workers == 2
+    assert report.parallel == (_compile_ahead._async_compile_mode() is not None)
+    assert not kernels._compile_ahead.compiling_ahead()
+
+
+def test_compile_ahead_refuses_bad_workers_and_nesting():
+    with pytest.raises(ValueError, match="workers"):
+        kernels.compile_ahead(lambda: None, workers=0)
+    with pytest.raises(RuntimeError, match="does not nest"):
+        kernels.compile_ahead(lambda: kernels.compile_ahead(lambda: None))
+    assert not _compile_ahead.compiling_ahead()
+
+
+def test_compile_ahead_resets_after_an_error():
+    def fails():
+        raise KeyError("inside")
+
+    with pytest.raises(KeyError):
+        kernels.compile_ahead(fails)
+    assert not _compile_ahead.compiling_ahead()
+
+
+@pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")
+def test_precompile_on_cpu_tensors_counts_the_interpreted_launches_and_runs_none():
+    inputs = make_op_inputs(small_case(seqlen=16, chunk_size=8, value_dim=16, state_dim=16, heads=1, rank=2))
+    tensors = [inputs[n] for n in OP_INPUT_NAMES]
+    before = [None if t is None else t.clone() for t in tensors]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BackendFallbackWarning)
+        report = mn.precompile_mamba3_mimo(*tensors, inputs["chunk_size"], inputs["rotary_dim_divisor"],
+                                           policy="upstream_sm90")
+    # forward, stage 1 and stage 2 launch several kernels each; on the CPU all are interpreted, so none compiles
+    assert report.launches >= 3 and report.interpreted == report.launches
+    assert report.compiled in (0, None)
+    for t, b in zip(tensors, before):  # the inputs are untouched and keep no gradient
+        assert (t is None) == (b is None)
+        if t is not None:
+            assert torch.equal(t, b) and t.grad is None
+
+
+def test_precompile_names_a_bad_backward_flag():
+    inputs = make_op_inputs(small_case(seqlen=16, chunk_size=8, value_dim=16, state_dim=16, heads=1, rank=2))
+    if not kernels.triton_available():
+        pytest.skip("triton is not installed")
+    with pytest.raises(TypeError, match="backward"):
+        mn.precompile_mamba3_mimo(*[inputs[n] for n in OP_INPUT_NAMES], backward="yes")
+
+
+def test_launches_from_another_thread_are_caught_too():
+    """Autograd runs the backward of CUDA tensors on its own device thread: its launches must compile, not run."""
+    import threading
+
+    kernel = _FakeKernel()
+
+    def from_a_thread():
+        worker = threading.Thread(target=_compile_ahead.launch, args=(kernel, (2,), (7,), {"BLOCK": 64}))
+        worker.start()
+        worker.join()
+
+    report = kernels.compile_ahead(from_a_thread, workers=1)
+    assert kernel.calls == [("warmup", (2,), (7,), {"BLOCK": 64})] and report.launches == 1
