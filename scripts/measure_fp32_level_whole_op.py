@@ -61,6 +61,7 @@ def run_chain(inputs: dict, policy) -> dict:
 
 
 def distance(ours, want) -> float:
+    ours = ours.cpu()
     if isinstance(want, dict):
         return golden_samples.sampled_rel_rms(ours, want)
     return rel_rms(ours, want)
@@ -95,24 +96,28 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--device", default="cpu", help="where the chain runs (cpu, cuda, ...); the comparisons "
+                        "are made on the CPU")
     parser.add_argument("--render", type=Path, metavar="JSON", help="no run: rewrite the report from its JSON twin")
     args = parser.parse_args(argv)
     if args.render:
         saved = json.loads(args.render.read_text())
-        write(saved["rows"], saved["provenance"], args.out, saved.get("smoke", False))
+        write(saved["rows"], saved["provenance"], args.out, saved.get("smoke", False), saved.get("device", "cpu"))
         return 0
     prov = provenance.collect()
     rows = {}
     for name, inputs, case in cases(args.smoke):
         t0 = time.time()
-        rows[name] = {v: compare(run_chain(inputs, p), case) for v, p in policies(inputs["Q"].dtype).items()}
+        on_device = {k: v.to(args.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+        rows[name] = {v: compare(run_chain(on_device, p), case) for v, p in policies(inputs["Q"].dtype).items()}
         print(f"{name}: {time.time() - t0:.0f} s", flush=True)
-    write(rows, prov, args.out, args.smoke)
+    write(rows, prov, args.out, args.smoke, args.device)
     return 0
 
 
-def render(rows: dict, prov: dict, smoke: bool) -> list:
-    lines = ["# The whole op from raw inputs, stage by stage, with the FP32-level models", "",
+def render(rows: dict, prov: dict, smoke: bool, device: str = "cpu") -> list:
+    where = "" if device == "cpu" else f" (the chain on `{device}`)"
+    lines = ["# The whole op from raw inputs, stage by stage, with the FP32-level models" + where, "",
              provenance.markdown_header(prov) + (" **Smoke run: not the report's figures.**" if smoke else ""),
              "", "Rel RMS to upstream's recorded output of each stage (the chain runs from the raw inputs, so each "
              "stage also carries the difference of the stages before it). `fp32-level`: `gemm_model=\"sm90_wgmma\"`, "
@@ -150,11 +155,11 @@ def render(rows: dict, prov: dict, smoke: bool) -> list:
     return lines
 
 
-def write(rows: dict, prov: dict, out: Path, smoke: bool) -> None:
-    lines = render(rows, prov, smoke)
+def write(rows: dict, prov: dict, out: Path, smoke: bool, device: str = "cpu") -> None:
+    lines = render(rows, prov, smoke, device)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"provenance": prov, "rows": rows, "smoke": smoke}, indent=1))
+    out.with_suffix(".json").write_text(json.dumps({"provenance": prov, "rows": rows, "smoke": smoke, "device": device}, indent=1))
     print(f"wrote {out}")
 
 

@@ -51,17 +51,30 @@ def _policy(lp: torch.dtype, model: str):
     return mn.presets.get("upstream_sm90" if lp == torch.bfloat16 else "upstream_sm90_fp16").replace(**VARIANTS[model])
 
 
+def to_device(obj, device):
+    """``obj`` (a tensor, or a dict/list/tuple of them, other values kept) with every tensor on ``device``."""
+    if torch.is_tensor(obj):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
+
+
 def _row(case: str, kernel: str, output: str, got: Dict[str, torch.Tensor], want: torch.Tensor) -> dict:
+    got = {m: t.cpu() for m, t in got.items()}
     return {"case": case, "kernel": kernel, "output": output,
             "rel_rms": {m: rel_rms(t, want) for m, t in got.items()},
             "bit_equal": {m: bit_equal_fraction(t, want) for m, t in got.items() if t.dtype == want.dtype}}
 
 
-def stage1_rows(models, smoke: bool) -> List[dict]:
+def stage1_rows(models, smoke: bool, device="cpu") -> List[dict]:
     rows = []
     cases = stage1_golden.load_golden()
     for name in (["seed_gqa"] if smoke else cases):
         inputs, upstream = cases[name]
+        inputs = to_device(inputs, device)
         runs = {m: mamba_mimo_bwd_fwd(**inputs, policy=_policy(inputs["q"].dtype, m)) for m in models}
         rows += [_row(name, "stage 1 (seed)", o, {m: getattr(r, o) for m, r in runs.items()}, upstream[o])
                  for o in STAGE1_OUTPUTS if upstream[o] is not None]
@@ -69,25 +82,26 @@ def stage1_rows(models, smoke: bool) -> List[dict]:
     shortest = min(realistic, key=lambda n: realistic[n]["spec"]["seqlen"] * realistic[n]["spec"]["batch"])
     for name in ([shortest] if smoke else sorted(realistic)):
         case = realistic[name]
-        x = make_inputs(CaseSpec.from_dict(case["spec"]))
+        x = to_device(make_inputs(CaseSpec.from_dict(case["spec"])), device)
         runs = {m: mamba_mimo_bwd_fwd(*as_args(x), **as_kwargs(x), policy=_policy(x["q"].dtype, m)) for m in models}
         rows += [_row(name, "stage 1 (realistic)", o, {m: getattr(r, o) for m, r in runs.items()}, want)
                  for o, want in case["upstream"].items() if want is not None]
     return rows
 
 
-def whole_op_rows(models, smoke: bool) -> List[dict]:
+def whole_op_rows(models, smoke: bool, device="cpu") -> List[dict]:
     rows = []
     data = {**golden_data.load("full_op"), **golden_data.load("full_op_extra")}
     names = sorted(n for n, c in data.items() if all(k in c for k in ("pre", "fwd", "bwd_fwd", "bwd_bwd")))
     for name in (names[:1] if smoke else names):
         case = data[name]
-        x = dict(case["inputs"])
+        x = to_device(dict(case["inputs"]), device)
+        pre, bwd_fwd = to_device(case["pre"], device), to_device(case["bwd_fwd"], device)
         fwd, s2 = {}, {}
         for m in models:
             policy = _policy(x["Q"].dtype, m)
-            fwd[m] = chain.run_forward(x, case["pre"], policy)
-            s2[m] = chain.run_stage2(x, case["pre"], case["bwd_fwd"], policy)
+            fwd[m] = chain.run_forward(x, pre, policy)
+            s2[m] = chain.run_stage2(x, pre, bwd_fwd, policy)
         rows.append(_row(name, "forward", "o", fwd, case["fwd"]["o"]))
         rows += [_row(name, "stage 2", o, {m: s2[m][o] for m in models}, case["bwd_bwd"][o])
                  for o in STAGE2_OUTPUTS if case["bwd_bwd"].get(o) is not None and s2["fp32"].get(o) is not None]
@@ -129,14 +143,17 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="one case per table, the first two variants only")
     parser.add_argument("--variants", nargs="+", default=list(MODELS), choices=list(VARIANTS),
                         help="the first must be fp32 (the baseline)")
+    parser.add_argument("--device", default="cpu", help="where the references run (cpu, cuda, ...); the "
+                        "comparisons are made on the CPU")
     args = parser.parse_args(argv)
     if args.variants[0] != "fp32":
         parser.error("--variants must start with fp32 (the baseline of the ratios)")
     models = tuple(args.variants[:2] if args.smoke else args.variants)
     prov = provenance.collect()
-    rows = stage1_rows(models, args.smoke) + whole_op_rows(models, args.smoke)
+    rows = stage1_rows(models, args.smoke, args.device) + whole_op_rows(models, args.smoke, args.device)
     lines = [
-        "# The references under each FP32-level model against the H200 golden data",
+        "# The references under each FP32-level model against the H200 golden data"
+        + ("" if args.device == "cpu" else f" (the references on `{args.device}`)"),
         "",
         provenance.markdown_header(prov) + (" **Smoke run: not the report's figures.**" if args.smoke else ""),
         "",

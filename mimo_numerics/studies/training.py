@@ -770,6 +770,19 @@ def _shape_text(results: dict) -> str:
             f"{layer['d_model']}, {results['config']['steps']} steps")
 
 
+def _config_differences(there: dict, here: dict) -> List[str]:
+    """``"key: A there, B here"`` for every run setting outside the layer and the task that differs (a missing
+    ``backend``, from runs older than the option, is ``"reference"``)."""
+    keys = sorted((set(there) | set(here)) - {"layer", "task", "policies", "seeds"})
+    defaults = {"backend": "reference"}
+    out = []
+    for key in keys:
+        x, y = there.get(key, defaults.get(key)), here.get(key, defaults.get(key))
+        if x != y:
+            out.append(f"{key} `{x}` there, `{y}` here")
+    return out
+
+
 def size_comparison(short: dict, long: dict, short_folder: str) -> List[str]:
     """A markdown section comparing two runs of the experiment (``short``: the one in ``short_folder``, ``long``:
     this one): gradient error per policy and per parameter (median over steps, geometric mean over seeds) side by
@@ -783,11 +796,19 @@ def size_comparison(short: dict, long: dict, short_folder: str) -> List[str]:
     if not labels:
         raise ValueError(f"short and long share no policy: short has {list(a['runs'])}, long has {list(b['runs'])}")
     sa, sb = summarize(a), summarize(b)
-    lines = [f"## What changes with length: against `{short_folder}`", "",
+    differences = _config_differences(a["config"], b["config"])
+    same_shape = _shape_text(a) == _shape_text(b)
+    if same_shape:
+        head = f"## Against `{short_folder}`: the same setup, " + ("; ".join(differences) or "nothing differs")
+        note = ("The two runs differ only in what the heading names (the layer, the task, the steps and the "
+                "seeds are the same), so a change below is that difference's.")
+    else:
+        head = f"## What changes with length: against `{short_folder}`"
+        note = ("The sequence is not the only difference: the layer is larger (more heads, N, P, R) and the run "
+                "shorter, so a change below is the change of the whole setup, read with that in mind.")
+    lines = [head, "",
              f"Computed by `training.size_comparison` from the two `results.json`. There: {_shape_text(a)} "
-             f"({a['config']['device']}). Here: {_shape_text(b)} ({b['config']['device']}). The sequence is not the "
-             "only difference: the layer is larger (more heads, N, P, R) and the run shorter, so a change below is "
-             "the change of the whole setup, read with that in mind.", "",
+             f"({a['config']['device']}). Here: {_shape_text(b)} ({b['config']['device']}). {note}", "",
              "| policy | gradient error there | here | here / there |", "|---|---|---|---|"]
     for label in labels:
         x, y = _geo(sa[label]["grad_rel_rms_all_median"]), _geo(sb[label]["grad_rel_rms_all_median"])
@@ -811,8 +832,8 @@ def size_comparison(short: dict, long: dict, short_folder: str) -> List[str]:
               for label in labels}
     if ratios and all(r < 1 for r in ratios.values()):
         lines.append(f"* Every policy's gradient error is lower here (ratios {min(ratios.values()):.2f} to "
-                     f"{max(ratios.values()):.2f}): in this experiment the longer sequence and larger layer do not "
-                     "grow the relative error of the layer's gradients.")
+                     f"{max(ratios.values()):.2f})" + ("." if same_shape else ": in this experiment the longer "
+                     "sequence and larger layer do not grow the relative error of the layer's gradients."))
     elif ratios and all(r > 1 for r in ratios.values()):
         lines.append(f"* Every policy's gradient error is higher here (ratios {min(ratios.values()):.2f} to "
                      f"{max(ratios.values()):.2f}).")
