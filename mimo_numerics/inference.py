@@ -97,7 +97,7 @@ from .policy import KNOBS, RoundingPolicy, read_field, write_fields
 SEARCHED_KNOBS: Tuple[str, ...] = ("diag_mode", "state_update", "silu_form")
 #: Knobs searched only when ``fields`` names them (where the operator has them): an evaluation under a tensor-core
 #: ``gemm_model`` costs several FP32 ones, and the FP32-level knobs move the distance far less than the switches.
-ON_REQUEST_KNOBS: Tuple[str, ...] = ("gemm_model", "reduction_order", "special_functions", "fp32_fma")
+ON_REQUEST_KNOBS: Tuple[str, ...] = ("gemm_model", "reduction_order", "special_functions", "fp32_fma", "tilelang")
 
 
 

@@ -4,7 +4,7 @@ A policy has
 
 * **knobs** shared by every kernel, because they describe the hardware and software setup (``lp_dtype``,
   ``diag_mode``, ``math_dtype``, ``state_update``, ``silu_form``, ``round_outputs``, ``helper_fma``, the FP32-level
-  models ``gemm_model``, ``reduction_order``, ``special_functions`` and ``fp32_fma`` (honoured where
+  models ``gemm_model``, ``reduction_order``, ``special_functions``, ``fp32_fma`` and ``tilelang`` (honoured where
   :data:`KNOB_CONSUMERS` says), and the declared FP32-level knobs of :data:`FUTURE_KNOBS`);
 * one **section** per operator of the registry (:mod:`mimo_numerics.ops.registry`): the operator's rounding sites
   as :class:`Sites`, an immutable mapping ``site -> bool``, or ``None`` where the policy defines no semantics for that
@@ -72,6 +72,12 @@ KNOBS: Dict[str, Tuple[Any, ...]] = {
     # its per-chunk dζ sum as an FMA chain (read from the golden data: with it the forward's o is bit-equal on every
     # golden case)
     "fp32_fma": (False, True),
+    # the TileLang that compiled upstream's kernels: 0.1.8 (mamba-ssm 2.3.2.post1's pin) or 0.1.15. Read from the CUDA
+    # both generate for stage 1: with reduced DOUT, 0.1.8 keeps the dζ fragment in local memory, so nvcc rounds each
+    # product of `dZetaZ *= z` before the chunk's sum (FMUL then FADD), where 0.1.15 contracts them (FFMA). It acts
+    # on stage 1's per-chunk dζ sum with fp32_fma and reduction_order="sequential_time"; every other order the
+    # references model is the same in both versions
+    "tilelang": ("0.1.8", "0.1.15"),
 }
 
 #: What honours the other values of the FP32-level knobs of KNOBS (the text of :func:`require_default`'s error);
@@ -84,6 +90,8 @@ KNOB_CONSUMERS: Dict[str, str] = {
                          "preprocessing, and so the whole op's reference chain (any device)",
     "fp32_fma": "the references of the forward and of both backward stages, and so the whole op's reference chain "
                 "(any device)",
+    "tilelang": "stage 1's reference (its per-chunk dζ sum with fp32_fma and reduction_order='sequential_time'; "
+                "elsewhere both versions are modelled alike)",
 }
 
 #: Every FP32-level model of the H200 the whole op's reference chain honours: ``policy.replace(**FP32_LEVEL_SM90)``
@@ -253,11 +261,11 @@ class RoundingPolicy:
             (every site on). None marks an operator the policy defines no semantics for.
         lp_dtype, diag_mode, math_dtype, state_update, silu_form, round_outputs: the knobs (:data:`KNOBS`); the
             defaults are upstream on Hopper.
-        helper_fma, gemm_model, reduction_order, special_functions, fp32_fma: knobs too; ``gemm_model``
+        helper_fma, gemm_model, reduction_order, special_functions, fp32_fma, tilelang: knobs too; ``gemm_model``
             (``"fp32"``, ``"sm90_wgmma"``, ``"sm80_mma"``), ``reduction_order`` (``"pairwise"``,
-            ``"sequential_time"``), ``special_functions`` (``"accurate"``, ``"fast_sm90"``) and ``fp32_fma``
-            (False, True) are honoured where :data:`KNOB_CONSUMERS` says and refused elsewhere
-            (:func:`require_default`).
+            ``"sequential_time"``), ``special_functions`` (``"accurate"``, ``"fast_sm90"``), ``fp32_fma``
+            (False, True) and ``tilelang`` (``"0.1.8"``, ``"0.1.15"``) are honoured where :data:`KNOB_CONSUMERS`
+            says and refused elsewhere (:func:`require_default`).
 
     Instances are frozen and hashable; change them with :meth:`replace` or :meth:`with_sites`. See the module
     docstring for names, sections and JSON.
@@ -275,6 +283,7 @@ class RoundingPolicy:
     special_functions: str = "accurate"
     fp32_fma: bool = False
     reduction_order: str = "pairwise"
+    tilelang: str = "0.1.8"
 
     def __post_init__(self):
         given = self.sites if self.sites is not None else {}
@@ -483,11 +492,16 @@ class RoundingPolicy:
                 else:
                     sections[op] = _as_section(op, value)
             return dataclasses.replace(base, sites=_Sections(sections), **data)
-        missing = [k for k in ALL_KNOBS if k not in data] + [f"sites.{op}" for op in registry.OPERATORS
-                                                               if op not in sites]
+        missing = [k for k in ALL_KNOBS if k not in data and k not in KNOBS_ADDED_TO_V2] + [
+            f"sites.{op}" for op in registry.OPERATORS if op not in sites]
         if missing:
             raise ValueError(f"policy{where} lacks {missing}: give every field, or \"base\": \"<preset>\" to take "
                              "the missing ones from a preset")
+        added = [k for k in KNOBS_ADDED_TO_V2 if k not in data]
+        if added:
+            warnings.warn(f"policy{where} lacks {added} (added after the file was written): taking "
+                          + ", ".join(f"{k}={KNOBS_ADDED_TO_V2[k]!r}" for k in added))
+            data = {**data, **{k: KNOBS_ADDED_TO_V2[k] for k in added}}
         return cls(sites=sites, **data)
 
     def to_json(self, indent: int = 2) -> str:
@@ -517,7 +531,10 @@ class RoundingPolicy:
 _V1_DEFAULTS = {"lp_dtype": "bfloat16", "diag_mode": "fma", "math_dtype": "float32",
                 "state_update": "accumulate_into", "silu_form": "tanh", "round_outputs": True, "gemm_model": "fp32",
                 "special_functions": "accurate", "fp32_fma": False, "reduction_order": "pairwise",
-                "helper_fma": "contracted"}
+                "helper_fma": "contracted", "tilelang": "0.1.8"}
+#: Knobs added after schema_version 2 files were first written, with the value such a file meant (the numerics the
+#: package gave then): a version-2 file without ``"base"`` that lacks one takes it, with a ``UserWarning`` naming it.
+KNOBS_ADDED_TO_V2 = {"tilelang": "0.1.8"}
 
 
 def _from_v1(data: Dict[str, Any], where: str) -> RoundingPolicy:

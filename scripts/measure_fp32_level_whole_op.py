@@ -13,7 +13,9 @@ records, inputs regenerated from the spec) the reference chain runs from the raw
   ``gemm_model="sm90_wgmma"``, ``special_functions="fast_sm90"``, ``fp32_fma=True``).
 
 Each stage's outputs are compared with upstream's recorded outputs of that stage (rel RMS; on the long cases over
-the record's 4096 sampled positions, ``golden_samples.sampled_rel_rms``). Writes ``reports/fp32_level_whole_op.md``
+the record's 4096 sampled positions, ``golden_samples.sampled_rel_rms``). The preprocessing models the recording
+run's autotuner pick of ``dacs_segsum_kernel`` (``golden.SEGSUM_NUM_WARPS_OF_RUN``); the other helpers run at their
+defaults. Writes ``reports/fp32_level_whole_op.md``
 and a JSON twin. ``--smoke``: the first stored case only.
 """
 
@@ -30,6 +32,7 @@ import mimo_numerics as mn
 from mimo_numerics import golden_data, golden_samples, provenance
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba3_mimo import chain
+from mimo_numerics.ops.mamba3_mimo.golden import SEGSUM_NUM_WARPS_OF_RUN
 from mimo_numerics.policy import FP32_LEVEL_SM90
 from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
 
@@ -48,9 +51,10 @@ def policies(lp: torch.dtype) -> dict:
             "upstream_sm90 + fp32-level": base.replace(**FP32_LEVEL_SM90)}
 
 
-def run_chain(inputs: dict, policy) -> dict:
-    """Every stage's outputs by the golden sections' names."""
-    pre = chain.run_preprocess(inputs, policy)
+def run_chain(inputs: dict, policy, segsum_num_warps=None) -> dict:
+    """Every stage's outputs by the golden sections' names; ``segsum_num_warps``: the recording run's autotuner pick
+    of ``dacs_segsum_kernel`` (``golden.SEGSUM_NUM_WARPS_OF_RUN``; None: the default)."""
+    pre = chain.run_preprocess(inputs, policy, segsum_num_warps=segsum_num_warps)
     o = chain.run_forward(inputs, pre, policy)
     s1 = chain.run_stage1(inputs, pre, policy)
     s2 = chain.run_stage2(inputs, pre, s1, policy)
@@ -109,7 +113,8 @@ def main(argv=None) -> int:
     for name, inputs, case in cases(args.smoke):
         t0 = time.time()
         on_device = {k: v.to(args.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
-        rows[name] = {v: compare(run_chain(on_device, p), case) for v, p in policies(inputs["Q"].dtype).items()}
+        pick = SEGSUM_NUM_WARPS_OF_RUN.get(name)
+        rows[name] = {v: compare(run_chain(on_device, p, pick), case) for v, p in policies(inputs["Q"].dtype).items()}
         print(f"{name}: {time.time() - t0:.0f} s", flush=True)
     write(rows, prov, args.out, args.smoke, args.device)
     return 0
@@ -122,7 +127,8 @@ def render(rows: dict, prov: dict, smoke: bool, device: str = "cpu") -> list:
              "", "Rel RMS to upstream's recorded output of each stage (the chain runs from the raw inputs, so each "
              "stage also carries the difference of the stages before it). `fp32-level`: `gemm_model=\"sm90_wgmma\"`, "
              "`special_functions=\"fast_sm90\"`, `fp32_fma=True`. Long cases (S >= 2048): over 4096 sampled positions per tensor. "
-             "`gain`: rel RMS under `fp32` / under `upstream_sm90 + fp32-level`.", ""]
+             "`gain`: rel RMS under `fp32` / under `upstream_sm90 + fp32-level`. The preprocessing takes each recording "
+             "run's autotuner pick of `dacs_segsum_kernel` (`golden.SEGSUM_NUM_WARPS_OF_RUN`).", ""]
     lines += ["## The op's outputs (`Out` and the 14 gradients), worst per case", "",
               "Gain over the outputs the policy changes (fp32 and upstream_sm90 differ); an output made exact counts "
               "as unbounded.", "",

@@ -45,7 +45,7 @@ from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_
 from mimo_numerics.metrics import rel_rms  # noqa: E402
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import OUTPUT_NAMES
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.sites import SITES  # noqa: E402
-from mimo_numerics.policy import ALL_KNOBS, RoundingPolicy  # noqa: E402
+from mimo_numerics.policy import ALL_KNOBS, KNOBS_ADDED_TO_V2, RoundingPolicy  # noqa: E402
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.validation import validate_inputs
 
 # ---------------------------------------------------------------------------------------------------- profiles
@@ -241,11 +241,16 @@ def _policy_round_trip(profile_name: str, examples: int):
         default = RoundingPolicy()
         for f in V1_FIELDS:
             assert partial.get(f) == (default.get(f) if f in drop else v1[f]), f
-        # a version-2 file that leaves fields out needs a base preset
-        if drop & set(ALL_KNOBS):
-            v2 = {k: v for k, v in policy.to_dict().items() if k not in drop}
+        # a version-2 file that leaves fields out needs a base preset, but for knobs added after such files were
+        # written, which take the value those files meant, with a warning naming them
+        v2 = {k: v for k, v in policy.to_dict().items() if k not in drop}
+        if drop & (set(ALL_KNOBS) - set(KNOBS_ADDED_TO_V2)):
             with pytest.raises(ValueError, match="base"):
                 RoundingPolicy.from_json(json.dumps(v2))
+        elif drop & set(KNOBS_ADDED_TO_V2):
+            with pytest.warns(UserWarning, match="added after the file was written"):
+                loaded = RoundingPolicy.from_json(json.dumps(v2))
+            assert loaded == policy.replace(**{k: KNOBS_ADDED_TO_V2[k] for k in drop & set(KNOBS_ADDED_TO_V2)})
         # key order does not matter
         assert RoundingPolicy.from_json(json.dumps(dict(reversed(list(policy.to_dict().items()))))) == policy
 

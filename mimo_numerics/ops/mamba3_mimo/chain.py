@@ -206,14 +206,16 @@ def _per_batch_slice(step, inputs: dict, pre: dict, *rest: dict, record: Optiona
 
 # ---------------------------------------------------------------------------------------------------- steps
 def preprocess(inputs: dict, math_dtype, return_state: bool = False,
-               special_functions: str = "accurate", helper_fma: str = "contracted") -> Dict[str, torch.Tensor]:
+               special_functions: str = "accurate", helper_fma: str = "contracted",
+               segsum_num_warps: Optional[int] = None) -> Dict[str, torch.Tensor]:
     """Upstream's preprocessing (``angle_dt_fwd``, ``compute_dacs_segsum_triton``) in ``math_dtype``: golden
     ``pre`` names; ``return_state`` adds ``final_angle`` ``[B, H, K]``, the angle walk's state after the last chunk
     (``angle_dt_fwd``'s ``output_state``). ``special_functions="fast_sm90"``: the angles' ``tanh_approx`` is
     ``tanh.approx.f32`` bit for bit; ``helper_fma="contracted"``: the angle increments' products are contracted
-    into the scan's and the chunk sum's first add, as Triton compiles them."""
+    into the scan's and the chunk sum's first add, as Triton compiles them. ``segsum_num_warps``: the autotuner's
+    pick of ``dacs_segsum_kernel`` in the run being modelled (``preprocess.dacs_segsum``; None: its default)."""
     C = inputs["chunk_size"]
-    da_cs, da_cs_rev, segsum = dacs_segsum(inputs["ADT"], C, math_dtype=math_dtype)
+    da_cs, da_cs_rev, segsum = dacs_segsum(inputs["ADT"], C, math_dtype=math_dtype, segsum_num_warps=segsum_num_warps)
     tanh = "upstream" if special_functions == "fast_sm90" else "accurate"
     angles = angle_cumsum(inputs["Angles"], inputs["DT"], C, math_dtype=math_dtype, tanh=tanh,
                           fma=helper_fma == "contracted", return_final_state=return_state)
@@ -270,14 +272,14 @@ def _store(record: Optional[dict], prefix: str, values: Optional[dict]) -> None:
 
 
 def run_preprocess(inputs: dict, policy, *, record: Optional[dict] = None,
-                   return_state: bool = False) -> Dict[str, torch.Tensor]:
+                   return_state: bool = False, segsum_num_warps: Optional[int] = None) -> Dict[str, torch.Tensor]:
     """The preprocessing in the chain's math dtype; ``record`` gets ``mamba3_mimo_preprocess.<name>``;
-    ``return_state``: with ``final_angle`` (:func:`preprocess`)."""
+    ``return_state``: with ``final_angle``; ``segsum_num_warps``: an autotuner pick to model (:func:`preprocess`)."""
     policy = _presets.resolve(policy)
     kind = chain_kind(policy)
     pre = preprocess(inputs, torch.float32 if kind == "reference" else _F64, return_state=return_state,
                      special_functions=policy.special_functions if kind == "reference" else "accurate",
-                     helper_fma=policy.helper_fma)
+                     helper_fma=policy.helper_fma, segsum_num_warps=segsum_num_warps if kind == "reference" else None)
     _store(record, "mamba3_mimo_preprocess", pre)
     return pre
 

@@ -35,10 +35,13 @@ differentiates as if it were absent (``docs/fp64_model.md``).
 **FP32 (``math_dtype=torch.float32``): what is reproduced to the bit.** Triton's ``tl.cumsum`` is a
 Hillis-Steele scan across the lanes that hold the scanned axis, after a sequential scan of the elements each thread
 holds (``_triton_scan``). Measured against the golden H200 data (``upstream_h200_full_op_cases.pt``, Triton of
-torch 2.11): every element of ``da_cs``, ``da_cs_rev`` and ``segsum`` of the 7 cases is bit-equal with the layouts
-of ``SCAN_LAYOUTS`` (1-D scans: one element per lane, C lanes, for C = 16 and 32; ``segsum``'s [C, C] scan: 1 x 16
-at C = 16, 4 elements per thread x 8 lanes at C = 32). Other chunk sizes use one element per lane, which is
-**not verified** (no golden data). For the angles, ``tanh_approx`` is the hardware ``tanh.approx.f32`` (MUFU.TANH:
+torch 2.11): every element of ``da_cs``, ``da_cs_rev`` and ``segsum`` of the 12 short cases (C = 8, 16, 32, 64)
+and the sampled S = 2048 and 8192 cases is bit-equal with the layouts of :data:`SCAN_LAYOUTS_1D` and
+:data:`SEGSUM_LAYOUTS`, read from the TTGIR of ``dacs_segsum_kernel`` (1-D scans: one element per lane, 32 lanes a
+warp, two warps at C = 64; ``segsum``'s [C, C] scan: 4 lanes x 2 warps at C = 8, 1 x 16 lanes or, under 4 warps,
+2 elements per thread x 8 lanes at C = 16, 4 x 8 at C = 32, 4 x 16 at C = 64). The kernel is autotuned over
+``num_warps``; the pick, kept per process, changes ``segsum`` at C = 16 (``segsum_num_warps``: the main golden run
+picked 8, the extra run's fp16 case and the long reduced cases 4). Other chunk sizes are **not verified**. For the angles, ``tanh_approx`` is the hardware ``tanh.approx.f32`` (MUFU.TANH:
 on the golden inputs median 35, up to 118 fp32 ulps from torch's tanh; ``measure.tanh_ulp_offsets_at_first_token``).
 ``tanh="upstream"`` computes it bit for bit (:mod:`mimo_numerics.mufu`'s table model, proven on all 2^32 inputs on
 the H200; the whole op uses it under ``special_functions="fast_sm90"``), ``tanh="accurate"`` is torch's tanh. The
@@ -69,12 +72,20 @@ from .._common.special import SpecialFunctions
 
 #: ``tanh`` forms of :func:`angle_cumsum`.
 TANH_FORMS = ("accurate", "upstream")
-#: ``(elements per thread, lanes)`` of Triton's scan along an axis of ``C`` elements, by (kind, C). Measured on the
-#: golden H200 data: ("1d", 16), ("1d", 32), ("2d", 16), ("2d", 32). Sizes not listed use (1, C), not verified.
-SCAN_LAYOUTS: Dict[Tuple[str, int], Tuple[int, int]] = {
-    ("1d", 16): (1, 16), ("1d", 32): (1, 32),
-    ("2d", 16): (1, 16), ("2d", 32): (4, 8),
+#: ``(elements per thread, lanes, warps)`` of Triton's scans in ``dacs_segsum_kernel``, read from the TTGIR Triton
+#: 3.6.0 compiles for sm_90 (on a CPU) and bit-identical to the H200's outputs on every golden case. The 1-D scans
+#: (``da_cs``, ``da_cs_rev``) hold one element per thread on 32 lanes a warp (C <= 32: one warp; C = 64: two), by C.
+#: ``segsum``'s ``[C, C]`` scan along its rows, by ``(C, num_warps)``: the kernel is autotuned over ``num_warps``
+#: in {4, 8}, which changes the layout at C = 16 only.
+SCAN_LAYOUTS_1D: Dict[int, Tuple[int, int, int]] = {8: (1, 8, 1), 16: (1, 16, 1), 32: (1, 32, 1), 64: (1, 32, 2)}
+SEGSUM_LAYOUTS: Dict[Tuple[int, int], Tuple[int, int, int]] = {
+    (8, 4): (1, 4, 2), (8, 8): (1, 4, 2), (16, 4): (2, 8, 1), (16, 8): (1, 16, 1),
+    (32, 4): (4, 8, 1), (32, 8): (4, 8, 1), (64, 4): (4, 16, 1), (64, 8): (4, 16, 1),
 }
+#: ``dacs_segsum_kernel``'s autotuner choices, and the pick of the main golden run (``upstream_h200_full_op_cases.pt``,
+#: all at C = 16). The pick is kept per process: the extra run's fp16 case and the long reduced cases got 4.
+SEGSUM_AUTOTUNED_NUM_WARPS = (4, 8)
+SEGSUM_DEFAULT_NUM_WARPS = 8
 
 _PI_F32 = torch.tensor(math.pi, dtype=torch.float32).item()  # fp32(π) as a Python float (exact)
 _TWO_PI_F32 = 2.0 * _PI_F32  # = fp32(2π): doubling is exact
@@ -109,8 +120,32 @@ def _check_chunk_size(chunk_size, math_dtype: torch.dtype) -> int:
     return chunk_size
 
 
-def _scan_layout(kind: str, chunk_size: int) -> Tuple[int, int]:
-    return SCAN_LAYOUTS.get((kind, chunk_size), (1, chunk_size))
+def _layout_1d(chunk_size: int) -> Tuple[int, int, int]:
+    """Measured sizes from :data:`SCAN_LAYOUTS_1D`; others one element per thread, 32 lanes a warp (not verified)."""
+    return SCAN_LAYOUTS_1D.get(chunk_size, (1, min(chunk_size, 32), max(1, chunk_size // 32)))
+
+
+def _segsum_layout(chunk_size: int, num_warps: Optional[int]) -> Tuple[int, int, int]:
+    if num_warps is None:
+        num_warps = SEGSUM_DEFAULT_NUM_WARPS
+    if num_warps not in SEGSUM_AUTOTUNED_NUM_WARPS:
+        raise ValueError(f"segsum_num_warps must be one of the autotuner's {SEGSUM_AUTOTUNED_NUM_WARPS} or None, "
+                         f"got {num_warps!r}")
+    return SEGSUM_LAYOUTS.get((chunk_size, num_warps), _layout_1d(chunk_size))
+
+
+def _scan(x: torch.Tensor, layout: Tuple[int, int, int], reverse: bool = False) -> torch.Tensor:
+    """``tl.cumsum`` along the last dim in ``layout``'s order: in one warp :func:`_triton_scan`; across warps (one
+    element per thread) ``triton_tiles.tile_cumsum``, each warp's block offset by the totals of the blocks before."""
+    per_thread, lanes, warps = layout
+    if warps == 1:
+        return _triton_scan(x, per_thread, lanes, reverse=reverse)
+    if per_thread != 1 or x.shape[-1] != lanes * warps:
+        raise ValueError(f"scan layout {layout} does not cover an axis of {x.shape[-1]}")
+    tiles = triton_tiles.TileLayout(lanes, warps, 1)
+    if reverse:
+        return triton_tiles.tile_cumsum(x.flip(-1), tiles).flip(-1)
+    return triton_tiles.tile_cumsum(x, tiles)
 
 
 def _triton_scan(x: torch.Tensor, per_thread: int, lanes: int, reverse: bool = False) -> torch.Tensor:
@@ -262,15 +297,19 @@ def angle_cumsum(angles: torch.Tensor, dt: torch.Tensor, chunk_size: int, *, mat
     return out
 
 
-def dacs_segsum(adt: torch.Tensor, chunk_size: int, *, math_dtype: DtypeLike
+def dacs_segsum(adt: torch.Tensor, chunk_size: int, *, math_dtype: DtypeLike, segsum_num_warps: Optional[int] = None
                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``da_cs``, ``da_cs_rev`` and ``segsum`` of ``compute_dacs_segsum_triton``, each clamped to ``<= 0``.
 
     Args:
         adt (Tensor): ``[B, H, S]`` A·dt (upstream: float32).
         chunk_size (int): C (float32 form: a power of 2).
-        math_dtype (torch.dtype | str): ``torch.float32``: upstream's Triton scan order, bit-exact where
-            ``SCAN_LAYOUTS`` is measured; ``torch.float64``: the definitions in float64.
+        math_dtype (torch.dtype | str): ``torch.float32``: upstream's Triton scan orders, bit-exact where
+            :data:`SCAN_LAYOUTS_1D` and :data:`SEGSUM_LAYOUTS` are measured (C = 8 to 64); ``torch.float64``: the
+            definitions in float64.
+        segsum_num_warps (int, optional): float32 form: the ``num_warps`` (4 or 8) upstream's autotuner gave
+            ``dacs_segsum_kernel`` in the run being modelled (it changes ``segsum``'s order at C = 16); None:
+            :data:`SEGSUM_DEFAULT_NUM_WARPS`.
 
     Returns:
         tuple: ``da_cs [B, H, S]``, ``da_cs_rev [B, H, S]``, ``segsum [B, H, nc, C, C]`` (``segsum[..., i, j]`` is
@@ -296,9 +335,9 @@ def dacs_segsum(adt: torch.Tensor, chunk_size: int, *, math_dtype: DtypeLike
         reverse = torch.cumsum(x.flip(-1), dim=-1).flip(-1)
         segsum = torch.cumsum(masked, dim=-2)
     else:
-        inclusive = _triton_scan(x, *_scan_layout("1d", C))
-        reverse = _triton_scan(x, *_scan_layout("1d", C), reverse=True)
-        segsum = _triton_scan(masked.transpose(-1, -2), *_scan_layout("2d", C)).transpose(-1, -2)
+        inclusive = _scan(x, _layout_1d(C))
+        reverse = _scan(x, _layout_1d(C), reverse=True)
+        segsum = _scan(masked.transpose(-1, -2), _segsum_layout(C, segsum_num_warps)).transpose(-1, -2)
     exclusive_reverse = torch.cat([reverse[..., 1:], torch.zeros_like(reverse[..., :1])], dim=-1)
     da_cs = torch.clamp(inclusive, max=0).reshape(B, H, nc * C)[..., :S]
     da_cs_rev = torch.clamp(exclusive_reverse, max=0).reshape(B, H, nc * C)[..., :S]

@@ -158,11 +158,16 @@ def time_sum_of_products(a: torch.Tensor, b: torch.Tensor, policy, dims: Dims) -
 
 
 def chunked_time_sum(a: torch.Tensor, b: torch.Tensor, policy, dims: Dims) -> torch.Tensor:
-    """Σ_t a·b over dim 2 (S39, dζ): ``"pairwise"``: torch's sum of the products; ``"sequential_time"``: per chunk
-    a serial FP32 sum over its tokens, added to the running total chunk by chunk (upstream's ``reduce_sum`` with
-    ``clear=False``); with ``fp32_fma`` the chunk's sum is nvcc's contraction of ``dZetaZ *= z`` into it, an FMA
-    chain ``part = fma(a_t, b_t, part)`` from the chunk's first product (bit-identical to the H200's ``dmimo_z`` on
-    the golden cases recorded with TileLang 0.1.15 at C = 16).
+    """Σ_t a·b over dim 2 (S39, dζ): ``"pairwise"``: torch's sum of the products; ``"sequential_time"``: upstream's
+    ``reduce_sum(dZetaZ, dZeta, clear=False)`` per chunk as the CUDA TileLang generates for it computes it: the
+    chunk's sum from +0 over its tokens in order, then added to the running total. With reduced DOUT one thread
+    holds all the chunk's tokens of an element; unreduced, the two halves of the block hold the even and the odd
+    tokens, each summed in order, and one add joins them (``tl::AllReduce`` over the halves). Each term is
+    ``a_t·b_t`` rounded, then added, or, with ``fp32_fma``, where nvcc contracts ``dZetaZ *= z`` into the sum, an
+    FMA ``fma(a_t, b_t, part)``: unreduced always, reduced under ``tilelang="0.1.15"`` only (0.1.8 keeps the
+    reduced fragment in local memory and rounds the products). Read from the CUDA both versions generate for
+    N = P = 64, R = 4, C = 16 (threads 128) and bit-identical to the H200's ``dmimo_z`` on the golden cases of both
+    (P = 64; R = 1 to 8, C = 8 to 64; ``tests/ops/mamba_mimo_bwd_fwd/test_fp32_level_models.py``).
 
     Args:
         a (Tensor): ``[B, H, S, R, P]``; b: broadcastable to it. Returns: ``[B, H, R, P]``.
@@ -170,11 +175,17 @@ def chunked_time_sum(a: torch.Tensor, b: torch.Tensor, policy, dims: Dims) -> to
     if policy.reduction_order == "pairwise":
         return (a * b).sum(dim=2)
     b = b.expand_as(a)
+    lanes = 1 if dims.reduce_o else 2
+    fused = policy.fp32_fma and (lanes == 2 or policy.tilelang != "0.1.8")
     acc = torch.zeros_like(a[:, :, 0])
     for start in range(0, dims.seqlen, dims.chunk_size):
-        part = a[:, :, start] * b[:, :, start]
-        for t in range(start + 1, min(start + dims.chunk_size, dims.seqlen)):
-            part = (fma_fp32(a[:, :, t].contiguous(), b[:, :, t].contiguous(), part) if policy.fp32_fma
-                    else part + a[:, :, t] * b[:, :, t])
-        acc = acc + part
+        stop = min(start + dims.chunk_size, dims.seqlen)
+        halves = []
+        for lane in range(lanes):
+            part = torch.zeros_like(acc)
+            for t in range(start + lane, stop, lanes):
+                part = (fma_fp32(a[:, :, t].contiguous(), b[:, :, t].contiguous(), part) if fused
+                        else part + a[:, :, t] * b[:, :, t])
+            halves.append(part)
+        acc = acc + (halves[0] if lanes == 1 else halves[0] + halves[1])
     return acc
