@@ -532,8 +532,9 @@ _V1_DEFAULTS = {"lp_dtype": "bfloat16", "diag_mode": "fma", "math_dtype": "float
                 "state_update": "accumulate_into", "silu_form": "tanh", "round_outputs": True, "gemm_model": "fp32",
                 "special_functions": "accurate", "fp32_fma": False, "reduction_order": "pairwise",
                 "helper_fma": "contracted", "tilelang": "0.1.8"}
-#: Knobs added after schema_version 2 files were first written, with the value such a file meant (the numerics the
-#: package gave then): a version-2 file without ``"base"`` that lacks one takes it, with a ``UserWarning`` naming it.
+#: Knobs added after schema_version 2 files were first written, and the value a version-2 file without ``"base"``
+#: that lacks one takes, with a ``UserWarning`` naming it: the default (mamba-ssm's pin). Before ``tilelang`` existed
+#: the package gave 0.1.15's form in the one place the knob acts (stage 1's dζ with fp32_fma and sequential_time).
 KNOBS_ADDED_TO_V2 = {"tilelang": "0.1.8"}
 
 

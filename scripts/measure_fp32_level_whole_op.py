@@ -127,8 +127,8 @@ def render(rows: dict, prov: dict, smoke: bool, device: str = "cpu") -> list:
              "", "Rel RMS to upstream's recorded output of each stage (the chain runs from the raw inputs, so each "
              "stage also carries the difference of the stages before it). `fp32-level`: `gemm_model=\"sm90_wgmma\"`, "
              "`special_functions=\"fast_sm90\"`, `fp32_fma=True`. Long cases (S >= 2048): over 4096 sampled positions per tensor. "
-             "`gain`: rel RMS under `fp32` / under `upstream_sm90 + fp32-level`. The preprocessing takes each recording "
-             "run's autotuner pick of `dacs_segsum_kernel` (`golden.SEGSUM_NUM_WARPS_OF_RUN`).", ""]
+             "`gain`: rel RMS under `fp32` / under `upstream_sm90 + fp32-level`. The preprocessing takes each "
+             "recording run's autotuner pick of `dacs_segsum_kernel` (`golden.SEGSUM_NUM_WARPS_OF_RUN`).", ""]
     lines += ["## The op's outputs (`Out` and the 14 gradients), worst per case", "",
               "Gain over the outputs the policy changes (fp32 and upstream_sm90 differ); an output made exact counts "
               "as unbounded.", "",
@@ -165,7 +165,8 @@ def write(rows: dict, prov: dict, out: Path, smoke: bool, device: str = "cpu") -
     lines = render(rows, prov, smoke, device)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"provenance": prov, "rows": rows, "smoke": smoke, "device": device}, indent=1))
+    out.with_suffix(".json").write_text(json.dumps({"provenance": prov, "rows": rows, "smoke": smoke,
+                                                    "device": device}, indent=1))
     print(f"wrote {out}")
 
 

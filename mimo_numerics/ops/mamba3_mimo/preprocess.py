@@ -41,8 +41,9 @@ and the sampled S = 2048 and 8192 cases is bit-equal with the layouts of :data:`
 warp, two warps at C = 64; ``segsum``'s [C, C] scan: 4 lanes x 2 warps at C = 8, 1 x 16 lanes or, under 4 warps,
 2 elements per thread x 8 lanes at C = 16, 4 x 8 at C = 32, 4 x 16 at C = 64). The kernel is autotuned over
 ``num_warps``; the pick, kept per process, changes ``segsum`` at C = 16 (``segsum_num_warps``: the main golden run
-picked 8, the extra run's fp16 case and the long reduced cases 4). Other chunk sizes are **not verified**. For the angles, ``tanh_approx`` is the hardware ``tanh.approx.f32`` (MUFU.TANH:
-on the golden inputs median 35, up to 118 fp32 ulps from torch's tanh; ``measure.tanh_ulp_offsets_at_first_token``).
+picked 8, the extra run's fp16 case and the long reduced cases 4). Other chunk sizes are **not verified**. For the
+angles, ``tanh_approx`` is the hardware ``tanh.approx.f32`` (MUFU.TANH: on the golden inputs median 35, up to 118
+fp32 ulps from torch's tanh; ``measure.tanh_ulp_offsets_at_first_token``).
 ``tanh="upstream"`` computes it bit for bit (:mod:`mimo_numerics.mufu`'s table model, proven on all 2^32 inputs on
 the H200; the whole op uses it under ``special_functions="fast_sm90"``), ``tanh="accurate"`` is torch's tanh. The
 chunk's ``tl.cumsum`` and ``tl.sum`` follow the ``[C, BLOCK_D]`` tile's register layout under the ``num_warps`` the
