@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import torch
 from tqdm.auto import tqdm
 
 from . import operator as _operator
@@ -513,8 +514,9 @@ def rank_sites_one_off(inputs, policy: PolicyLike = "upstream_sm90", baseline: A
         names (sequence of str, optional): the cases' names (default ``case0``, ...).
         backend (str): ``"reference"``, or ``"triton"``: the policy and each variant on the Triton kernels where
             they can express it (the composite's ``backend_for``; the fp64 baseline always on the FP64
-            model). The cases'
-            device decides where it runs (CUDA; CPU tensors run in Triton's interpreter, slow).
+            model). The cases' device decides where it runs (CUDA; CPU tensors run in Triton's interpreter, slow).
+            On a GPU the kernels of every such run are compiled first, in parallel
+            (:func:`compile_variants_ahead`).
 
     Returns:
         OneOffRanking
@@ -551,6 +553,9 @@ def rank_sites_one_off(inputs, policy: PolicyLike = "upstream_sm90", baseline: A
         return p if p.lp_dtype == lp else p.replace(lp_dtype=lp)
 
     show = len(cases) > 4 if progress is None else progress
+    if backend != "reference" and _on_compiled_device(cases):  # the variants the kernels run, compiled at once
+        compile_variants_ahead(run, [(x, at_lp(p, x)) for x in cases for p in [policy] + [v for *_, v in items]
+                                     if backend_for(at_lp(p, x), backend) != "reference"])
     bar = tqdm(total=len(cases) * (len(items) + 2), desc=f"rank sites of {spec.name}", disable=not show, leave=False)
     base_runs = []
     for i, x in enumerate(cases):
@@ -577,6 +582,29 @@ def rank_sites_one_off(inputs, policy: PolicyLike = "upstream_sm90", baseline: A
     rows.sort(key=lambda r: (-r.score, r.label))
     return OneOffRanking(policy, "fp64", outputs, policy_error, rows, skipped, len(cases), names,
                          tuple(spec.score_outputs), spec.name)
+
+
+def _on_compiled_device(cases) -> bool:
+    """Whether the cases' tensors live on a device whose kernels are compiled (not Triton's CPU interpreter)."""
+    tensors = [t for x in cases for t in x.values() if isinstance(t, torch.Tensor)]
+    return bool(tensors) and tensors[0].device.type in ("cuda", "npu")
+
+
+def compile_variants_ahead(run, calls) -> Any:
+    """Compile, in parallel, the kernels of ``run(x, p)`` for every ``(x, p)`` of ``calls``
+    (``kernels.compile_ahead``: launches become compile requests, nothing runs), so a sweep over one-off variants
+    on a GPU does not compile each variant's kernels one after another on first use.
+
+    Returns:
+        kernels.CompileAheadReport.
+    """
+    from . import kernels
+
+    def every_call():
+        for x, p in calls:
+            run(x, p)
+
+    return kernels.compile_ahead(every_call)
 
 
 # ---------------------------------------------------------------------------------------------- attribute_gap

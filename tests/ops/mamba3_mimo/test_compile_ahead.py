@@ -97,3 +97,25 @@ def test_launches_from_another_thread_are_caught_too():
 
     report = kernels.compile_ahead(from_a_thread, workers=1)
     assert kernel.calls == [("warmup", (2,), (7,), {"BLOCK": 64})] and report.launches == 1
+
+
+def test_the_site_ranking_compiles_its_kernel_variants_ahead_on_a_gpu(monkeypatch):
+    """``sensitivity.rank_sites_one_off`` with ``backend="triton"`` on a compiled device hands every (case, policy)
+    run the kernels make, and none that the reference makes, to one ``compile_ahead`` before it times anything."""
+    from mimo_numerics import sensitivity
+    from mimo_numerics.ops.mamba3_mimo import cases as op_cases, runs
+
+    x = op_cases.make_op_inputs(op_cases.small_case())
+    recorded = runs.policy_run(x, "upstream_sm90")
+    ahead = []
+    monkeypatch.setattr(sensitivity, "_on_compiled_device", lambda cases: True)
+    monkeypatch.setattr(sensitivity, "compile_variants_ahead", lambda run, calls: ahead.extend(calls))
+    monkeypatch.setattr(runs, "policy_run", lambda inputs, policy, *, backend="reference": recorded)
+    sensitivity.rank_sites_one_off([x], "upstream_sm90", op="mamba3_mimo", backend="triton", progress=False)
+    assert ahead and all(inputs is x for inputs, _ in ahead)
+    assert all(runs.backend_for(p, "triton") == "triton" for _, p in ahead)
+    policy = mn.presets.get("upstream_sm90")
+    variants, _ = sensitivity.one_off_variants(policy, "mamba3_mimo")
+    on_kernels = [v for *_, v in variants if runs.backend_for(v, "triton") == "triton"]
+    assert len(on_kernels) < len(variants)  # the FP32-level models' variants run the reference, not compiled
+    assert len(ahead) == 1 + len(on_kernels)
