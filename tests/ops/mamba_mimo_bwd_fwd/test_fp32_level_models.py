@@ -316,3 +316,19 @@ def test_infer_policy_recovers_the_tilelang_version(data, version):
     assert neighbour > result.distance, (result.distance, neighbour)
     if data == "seed":
         assert result.distance == 0
+
+
+def test_infer_policy_recovers_upstreams_time_order():
+    """Issue 24, acceptance 3 for ``reduction_order``: with every other FP32-level model of the seed cases' setup
+    (TileLang 0.1.15), inference on upstream's stage-1 outputs from ``"pairwise"`` picks ``"sequential_time"``, which
+    reproduces every output (distance 0)."""
+    from mimo_numerics import inference
+    from mimo_numerics.policy import FP32_LEVEL_SM90
+
+    cases = [(i, o) for i, o in golden.load_golden().values() if i["q"].dtype == torch.bfloat16]
+    start = mn.presets.get("upstream_sm90").replace(**FP32_LEVEL_SM90, tilelang="0.1.15")
+    result = inference.infer_policy([c[0] for c in cases], [c[1] for c in cases], start=start,
+                                    op="mamba_mimo_bwd_fwd", fields=("reduction_order",), restarts=(), escapes=(),
+                                    pair_moves=False)
+    assert result.best.reduction_order == "sequential_time" and result.distance == 0
+    assert {c.label(): c.distance for c in result.neighbours}["reduction_order=pairwise"] > 0
