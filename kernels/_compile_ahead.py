@@ -117,11 +117,11 @@ def compile_ahead(fn: Callable, *args, workers: Optional[int] = None, **kwargs) 
 
     Raises:
         RuntimeError: called inside another ``compile_ahead``.
-        ValueError: ``workers`` below 1.
+        TypeError: ``fn`` not callable. ValueError: ``workers`` below 1.
         The first compile error of a kernel, after the other compiles finished.
     """
-    if compiling_ahead():
-        raise RuntimeError("compile_ahead is already active: it does not nest")
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable that makes the launches to compile, got {type(fn).__name__}")
     if workers is None:
         workers = max(1, min(32, os.cpu_count() or 1))
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:

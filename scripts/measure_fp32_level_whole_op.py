@@ -29,18 +29,17 @@ from pathlib import Path
 import torch
 
 import mimo_numerics as mn
-from mimo_numerics import golden_data, golden_samples, provenance
-from mimo_numerics.metrics import rel_rms
-from mimo_numerics.ops.mamba3_mimo import chain
+from mimo_numerics import golden_data, provenance
+from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
 from mimo_numerics.ops.mamba3_mimo.golden import SEGSUM_NUM_WARPS_OF_RUN
 from mimo_numerics.policy import FP32_LEVEL_SM90
-from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
+from mimo_numerics.studies import golden_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "reports" / "fp32_level_whole_op.md"
 LONG = golden_data.path("full_op_long", must_exist=False)
 VARIANTS = ("fp32", "upstream_sm90", "upstream_sm90 + fp32-level")
-SECTIONS = ("pre", "fwd", "bwd_fwd", "bwd_bwd", "post", "autograd")
+SECTIONS = ("pre", "fwd", "bwd_fwd", "bwd_bwd", "post", "autograd")  # golden_figures.chain_stages' sections
 
 
 def policies(lp: torch.dtype) -> dict:
@@ -49,40 +48,6 @@ def policies(lp: torch.dtype) -> dict:
     plain = mn.presets.get("fp32")
     return {"fp32": plain.replace(lp_dtype="float16") if fp16 else plain, "upstream_sm90": base,
             "upstream_sm90 + fp32-level": base.replace(**FP32_LEVEL_SM90)}
-
-
-def run_chain(inputs: dict, policy, segsum_num_warps=None) -> dict:
-    """Every stage's outputs by the golden sections' names; ``segsum_num_warps``: the recording run's autotuner pick
-    of ``dacs_segsum_kernel`` (``golden.SEGSUM_NUM_WARPS_OF_RUN``; None: the default)."""
-    pre = chain.run_preprocess(inputs, policy, segsum_num_warps=segsum_num_warps)
-    o = chain.run_forward(inputs, pre, policy)
-    s1 = chain.run_stage1(inputs, pre, policy)
-    s2 = chain.run_stage2(inputs, pre, s1, policy)
-    post = chain.run_epilogue(inputs, pre, s1, s2, policy)
-    autograd = {**post, "Out": o}
-    return {"pre": pre, "fwd": {"o": o}, "bwd_fwd": s1, "bwd_bwd": s2, "post": {**post, "dtrap": post.get("dTrap")},
-            "autograd": autograd}
-
-
-def distance(ours, want) -> float:
-    ours = ours.cpu()
-    if isinstance(want, dict):
-        return golden_samples.sampled_rel_rms(ours, want)
-    return rel_rms(ours, want)
-
-
-def compare(ours: dict, case: dict) -> dict:
-    out = {}
-    for section in SECTIONS:
-        for name, want in (case.get(section) or {}).items():
-            got = ours[section].get(name)
-            if want is None or got is None or not torch.is_tensor(got):
-                continue
-            shape = want["shape"] if isinstance(want, dict) else list(want.shape)
-            if list(got.shape) != list(shape):
-                continue
-            out[f"{section}.{name}"] = distance(got, want)
-    return out
 
 
 def cases(smoke: bool):
@@ -114,7 +79,8 @@ def main(argv=None) -> int:
         t0 = time.time()
         on_device = {k: v.to(args.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
         pick = SEGSUM_NUM_WARPS_OF_RUN.get(name)
-        rows[name] = {v: compare(run_chain(on_device, p, pick), case) for v, p in policies(inputs["Q"].dtype).items()}
+        rows[name] = {v: golden_figures.stage_errors(on_device, case, p, pick)
+                      for v, p in policies(inputs["Q"].dtype).items()}
         print(f"{name}: {time.time() - t0:.0f} s", flush=True)
     write(rows, prov, args.out, args.smoke, args.device)
     return 0

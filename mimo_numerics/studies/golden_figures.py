@@ -11,6 +11,8 @@ upstream's ``pre``, ``fwd``, ``bwd_fwd``, ``bwd_bwd``, ``post``, ``autograd``. E
   upstream's recorded inputs of that step and once on the package's own, so the cost of a flipped rounding upstream
   of it (e.g. a bf16 ``states`` element) shows as the difference.
 * :func:`spread`: two upstream runs of one case against each other (run-to-run spread of upstream itself).
+* :func:`stage_errors`: the reference chain from the raw inputs against every recorded stage of a case (also the
+  sampled records of the long cases), for ``scripts/measure_fp32_level_whole_op.py`` and its tests.
 """
 
 from __future__ import annotations
@@ -48,6 +50,41 @@ def bit_equal(got: Dict[str, Optional[torch.Tensor]], want: Dict[str, Optional[t
 def spread(case: dict, rerun: dict) -> Dict[str, float]:
     """Upstream against upstream: ``rel_rms(rerun, golden)`` of ``Out`` and the gradients."""
     return errors(rerun["autograd"], case["autograd"])
+
+
+def chain_stages(inputs: dict, policy, segsum_num_warps: Optional[int] = None) -> Dict[str, Dict[str, torch.Tensor]]:
+    """Every stage's outputs of the reference chain from the raw inputs, by the golden sections' names (``pre``,
+    ``fwd``, ``bwd_fwd``, ``bwd_bwd``, ``post``, ``autograd``); ``segsum_num_warps``: the recording run's autotuner
+    pick of ``dacs_segsum_kernel`` (``golden.SEGSUM_NUM_WARPS_OF_RUN``; None: the default)."""
+    pre = chain.run_preprocess(inputs, policy, segsum_num_warps=segsum_num_warps)
+    o = chain.run_forward(inputs, pre, policy)
+    s1 = chain.run_stage1(inputs, pre, policy)
+    s2 = chain.run_stage2(inputs, pre, s1, policy)
+    post = chain.run_epilogue(inputs, pre, s1, s2, policy)
+    return {"pre": pre, "fwd": {"o": o}, "bwd_fwd": s1, "bwd_bwd": s2, "post": {**post, "dtrap": post.get("dTrap")},
+            "autograd": {**post, "Out": o}}
+
+
+def stage_errors(inputs: dict, case: dict, policy, segsum_num_warps: Optional[int] = None) -> Dict[str, float]:
+    """``{"<section>.<name>": rel RMS}`` of :func:`chain_stages` against every tensor ``case`` records (a sampled
+    record of a long case: over its positions, ``golden_samples.sampled_rel_rms``); outputs the chain does not
+    produce in the recorded shape are left out. Compared on the CPU, wherever the chain ran."""
+    from .. import golden_samples
+
+    ours = chain_stages(inputs, policy, segsum_num_warps)
+    out = {}
+    for section in ours:
+        for name, want in (case.get(section) or {}).items():
+            got = ours[section].get(name)
+            if want is None or got is None or not torch.is_tensor(got):
+                continue
+            shape = want["shape"] if isinstance(want, dict) else list(want.shape)
+            if list(got.shape) != list(shape):
+                continue
+            got = got.cpu()
+            out[f"{section}.{name}"] = (golden_samples.sampled_rel_rms(got, want) if isinstance(want, dict)
+                                        else rel_rms(got, want))
+    return out
 
 
 def _stage1(inputs, pre, policy="upstream_sm90"):

@@ -44,6 +44,8 @@ def test_a_launch_runs_outside_and_becomes_a_compile_request_inside():
 def test_compile_ahead_refuses_bad_workers_and_nesting():
     with pytest.raises(ValueError, match="workers"):
         kernels.compile_ahead(lambda: None, workers=0)
+    with pytest.raises(TypeError, match="fn"):
+        kernels.compile_ahead(None)
     with pytest.raises(RuntimeError, match="does not nest"):
         kernels.compile_ahead(lambda: kernels.compile_ahead(lambda: None))
     assert not _compile_ahead.compiling_ahead()

@@ -20,7 +20,7 @@ from mimo_numerics.ops.mamba3_mimo import chain
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.cases import as_args, as_kwargs, make_inputs
 from mimo_numerics.ops.mamba_mimo_bwd_fwd.reference import mamba_mimo_bwd_fwd
 from mimo_numerics.policy import FP32_LEVEL_SM90 as FP32_LEVEL
-from mimo_numerics.studies.golden_figures import STAGE2_OUTPUTS, errors
+from mimo_numerics.studies.golden_figures import STAGE2_OUTPUTS, errors, stage_errors
 
 
 def _policies(lp):
@@ -166,28 +166,6 @@ def test_epilogue_names_a_bad_angle_dt_bwd_warps():
         mamba3_mimo_epilogue_reference(*args, **chain.epilogue_kwargs(x), angle_dt_bwd_warps=3)
 
 
-def _stage_errors(inputs: dict, case: dict, policy, segsum_num_warps=None) -> dict:
-    """``{"<section>.<name>": rel RMS}`` of the reference chain from the raw inputs against every recorded stage
-    (sampled records: over their positions); ``segsum_num_warps``: the recording run's autotuner pick."""
-    from mimo_numerics import golden_samples
-
-    pre = chain.run_preprocess(inputs, policy, segsum_num_warps=segsum_num_warps)
-    o = chain.run_forward(inputs, pre, policy)
-    s1 = chain.run_stage1(inputs, pre, policy)
-    s2 = chain.run_stage2(inputs, pre, s1, policy)
-    post = chain.run_epilogue(inputs, pre, s1, s2, policy)
-    ours = {"pre": pre, "fwd": {"o": o}, "bwd_fwd": s1, "bwd_bwd": s2, "post": post, "autograd": {**post, "Out": o}}
-    out = {}
-    for section, values in ours.items():
-        for name, want in (case.get(section) or {}).items():
-            got = values.get(name)
-            if want is None or got is None:
-                continue
-            out[f"{section}.{name}"] = (golden_samples.sampled_rel_rms(got, want) if isinstance(want, dict)
-                                        else rel_rms(got, want))
-    return out
-
-
 @pytest.mark.parametrize("name", [n if n in _DEFAULT else pytest.param(n, marks=pytest.mark.slow)
                                   for n in _STAGED])
 def test_whole_op_from_raw_inputs_with_every_fp32_level_model(name):
@@ -201,7 +179,7 @@ def test_whole_op_from_raw_inputs_with_every_fp32_level_model(name):
     from mimo_numerics.ops.mamba3_mimo.golden import SEGSUM_NUM_WARPS_OF_RUN
 
     pick = SEGSUM_NUM_WARPS_OF_RUN.get(name)
-    err = {k: {n: e for n, e in _stage_errors(x, case, p, pick).items() if n.startswith("autograd.")}
+    err = {k: {n: e for n, e in stage_errors(x, case, p, pick).items() if n.startswith("autograd.")}
            for k, p in runs.items()}
     assert max(err["on"].values()) <= tolerances.get("golden_whole_op_fp32_level_rel_rms_max"), err["on"]
     gain = tolerances.get("golden_whole_op_fp32_level_gain_min")
@@ -220,7 +198,7 @@ def test_long_case_per_stage_with_every_fp32_level_model():
     name = "l_B1_S2048_H2_N64_P64_R4_C16_zdo"
     record = golden_data.load("full_op_long")[name]
     x = make_op_inputs(OpCaseSpec.from_dict(record["spec"]))
-    err = _stage_errors(x, record, _policies(torch.bfloat16)["on"], SEGSUM_NUM_WARPS_OF_RUN[name])
+    err = stage_errors(x, record, _policies(torch.bfloat16)["on"], SEGSUM_NUM_WARPS_OF_RUN[name])
     assert err["pre.segsum"] == err["pre.angles_cumsum"] == err["post.dAngles"] == 0, err
     kernels_limit = tolerances.get("golden_long_stage_fp32_level_rel_rms_max")
     post_limit = tolerances.get("golden_long_post_fp32_level_rel_rms_max")

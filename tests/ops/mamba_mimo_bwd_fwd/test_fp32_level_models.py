@@ -252,15 +252,13 @@ def test_every_fp32_level_model_with_upstreams_time_order_on_the_seed_cases():
 
 
 def _whole_op_stage1_cases():
+    """Stage 1's inputs (from upstream's recorded preprocessing) and recorded outputs of the whole-op cases with Z."""
     from mimo_numerics.ops.mamba3_mimo import golden as op_golden
+    from mimo_numerics.outputs import INPUT_NAMES
 
-    names = ("q", "k", "v", "q_bias", "k_bias", "mimo_v", "mimo_o", "z", "mimo_z", "angles", "da_cs", "da_cs_rev",
-             "dt", "trap", "d", "segsum", "dout", "chunk_size", "rotary_dim_divisor")
-    for name, case in sorted(op_golden.load().items()):
-        if case.get("bwd_fwd") is None or case["inputs"].get("Z") is None:
-            continue
-        full = op_golden.kernel_inputs(case["inputs"], case["pre"])
-        yield name, {n: full[n] for n in names}, case["bwd_fwd"]
+    for stored in op_golden.stored_cases("bwd_fwd", INPUT_NAMES):
+        if stored.inputs["z"] is not None:
+            yield stored.source, stored.inputs, op_golden.upstream_outputs(stored.source, "bwd_fwd")
 
 
 def test_tilelang_018s_dzeta_order_on_the_whole_op_cases():
