@@ -254,7 +254,7 @@ def test_every_fp32_level_model_with_upstreams_time_order_on_the_seed_cases():
 def _whole_op_stage1_cases():
     """Stage 1's inputs (from upstream's recorded preprocessing) and recorded outputs of the whole-op cases with Z."""
     from mimo_numerics.ops.mamba3_mimo import golden as op_golden
-    from mimo_numerics.outputs import INPUT_NAMES
+    from mimo_numerics.ops.mamba_mimo_bwd_fwd.outputs import INPUT_NAMES
 
     for stored in op_golden.stored_cases("bwd_fwd", INPUT_NAMES):
         if stored.inputs["z"] is not None:
