@@ -53,8 +53,8 @@ KNOBS: Dict[str, Tuple[Any, ...]] = {
     "silu_form": ("tanh", "sigmoid"),
     "round_outputs": (True, False),
     # FP32 a·b + c in upstream's Triton helpers after stage 2 (bwd_dtrap_ddt, angle_dt's sech² = 1 − tanh²) and in
-    # the decode step's rotary kernel (the new angle, ops/mamba3_mimo/decode.py): contracted into one FMA rounding,
-    # as Triton compiles them, or rounded twice (plain FP32 arithmetic)
+    # the decode step's rotary kernel (the new angle and the rotation, ops/mamba3_mimo/decode.py): contracted into one
+    # FMA rounding, as Triton compiles them, or rounded twice (plain FP32 arithmetic)
     "helper_fma": ("contracted", "separate"),
     # how the references accumulate the GEMMs of the kernels: plain FP32 in any order, or a tensor-core model
     # (mimo_numerics.tensor_core: wgmma/mma.sync per MMA-Sim)
@@ -87,9 +87,9 @@ KNOB_CONSUMERS: Dict[str, str] = {
                   "(any device)",
     "reduction_order": "stage 1's reference (its sums over time)",
     "special_functions": "the references of the forward, of both backward stages, of the epilogue and of the angle "
-                         "preprocessing, and so the whole op's reference chain (any device)",
-    "fp32_fma": "the references of the forward and of both backward stages, and so the whole op's reference chain "
-                "(any device)",
+                         "preprocessing, and so the whole op's reference chain, and the decode step (any device)",
+    "fp32_fma": "the references of the forward and of both backward stages, and so the whole op's reference chain, "
+                "and the decode step (any device)",
     "tilelang": "stage 1's reference (its per-chunk dζ sum with fp32_fma and reduction_order='sequential_time'; "
                 "elsewhere both versions are modelled alike)",
 }

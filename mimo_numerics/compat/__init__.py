@@ -12,7 +12,10 @@ Modules (upstream's path under ``mamba_ssm.``, then what it offers here):
 * ``ops.triton.mamba3.mamba3_mimo_utils``: ``compute_dacs_segsum_triton`` and ``..._varlen``;
 * ``ops.triton.mamba3.angle_dt``: ``angle_dt_fwd`` (with ``return_output_state``);
 * ``ops.triton.mamba3.mamba3_mimo_rotary_step``: ``apply_rotary_qk_inference_fwd`` (the decode step's rotary
-  kernel; the whole policy step is ``mimo_numerics.ops.mamba3_mimo.decode.mamba3_mimo_step``).
+  kernel);
+* ``ops.cute.mamba3.mamba3_step_fn``: ``mamba3_step_fn`` (the decode step's state update and output, writing into
+  the caller's buffers as upstream's CuTe kernel does; the whole policy step in the op's layouts is
+  ``mimo_numerics.ops.mamba3_mimo.decode.mamba3_mimo_step``).
 
 Launch knobs (``threads``, ``num_stages``, ``bf_threads``, ``bf_num_stages``, ``bb_threads``, ``bb_num_stages``) are
 accepted and ignored: they choose how upstream's kernels are launched, not what they compute. ``policy`` defaults to
@@ -45,7 +48,8 @@ MODULES = (
     "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_bwd", "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_fwd_varlen",
     "mamba_ssm.ops.tilelang.mamba3.mamba3_mimo_bwd_varlen", "mamba_ssm.ops.triton", "mamba_ssm.ops.triton.mamba3",
     "mamba_ssm.ops.triton.mamba3.mamba3_mimo_utils", "mamba_ssm.ops.triton.mamba3.angle_dt",
-    "mamba_ssm.ops.triton.mamba3.mamba3_mimo_rotary_step",
+    "mamba_ssm.ops.triton.mamba3.mamba3_mimo_rotary_step", "mamba_ssm.ops.cute", "mamba_ssm.ops.cute.mamba3",
+    "mamba_ssm.ops.cute.mamba3.mamba3_step_fn",
 )
 #: Launch keywords of upstream's functions, accepted and ignored.
 LAUNCH_KNOBS = ("threads", "num_stages", "bf_threads", "bf_num_stages", "bb_threads", "bb_num_stages")
