@@ -105,6 +105,26 @@ def make_step_inputs(fields: dict) -> dict:
     return x
 
 
+def token_range(raw: dict, lo: int, hi: int) -> list:
+    """The op's 14 inputs (``OP_INPUT_NAMES`` order) of tokens ``lo .. hi - 1`` of ``raw`` (``cases.make_op_inputs``):
+    every input with a time axis (``varlen.TIME_AXES``) cut along it, the parameters as they are."""
+    from .cases import OP_INPUT_NAMES
+    from .varlen import TIME_AXES
+
+    return [raw[n].narrow(TIME_AXES[n], lo, hi - lo) if raw[n] is not None and n in TIME_AXES else raw[n]
+            for n in OP_INPUT_NAMES]
+
+
+def one_token(raw: dict, t: int) -> list:
+    """The op's 14 inputs of token ``t``, its time axis dropped: one decode step's arguments
+    (:func:`.decode.mamba3_mimo_step`, :func:`.step.mamba3_mimo_step_fp64`)."""
+    from .cases import OP_INPUT_NAMES
+    from .varlen import TIME_AXES
+
+    return [raw[n].select(TIME_AXES[n], t) if raw[n] is not None and n in TIME_AXES else raw[n]
+            for n in OP_INPUT_NAMES]
+
+
 def _outputs() -> dict:
     return {"out": [], "k_rot": [], "angle": [], "ssm": {}}
 
