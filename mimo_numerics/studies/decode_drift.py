@@ -149,7 +149,8 @@ def plot(study: dict, path) -> Path:
 
     from ..plots import save_figure
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5))
+    fig.subplots_adjust(left=0.06, right=0.78, wspace=0.25)
     window = max(1, study["tokens"] // 100)
     kernel = torch.ones(1, 1, window, dtype=torch.float64) / window
     for i, (label, record) in enumerate(study["results"].items()):
@@ -174,7 +175,7 @@ def plot(study: dict, path) -> Path:
     right.set_yscale("log")
     right.set_xlabel("decoded tokens")
     right.set_ylabel("state rel RMS vs FP64")
-    right.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(f"Decode drift: {study['spec']}", fontsize=9)
     return save_figure(fig, path)
 
