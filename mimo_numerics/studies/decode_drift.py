@@ -180,13 +180,17 @@ def plot(study: dict, path) -> Path:
     return save_figure(fig, path)
 
 
-def write_report(study: dict, out_dir, command: str = "") -> Path:
-    """``decode_drift.json``, ``decode_drift.png`` and ``README.md`` (with provenance) into ``out_dir``."""
+def write_report(study: dict, out_dir, command: str = "", smoke: bool = False) -> Path:
+    """``decode_drift.json``, ``decode_drift.png`` and ``README.md`` (with provenance; ``smoke``: marked as a smoke
+    run) into ``out_dir``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "decode_drift.json").write_text(json.dumps(study, indent=1, default=str) + "\n")
     plot(study, out_dir / "decode_drift.png")
-    lines = [f"# Decode drift: {study['spec']}", "", provenance.markdown_header(provenance.collect(command=command)), "",
+    header = provenance.markdown_header(provenance.collect(command=command))
+    if smoke:
+        header += " **Smoke run (a small case): not the report's figures.**"
+    lines = [f"# Decode drift: {study['spec']}", "", header, "",
              f"A prefill of {study['prefill']} tokens, then {study['tokens']} decode steps under each policy, against "
              "FP64 (`mimo_numerics.studies.decode_drift`). *chunked*: the chunked op under the same policy over every "
              "token, at the same tokens. Means over the first and last tenth of the decoded tokens.", "",
