@@ -185,7 +185,10 @@ def write_report(study: dict, out_dir, command: str = "", smoke: bool = False) -
     run) into ``out_dir``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "decode_drift.json").write_text(json.dumps(study, indent=1, default=str) + "\n")
+    compact = dict(study, results={label: dict(record, **{key: [float(f"{v:.4g}") for v in record[key]]
+                                                          for key in ("out", "chunked")})
+                                   for label, record in study["results"].items()})  # 4 digits per token
+    (out_dir / "decode_drift.json").write_text(json.dumps(compact, default=str) + "\n")
     plot(study, out_dir / "decode_drift.png")
     header = provenance.markdown_header(provenance.collect(command=command))
     if smoke:
