@@ -40,8 +40,8 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"--policies: unknown {sorted(unknown)}; known: {sorted(policies)}")
         policies = {label: policies[label] for label in args.policies.split(",")}
-    study = decode_drift.run(spec, prefill, policies, chunked=not args.no_chunked)
-    readme = decode_drift.write_report(study, args.out, command=provenance.command_line(), smoke=args.smoke)
+    study = decode_drift.run(spec, prefill, policies, chunked=not args.no_chunked, command=provenance.command_line())
+    readme = decode_drift.write_report(study, args.out, smoke=args.smoke)
     print(readme.read_text())
     return 0
 

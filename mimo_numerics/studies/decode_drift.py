@@ -70,15 +70,17 @@ def _angle_distance(angle: torch.Tensor, truth: torch.Tensor) -> float:
 
 
 def run(spec: OpCaseSpec, prefill: int, policies: Optional[Mapping[str, object]] = None, chunked: bool = True,
-        progress: bool = True) -> dict:
+        progress: bool = True, command: Optional[str] = None) -> dict:
     """The study on one case (module docstring): per policy label, ``out`` (decode, per token), ``chunked`` (the
     chunked op, per token; empty without ``chunked``: it costs a whole-op run over every token), ``state``
-    {checkpoint: {ssm, k, angle}} rel RMS against FP64 (the angle's taken mod 2π)."""
+    {checkpoint: {ssm, k, angle}} rel RMS against FP64 (the angle's taken mod 2π); ``provenance``: the commit and
+    tree the run started from (``command``: the command line it records)."""
     from tqdm.auto import tqdm
 
     from ..ops.mamba3_mimo.autograd import mamba3_mimo
 
     policies = DEFAULT_POLICIES if policies is None else policies
+    recorded = provenance.collect(command=command)  # the commit and tree the run starts from
     raw = make_op_inputs(spec)
     tokens = spec.seqlen - prefill
     if not 0 < prefill < spec.seqlen:
@@ -112,7 +114,7 @@ def run(spec: OpCaseSpec, prefill: int, policies: Optional[Mapping[str, object]]
                 record["state"][t] = {"ssm": rel_rms(state.ssm, want.ssm), "k": rel_rms(state.k, want.k),
                                       "angle": _angle_distance(state.angle, want.angle)}
         results[label] = record
-    return {"spec": spec.case_id, "prefill": prefill, "tokens": tokens,
+    return {"provenance": recorded, "spec": spec.case_id, "prefill": prefill, "tokens": tokens,
             "policies": {label: presets.resolve(p).to_dict() for label, p in policies.items()}, "results": results}
 
 
@@ -181,8 +183,8 @@ def plot(study: dict, path) -> Path:
 
 
 def write_report(study: dict, out_dir, command: str = "", smoke: bool = False) -> Path:
-    """``decode_drift.json``, ``decode_drift.png`` and ``README.md`` (with provenance; ``smoke``: marked as a smoke
-    run) into ``out_dir``."""
+    """``decode_drift.json``, ``decode_drift.png`` and ``README.md`` into ``out_dir``; the header is the provenance
+    the run recorded (else collected now, with ``command``); ``smoke``: marked as a smoke run."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     compact = dict(study, results={label: dict(record, **{key: [float(f"{v:.4g}") for v in record[key]]
@@ -190,7 +192,7 @@ def write_report(study: dict, out_dir, command: str = "", smoke: bool = False) -
                                    for label, record in study["results"].items()})  # 4 digits per token
     (out_dir / "decode_drift.json").write_text(json.dumps(compact, default=str) + "\n")
     plot(study, out_dir / "decode_drift.png")
-    header = provenance.markdown_header(provenance.collect(command=command))
+    header = provenance.markdown_header(study.get("provenance") or provenance.collect(command=command))
     if smoke:
         header += " **Smoke run (a small case): not the report's figures.**"
     lines = [f"# Decode drift: {study['spec']}", "", header, "",
