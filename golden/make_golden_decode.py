@@ -157,11 +157,13 @@ def run_step_part(args, rotary, versions: dict) -> int:
         start = time.perf_counter()
         runs = [decode_cases.run_kernel_chain(rotary.apply_rotary_qk_inference_fwd, step_fn, fields, inputs,
                                               device="cuda", step_kwargs=launch) for _ in range(2)]
-        same = all(torch.equal(runs[0][k], runs[1][k]) for k in ("out", "k_rot", "angle")) and all(
+        same = all(torch.equal(runs[0][k], runs[1][k]) for k in ("out", "k_rot", "angle", "gate")) and all(
             torch.equal(runs[0]["ssm"][t], runs[1]["ssm"][t]) for t in runs[0]["ssm"])
         if not same:
             bad.append(name)
-        report = []
+        cpu_gate = torch.sigmoid(inputs["Trap"].to(torch.float32))
+        report = [f"gate (torch's sigmoid, CUDA vs CPU) {(runs[0]['gate'] == cpu_gate).double().mean().item():.4f} "
+                  "equal"]
         for label, policy in _check_policies(fields).items():
             policy_run = decode_cases.run_policy_chain(fields, inputs, policy)
             distance = decode_cases.chain_distances(policy_run, runs[0])

@@ -141,8 +141,9 @@ def run_kernel_chain(rotary_fn: Callable, step_fn: Callable, fields: dict, input
     Returns:
         dict: ``out`` ``[T, B, H, P]`` (``[T, B, R, H, P]`` without ``MIMO_Out``; lp, the store), ``k_rot``
         ``[T, B, R, H, N]`` (the rotated k, stored in lp: the next token's ``Bstate``), ``angle`` ``[T, B, H, K]``
-        (the angle state after each token), ``ssm`` {token: ``[B, H, P, N]``} at :func:`kept_state_steps`. The
-        rotated q is not kept: the rotary kernel has golden data of its own.
+        (the angle state after each token), ``ssm`` {token: ``[B, H, P, N]``} at :func:`kept_state_steps`,
+        ``gate`` ``[T, B, H]`` (the float32 ``σ(Trap)`` passed to the kernel, formed on ``device``). The rotated q is
+        not kept: the rotary kernel has golden data of its own.
     """
     dev = torch.device(device)
     x = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items() if k != "state"}
@@ -156,7 +157,7 @@ def run_kernel_chain(rotary_fn: Callable, step_fn: Callable, fields: dict, input
     bias_q, bias_k, proj_v, proj_z, proj_o = (per_rank(n) for n in ("Q_bias", "K_bias", "MIMO_V", "MIMO_Z",
                                                                      "MIMO_Out"))
     angle, ssm, k_state, v_state = s["angle"], s["ssm"], s["k"], s["v"]
-    kept, outs = set(kept_state_steps(fields["steps"])), _outputs()
+    kept, outs, gates = set(kept_state_steps(fields["steps"])), _outputs(), []
     for t in range(fields["steps"]):
         q = x["Q"][t][:, :, heads].contiguous()  # [B, R, H, N]
         k = x["K"][t][:, :, heads].contiguous()
@@ -166,9 +167,10 @@ def run_kernel_chain(rotary_fn: Callable, step_fn: Callable, fields: dict, input
         v = x["V"][t].contiguous()
         shape = (v.shape[0], H, P) if proj_o is not None else (v.shape[0], R, H, P)
         out, ssm_out = torch.empty(shape, dtype=v.dtype, device=dev), torch.empty_like(ssm)
+        gates.append(torch.sigmoid(x["Trap"][t].to(torch.float32)))
         step_fn(ssm, k_state, v_state, x["A"][t].contiguous(), k_rot, q_rot, x["D"], v, x["DT"][t].contiguous(),
-                torch.sigmoid(x["Trap"][t].to(torch.float32)), proj_v, proj_o, ssm_out, out,
-                None if x["Z"] is None else x["Z"][t].contiguous(), proj_z, **(step_kwargs or {}))
+                gates[-1], proj_v, proj_o, ssm_out, out, None if x["Z"] is None else x["Z"][t].contiguous(), proj_z,
+                **(step_kwargs or {}))
         ssm, k_state, v_state = ssm_out, k_rot, v
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
@@ -176,7 +178,7 @@ def run_kernel_chain(rotary_fn: Callable, step_fn: Callable, fields: dict, input
             outs[key].append(value.cpu())
         if t in kept:
             outs["ssm"][t] = ssm.cpu()
-    return _stacked(outs)
+    return dict(_stacked(outs), gate=torch.stack(gates).cpu())
 
 
 def run_policy_chain(fields: dict, inputs: dict, policy="upstream_sm90") -> dict:
