@@ -401,6 +401,40 @@ def plot_inference(result: InferenceResult, top: int = 15, extra: Optional[Mappi
     return fig
 
 
+def plot_decode_drift(study: Mapping, title: Optional[str] = None) -> Figure:
+    """A decode-drift study (``studies.decode_drift.run``). Left: per policy, the decode's per-token error of Out
+    against FP64 (solid, a running mean over 1 % of the tokens) and the chunked op's at the same tokens (dashed).
+    Right: the carried state's errors at the checkpoints (SSM state solid, k dotted, the angle mod 2π dashed),
+    log-log."""
+    fig = Figure(figsize=(15, 5), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    window = max(1, study["tokens"] // 100)
+    for i, (label, record) in enumerate(study["results"].items()):
+        color = f"C{i}"
+        for key, style, suffix in (("out", "-", "decode"), ("chunked", "--", "chunked op")):
+            if not record[key]:
+                continue
+            smooth = np.convolve(np.asarray(record[key], dtype=float), np.ones(window) / window, mode="valid")
+            left.plot(np.arange(window - 1, window - 1 + len(smooth)), smooth, style, color=color,
+                      label=f"{label}, {suffix}", linewidth=1.2)
+        marks = sorted(record["state"], key=int)
+        steps = [int(t) + 1 for t in marks]
+        for key, style in (("ssm", "-"), ("k", ":"), ("angle", "--")):
+            right.plot(steps, [record["state"][t][key] for t in marks], style, color=color, marker=".",
+                       label=f"{label}: {key}")
+    left.set_yscale("log")
+    left.set_xlabel(f"decoded token (after a prefill of {study['prefill']})")
+    left.set_ylabel("Out rel RMS vs FP64 (running mean)")
+    left.legend(fontsize=7)
+    right.set_xscale("log")
+    right.set_yscale("log")
+    right.set_xlabel("decoded tokens")
+    right.set_ylabel("state rel RMS vs FP64")
+    _legend_outside(right, fontsize=7)
+    _figure_title(fig, title or f"Decode drift: {study['spec']}", fontsize=9)
+    return fig
+
+
 def is_png(path: Union[str, Path]) -> bool:
     """Whether ``path`` is a non-empty PNG file (signature check)."""
     path = Path(path)

@@ -15,7 +15,7 @@ NOTEBOOKS = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
 #: Modules whose public functions the notebooks call.
 MODULES = ("mimo_numerics.sensitivity", "mimo_numerics.sweep", "mimo_numerics.inference", "mimo_numerics.drift",
            "mimo_numerics.report", "mimo_numerics.ops.mamba3_mimo.ranking", "mimo_numerics.ops.mamba3_mimo.report",
-           "mimo_numerics.studies.ranking", "mimo_numerics.studies.report")
+           "mimo_numerics.studies.ranking", "mimo_numerics.studies.report", "mimo_numerics.studies.decode_drift")
 nbformat = pytest.importorskip("nbformat")
 
 

@@ -8,7 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ("01_rounding_boundaries", "02_policy_swapping", "03_policy_inference", "04_forward_and_stage_two",
-             "05_whole_op")
+             "05_whole_op", "06_decode")
 
 nbformat = pytest.importorskip("nbformat")
 

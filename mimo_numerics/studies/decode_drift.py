@@ -15,8 +15,8 @@ An FP32 policy without output stores (``round_outputs=False``) decodes without t
 prefill and chunked baseline keep them (the whole op needs them in FP32: stage 2 reads stage 1's lp outputs).
 
 Recorded per token: the rel RMS of the output against FP64 (decode and chunked), and, at :func:`checkpoints`, the
-rel RMS of the carried SSM state and k. :func:`write_report` writes ``decode_drift.json``, the plot and a README
-(``scripts/measure_decode_drift.py``).
+rel RMS of the carried SSM state and k. :func:`write_report` writes ``decode_drift.json``, the plot
+(``plots.plot_decode_drift``) and a README (``scripts/measure_decode_drift.py``).
 """
 
 from __future__ import annotations
@@ -140,48 +140,6 @@ def reading(study: dict) -> Dict[str, Dict[str, float]]:
     return rows
 
 
-def plot(study: dict, path) -> Path:
-    """Left: per policy, the decode's per-token error (solid, a running mean over 1 % of the tokens) and the chunked
-    op's (dashed) against FP64. Right: the carried state's errors at the checkpoints (SSM state solid, k dotted,
-    the angle mod 2π dashed), log-log."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..plots import save_figure
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 5))
-    fig.subplots_adjust(left=0.06, right=0.78, wspace=0.25)
-    window = max(1, study["tokens"] // 100)
-    kernel = torch.ones(1, 1, window, dtype=torch.float64) / window
-    for i, (label, record) in enumerate(study["results"].items()):
-        color = f"C{i}"
-        for key, style, suffix in (("out", "-", "decode"), ("chunked", "--", "chunked op")):
-            if not record[key]:
-                continue
-            values = torch.tensor(record[key], dtype=torch.float64)
-            smooth = torch.nn.functional.conv1d(values[None, None], kernel).flatten()
-            left.plot(range(window - 1, window - 1 + len(smooth)), smooth.tolist(), style, color=color,
-                      label=f"{label}, {suffix}", linewidth=1.2)
-        marks = sorted(record["state"], key=int)
-        steps = [int(t) + 1 for t in marks]
-        for key, style in (("ssm", "-"), ("k", ":"), ("angle", "--")):
-            right.plot(steps, [record["state"][t][key] for t in marks], style, color=color, marker=".",
-                       label=f"{label}: {key}")
-    left.set_yscale("log")
-    left.set_xlabel(f"decoded token (after a prefill of {study['prefill']})")
-    left.set_ylabel("Out rel RMS vs FP64 (running mean)")
-    left.legend(fontsize=7)
-    right.set_xscale("log")
-    right.set_yscale("log")
-    right.set_xlabel("decoded tokens")
-    right.set_ylabel("state rel RMS vs FP64")
-    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    fig.suptitle(f"Decode drift: {study['spec']}", fontsize=9)
-    return save_figure(fig, path)
-
-
 def write_report(study: dict, out_dir, command: str = "", smoke: bool = False) -> Path:
     """``decode_drift.json``, ``decode_drift.png`` and ``README.md`` into ``out_dir``; the header is the provenance
     the run recorded (else collected now, with ``command``); ``smoke``: marked as a smoke run."""
@@ -191,7 +149,9 @@ def write_report(study: dict, out_dir, command: str = "", smoke: bool = False) -
                                                           for key in ("out", "chunked")})
                                    for label, record in study["results"].items()})  # 4 digits per token
     (out_dir / "decode_drift.json").write_text(json.dumps(compact, default=str) + "\n")
-    plot(study, out_dir / "decode_drift.png")
+    from ..plots import plot_decode_drift, save_figure
+
+    save_figure(plot_decode_drift(study), out_dir / "decode_drift.png")
     header = provenance.markdown_header(study.get("provenance") or provenance.collect(command=command))
     if smoke:
         header += " **Smoke run (a small case): not the report's figures.**"
