@@ -88,14 +88,15 @@ def test_the_contracted_angle_is_closer_to_upstreams_bits():
 def test_with_the_h200s_special_functions_the_angle_state_is_upstreams_bits():
     """``special_functions="fast_sm90"``: ``tl.sigmoid`` as the H200 computes it (MUFU.EX2, then ``div.full.f32``
     as MUFU.RCP; read from the kernel's SASS). Every FP32 angle state of every case is upstream's, the 256-step chain
-    fed back included (with torch's sigmoid 92 % to 98 % after one step, 22 % over the chain); the rotated q and k
-    stay at least as close as under the preset (measured: every element but one of the fp16 case, an FP32 value 4
-    ulps under an fp16 midpoint: the kernel's libdevice ``cosf``/``sinf`` against torch's)."""
+    fed back included (with torch's sigmoid 92 % to 98 % after one step, 22 % over the chain). The angle involves
+    no ``cos``/``sin``, so its bits are the same on every CPU. The rotated q and k keep the preset's floor (measured:
+    every element but one of the fp16 case, an FP32 value 4 ulps under an fp16 midpoint: the kernel's libdevice
+    ``cosf``/``sinf`` against torch's, which may differ by an ulp between CPUs too)."""
+    floor = tolerances.get("decode_rotary_golden_lp_identical_min")
     for name in NAMES:
         case = CASES[name]
-        preset = _run(case, _policy(case))
         got = _run(case, _policy(case).replace(special_functions="fast_sm90"))
         want = case["upstream"]
         assert torch.equal(got["angle_state"], want["angle_state"]), name
         for key in ("q_out", "k_out"):
-            assert _identical(got[key], want[key]) >= _identical(preset[key], want[key]), (name, key)
+            assert _identical(got[key], want[key]) >= floor, (name, key)
