@@ -19,12 +19,11 @@
 
 # %%
 # %matplotlib inline
-import torch
 from IPython.display import Image, Markdown, display
 
 import mimo_numerics as mn
 from mimo_numerics import golden_data, plots
-from mimo_numerics.ops.mamba3_mimo.decode import rotary_step
+from mimo_numerics.ops.mamba3_mimo import decode_cases
 from mimo_numerics.studies import decode_drift
 
 spec = decode_drift.default_spec(prefill=256, tokens=512)
@@ -68,18 +67,10 @@ table = []
 for name, case in cases.items():
     preset = mn.presets.get("upstream_sm90" if case["fields"]["dtype"] == "bfloat16" else "upstream_sm90_fp16")
     for label, policy in (("preset", preset), ("fast_sm90", preset.replace(special_functions="fast_sm90"))):
-        x, state, outs = case["inputs"], case["inputs"]["angle_state"], {"q": [], "k": [], "angle": []}
-        for t in range(case["fields"]["steps"]):
-            q, k, state = rotary_step(x["q"][t], x["k"][t], state, x["angle_proj"][t], x["dt"][t], x["bias_q"],
-                                      x["bias_k"], conjugate=case["fields"]["conjugate"],
-                                      rotate_pairwise=case["fields"]["pairwise"], policy=policy)
-            outs["q"].append(q)
-            outs["k"].append(k)
-            outs["angle"].append(state)
-        want = case["upstream"]
-        same = {key: (torch.stack(outs[key]) == want[ref]).double().mean().item()
-                for key, ref in (("q", "q_out"), ("k", "k_out"), ("angle", "angle_state"))}
-        table.append(f"| {name} | {label} | {same['q']:.5f} | {same['k']:.5f} | {same['angle']:.5f} |")
+        got = decode_cases.run_rotary_case(case, policy)
+        same = {key: (got[key] == case["upstream"][key]).double().mean().item()
+                for key in ("q_out", "k_out", "angle_state")}
+        table.append(f"| {name} | {label} | {same['q_out']:.5f} | {same['k_out']:.5f} | {same['angle_state']:.5f} |")
 display(Markdown("| case | policy | q bits | k bits | angle bits |\n|---|---|---|---|---|\n" + "\n".join(table)))
 
 # %% [markdown]

@@ -201,6 +201,23 @@ def run_policy_chain(fields: dict, inputs: dict, policy="upstream_sm90") -> dict
     return _stacked(outs)
 
 
+def run_rotary_case(case: dict, policy) -> dict:
+    """A stored case of upstream's rotary kernel (``golden/make_golden_decode.py --part rotary``: ``fields``,
+    ``inputs``) rerun on the CPU by :func:`.decode.rotary_step` under ``policy``, its angle state fed back as upstream
+    fed it: ``q_out``, ``k_out`` ``[T, B, R, H, D]`` and ``angle_state`` ``[T, B, H, K]`` (after each step)."""
+    from .decode import rotary_step
+
+    fields, x = case["fields"], case["inputs"]
+    state, outs = x["angle_state"], {"q_out": [], "k_out": [], "angle_state": []}
+    for t in range(fields["steps"]):
+        q, k, state = rotary_step(x["q"][t], x["k"][t], state, x["angle_proj"][t], x["dt"][t], x["bias_q"],
+                                  x["bias_k"], conjugate=fields["conjugate"], rotate_pairwise=fields["pairwise"],
+                                  policy=policy)
+        for key, value in zip(outs, (q, k, state)):
+            outs[key].append(value)
+    return {key: torch.stack(values) for key, values in outs.items()}
+
+
 def chain_distances(got: dict, want: dict) -> Dict[str, float]:
     """Relative RMS distances of one chain's outputs from another's (:func:`run_kernel_chain`'s layout): ``out``,
     ``k_rot`` and ``angle`` over every token, ``ssm`` the worst over the kept tokens."""

@@ -14,7 +14,7 @@ import torch
 import mimo_numerics as mn
 from mimo_numerics import golden_data, tolerances
 from mimo_numerics.metrics import rel_rms
-from mimo_numerics.ops.mamba3_mimo.decode import rotary_step
+from mimo_numerics.ops.mamba3_mimo import decode_cases
 
 CASES = golden_data.load("decode_rotary")
 NAMES = sorted(CASES)
@@ -26,15 +26,7 @@ def _policy(case, round_outputs=True):
 
 
 def _run(case, policy):
-    fields, x = case["fields"], case["inputs"]
-    state, outs = x["angle_state"], {"q_out": [], "k_out": [], "angle_state": []}
-    for t in range(fields["steps"]):
-        q, k, state = rotary_step(x["q"][t], x["k"][t], state, x["angle_proj"][t], x["dt"][t], x["bias_q"],
-                                  x["bias_k"], conjugate=fields["conjugate"], rotate_pairwise=fields["pairwise"],
-                                  policy=policy)
-        for key, value in zip(outs, (q, k, state)):
-            outs[key].append(value)
-    return {key: torch.stack(values) for key, values in outs.items()}
+    return decode_cases.run_rotary_case(case, policy)
 
 
 def _identical(a, b):
