@@ -133,12 +133,18 @@ def main(argv=None) -> int:
                     print(f"smoke {e.name}: {times[e.name]:.1f} s", flush=True)
         return 0
     done = set()  # the commands run, each ``a && b`` also as its parts ``a`` and ``b``
+    failed = []  # a failing command stops neither the others nor the bookkeeping of those that ran
     for e in chosen:
         if e.kind != "cpu" or not is_command(e.command):
             continue
         if set(command_parts(e.command)) <= done:  # one command writes several files of the index
             continue
-        times[e.name] = run(e.command)
+        try:
+            times[e.name] = run(e.command)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
+            failed.append(e.name)
+            print(f"{e.name}: FAILED ({err})", flush=True)
+            continue
         done.update(command_parts(e.command))
         print(f"{e.name}: {times[e.name]:.0f} s", flush=True)
     commit = provenance.git("rev-parse", "--short", "HEAD") or "unknown"
@@ -158,6 +164,9 @@ def main(argv=None) -> int:
     TIMES.write_text(json.dumps({"provenance": provenance.collect(), "reports": previous}, indent=1) + "\n")
     gpu = [e.name for e in entries if e.kind == "gpu"]
     print(f"GPU reports (not run here, make them on an H200): {', '.join(gpu)}")
+    if failed:
+        print(f"FAILED (their rows keep their old commit): {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

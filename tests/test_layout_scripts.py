@@ -118,3 +118,28 @@ def test_regenerate_reports_command_parts_cover_the_rows_of_a_combined_command()
     combined = set(regenerate_reports.command_parts(rows["reliability"].command))
     assert set(regenerate_reports.command_parts(rows["reliability_slow"].command)) <= combined
     assert set(regenerate_reports.command_parts(rows["reliability_fast"].command)) <= combined
+
+
+def test_regenerate_reports_keeps_going_past_a_failing_command(monkeypatch, tmp_path):
+    """A failing command (``measure_fwd_golden`` once was one) neither stops the reports after it nor loses the
+    commits and times of those that ran; the driver exits 1 naming it."""
+    import subprocess
+
+    regenerate_reports = _index()
+    entries = [regenerate_reports.Entry("bad", "bad.md", "cpu", "python bad.py", "-", "old"),
+               regenerate_reports.Entry("good", "good.md", "cpu", "python good.py", "-", "old")]
+
+    def fake_run(command, timeout=None):
+        if "bad" in command:
+            raise subprocess.CalledProcessError(1, command)
+        return 1.0
+
+    marked = {}
+    monkeypatch.setattr(regenerate_reports, "read_index", lambda: entries)
+    monkeypatch.setattr(regenerate_reports, "run", fake_run)
+    monkeypatch.setattr(regenerate_reports, "set_commits",
+                        lambda names, commit: marked.update(dict.fromkeys(names, commit)))
+    monkeypatch.setattr(regenerate_reports, "TIMES", tmp_path / "times.json")
+    assert regenerate_reports.main([]) == 1
+    assert set(marked) == {"good"}
+    assert "good" in (tmp_path / "times.json").read_text() and "bad" not in (tmp_path / "times.json").read_text()
