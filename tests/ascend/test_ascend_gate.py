@@ -215,3 +215,29 @@ def test_only_an_adapter_abort_on_an_internal_assertion_counts_as_a_tool_crash()
     assert not gate.is_tool_crash("ttir", crash)
     assert not gate.is_tool_crash("ttadapter", "error: 'tt.load' op operand #0 must be ptr")
     assert gate.TOOL_CRASH_RETRIES >= 1
+
+
+def test_a_crash_with_a_long_stack_dump_is_still_a_tool_crash_and_is_compiled_again(monkeypatch):
+    """A wide-scope run (2026-12-05) hit an adapter abort whose stack dump pushed the assertion line out of the
+    summarized message: the gate did not recognize the crash and did not compile the plan again (in isolation the
+    plan compiles). The crash is judged on the whole output, and the summary keeps the assertion line first."""
+    dump = "\n".join(f"#{i} 0x000055fd2b6fd192 (.../triton-adapter-opt+0x1ae4192)" for i in range(200))
+    output = ("triton-adapter-opt: .../TypeSupport.h:173: Assertion `abstractType && \"Malformed type storage "
+              "object.\"' failed.\nPLEASE submit a bug report\nStack dump:\n" + dump)
+    summary = gate.summarize_failure(output)
+    assert summary.splitlines()[0].startswith("triton-adapter-opt: .../TypeSupport.h:173: Assertion")
+    assert gate.is_tool_crash("ttadapter", summary)
+
+    calls = []
+    plan = toy_kernels.plans_ok()[0]
+    real = gate.compile_frontend
+
+    def crash_then_compile(p, part):
+        calls.append(part)
+        if len(calls) == 1:
+            return gate._Frontend(None, None, "ttadapter", gate._tail(output, 2000), 0.0, tool_crash=True)
+        return real(p, part)
+
+    monkeypatch.setattr(gate, "compile_frontend", crash_then_compile)
+    results = gate.run_gate([plan], parts=PARTS[:1])
+    assert len(calls) == 2 and [r.ok for r in results] == [True]
