@@ -872,7 +872,15 @@ def write_report(results: Sequence[CompileResult], path: Path, info: Dict[str, s
         lines.append(f"| {r.kernel} | {r.spec} | {r.group} | {r.part} | {r.status} | {r.stage} | "
                      f"{r.seconds:.2f} | {ub} |")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.write_text(without_machine_paths("\n".join(lines)) + "\n", encoding="utf-8")
+
+
+def without_machine_paths(text: str) -> str:
+    """``text`` with this machine's paths (the environment's ``sys.prefix`` and the repository root, which a tool's
+    stack dump prints) replaced by ``<venv>`` and ``<repo>``: a report names no machine's folders."""
+    for prefix, name in ((sys.prefix, "<venv>"), (str(ROOT), "<repo>")):
+        text = text.replace(prefix.rstrip("/") + "/", name + "/")
+    return text
 
 
 # ---------------------------------------------------------------------------------------------- CLI

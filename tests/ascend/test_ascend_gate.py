@@ -241,3 +241,11 @@ def test_a_crash_with_a_long_stack_dump_is_still_a_tool_crash_and_is_compiled_ag
     monkeypatch.setattr(gate, "compile_frontend", crash_then_compile)
     results = gate.run_gate([plan], parts=PARTS[:1])
     assert len(calls) == 2 and [r.ok for r in results] == [True]
+
+
+def test_reports_name_no_machine_paths():
+    """A tool's stack dump prints absolute paths into a failure's message; the report replaces them."""
+    text = f"#23 0x1 ({sys.prefix}/lib/site-packages/triton-adapter-opt+0x1)\nsee {ROOT}/kernels/_config.py"
+    cleaned = gate.without_machine_paths(text)
+    assert sys.prefix not in cleaned and str(ROOT) not in cleaned
+    assert "<venv>/lib/site-packages/triton-adapter-opt" in cleaned and "<repo>/kernels/_config.py" in cleaned
