@@ -6,6 +6,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from mimo_numerics import tolerances
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba_mimo_fwd import reference as fwd_reference
 
@@ -30,5 +31,5 @@ def test_upstream_states_column_runs_and_restores_the_recurrence():
     name = sorted(golden)[0]
     o = script._with_upstream_states(golden[name])
     assert fwd_reference.state_recurrence is original
-    # upstream's own states: the output is near upstream's (the forward's golden gate is 2e-3)
-    assert rel_rms(o, golden[name]["fwd"]["o"]) < 2e-3
+    # upstream's own states: the output is at least as near upstream's as the stand-in's own (its golden gate)
+    assert rel_rms(o, golden[name]["fwd"]["o"]) <= tolerances.get("fwd_golden_upstream_sm90_rel_rms")

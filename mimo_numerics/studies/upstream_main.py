@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .. import presets, provenance
+from .. import provenance
 from ..metrics import rel_rms
 from ..ops.mamba3_mimo import chain
 from ..ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
@@ -55,14 +55,29 @@ def default_specs(seqlens: Sequence[int] = (2048, 8192), dtypes: Sequence[str] =
                        chunk_size=16, dtype=dtype, seed=seed) for s in seqlens for dtype in dtypes]
 
 
+_PRESET_OF_DTYPE = {"float16": "upstream_sm90_fp16", "bfloat16": "upstream_sm90"}
+
+
 def policy_for(dtype: str) -> str:
-    """The 2.3.2.post1 preset of an lp dtype: ``upstream_sm90`` or ``upstream_sm90_fp16``."""
-    return "upstream_sm90_fp16" if dtype == "float16" else "upstream_sm90"
+    """The 2.3.2.post1 preset of an lp dtype: ``upstream_sm90`` (``"bfloat16"``) or ``upstream_sm90_fp16``
+    (``"float16"``)."""
+    if dtype not in _PRESET_OF_DTYPE:
+        raise ValueError(f"dtype must be one of {sorted(_PRESET_OF_DTYPE)}, got {dtype!r}")
+    return _PRESET_OF_DTYPE[dtype]
+
+
+def _check_state(state, lp_dtype) -> None:
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.float32:
+        raise TypeError(f"state must be a float32 torch.Tensor (stage 1's states before their store), got "
+                        f"{getattr(state, 'dtype', type(state).__name__)}")
+    if lp_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"lp_dtype must be torch.bfloat16 or torch.float16, got {lp_dtype!r}")
 
 
 def states_as_main(state: torch.Tensor, lp_dtype: torch.dtype) -> torch.Tensor:
     """Stage 1's FP32 chunk states ``[B, H, nc, N, P]`` (before its store) as upstream main's stage 2 reads them:
     stored in bf16, then converted to the lp dtype."""
+    _check_state(state, lp_dtype)
     return state.to(torch.bfloat16).to(lp_dtype)
 
 
@@ -70,16 +85,16 @@ def states_not_exact(state: torch.Tensor, lp_dtype: torch.dtype) -> int:
     """How many of the bf16-stored states the lp dtype does not hold exactly: for fp16, values below its normal
     range (where main's FP32 ``ddA`` term reads the bf16 value and :func:`states_as_main` the fp16 one) or above
     its largest."""
+    _check_state(state, lp_dtype)
     bf16 = state.to(torch.bfloat16)
     return int((bf16.to(lp_dtype).float() != bf16.float()).sum())
 
 
 def _epilogue(inputs: dict, pre: dict, bwd_fwd: dict, bwd_bwd: dict, policy, fp32_bias: bool) -> dict:
-    policy = presets.resolve(policy)
+    knobs = chain.epilogue_reference_kwargs(policy)
+    knobs["bias_sums_in_lp"] = knobs["bias_sums_in_lp"] and not fp32_bias
     return mamba3_mimo_epilogue_reference(*chain.epilogue_args(inputs, pre, bwd_fwd, bwd_bwd),
-                                          **chain.epilogue_kwargs(inputs), fma=policy.helper_fma == "contracted",
-                                          bias_sums_in_lp=policy.round_outputs and not fp32_bias,
-                                          special_functions=policy.special_functions)
+                                          **chain.epilogue_kwargs(inputs), **knobs)
 
 
 def variant_gradients(inputs: dict, policy) -> Dict[str, dict]:

@@ -59,3 +59,12 @@ def test_run_case_reports_every_variant_against_fp64():
     tag, main = case["errors"]["2.3.2.post1"], case["errors"]["main: bf16 states"]
     assert main["dQ"] > tag["dQ"] > 0 and main["dV"] == tag["dV"]
     assert case["states_not_exact"] == 0 and case["states"] > 0
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="dtype"):
+        upstream_main.policy_for("float32")
+    with pytest.raises(TypeError, match="state"):
+        upstream_main.states_as_main(torch.zeros(2, dtype=torch.float16), torch.float16)
+    with pytest.raises(ValueError, match="lp_dtype"):
+        upstream_main.states_not_exact(torch.zeros(2), torch.float32)

@@ -410,6 +410,14 @@ def _stage2_reference_step(inputs: dict, pre: dict, bwd_fwd: dict, policy, recor
     return result
 
 
+def epilogue_reference_kwargs(policy) -> dict:
+    """The FP32 epilogue reference's knobs under ``policy`` (a RoundingPolicy or a preset name): ``fma`` from
+    ``helper_fma``, ``bias_sums_in_lp`` from ``round_outputs``, ``special_functions``."""
+    policy = _presets.resolve(policy)
+    return {"fma": policy.helper_fma == "contracted", "bias_sums_in_lp": policy.round_outputs,
+            "special_functions": policy.special_functions}
+
+
 def run_epilogue(inputs: dict, pre: dict, bwd_fwd: dict, bwd_bwd: dict, policy, *,
                  record: Optional[dict] = None) -> Dict[str, Optional[torch.Tensor]]:
     """The chain after stage 2: FP32 reference or, under fp64, the FP64 oracle. The policy's ``helper_fma``
@@ -423,9 +431,7 @@ def run_epilogue(inputs: dict, pre: dict, bwd_fwd: dict, bwd_bwd: dict, policy, 
     if chain_kind(policy) == "fp64":
         result = mamba3_mimo_epilogue_oracle(*args, **kw)
     else:
-        result = mamba3_mimo_epilogue_reference(*args, **kw, fma=policy.helper_fma == "contracted",
-                                                bias_sums_in_lp=policy.round_outputs,
-                                                special_functions=policy.special_functions)
+        result = mamba3_mimo_epilogue_reference(*args, **kw, **epilogue_reference_kwargs(policy))
     _store(record, "mamba3_mimo_epilogue", result)
     return result
 
