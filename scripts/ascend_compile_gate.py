@@ -621,6 +621,16 @@ def wide_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
     return _unique(out)
 
 
+def bounds_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
+    """Every N × P × (C, R) class with the branch combination that instantiates the most code (reduced DOUT, Z and D),
+    under ``upstream_sm90`` (176 calls): with ``--operators mamba_mimo_bwd_bwd`` every size class the stage-2
+    launcher accepts on NPU (``kernels.mimo_bwd_bwd.backend_refusal`` leaves out the rest), i.e. a check of its
+    bounds and of Ascend's tile plan (``kernels.mimo_bwd_bwd.npu_tiles``)."""
+    if "upstream_sm90" not in presets:
+        return []
+    return [("upstream_sm90", n, p, c, r, True, True, True) for n in GATE_DIMS for p in GATE_DIMS for c, r in GATE_CR]
+
+
 #: The CI scope of stage 1: 15 launcher calls chosen so that together they hit every preset, every branch
 #: combination, every N and P value, the largest tiles of every (LP, CP) class the launcher derives at N = P = 128,
 #: padded non-power-of-two C·R (18, 24, 48, 100) and C below the 16-row minimum. Each line says what it adds.
@@ -680,6 +690,11 @@ STAGE2_CI_CASES: Tuple[GateCase, ...] = (
     ("upstream_sm80_fp16", 16, 128, 6, 3, False, False, False),
     ("fp32", 16, 16, 8, 2, True, True, False),
     ("upstream_sm90", 64, 32, 128, 1, True, False, False),
+    # the two exceptions of Ascend's plan (kernels.mimo_bwd_bwd.npu_tiles), both of which overflowed the unified
+    # buffer with 16 rows / 16 tokens: the k-side kernel at C = 8, R = 2 beyond N·P = 16·16 (8 rows), the token
+    # kernel at N = P = 16, C = 128, R = 1 (8 tokens)
+    ("upstream_sm90", 32, 32, 8, 2, True, True, True),
+    ("upstream_sm90", 16, 16, 128, 1, True, True, True),
 )
 
 
@@ -729,8 +744,10 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
             cases = wide_cases(presets)
         elif scope == "ci":
             cases = ci_cases(presets)
+        elif scope == "bounds":
+            cases = bounds_cases(presets)
         else:
-            raise ValueError(f"scope must be 'ci', 'wide' or 'full', got {scope!r}")
+            raise ValueError(f"scope must be 'ci', 'wide', 'bounds' or 'full', got {scope!r}")
         own_cases = {op: cases for op in OPERATOR_LAUNCHERS}
         if scope == "ci":
             own_cases["mamba_mimo_fwd"] = [cs for cs in FORWARD_CI_CASES if cs[0] in presets]
@@ -891,10 +908,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="MODULE[:FUNC] returning launch plans (default: the project's kernels)")
     ap.add_argument("--parts", default=",".join(DEFAULT_PARTS), help="comma-separated Ascend parts")
     ap.add_argument("--presets", default=None, help="comma-separated presets (default: all gated presets)")
-    ap.add_argument("--scope", choices=("ci", "wide", "full"), default="ci",
-                    help="ci: 15 launcher calls covering every preset, branch, dim and tile class (~40 min now); "
-                         "wide: 200 calls crossing all tile classes with the heavy branches and all switches with "
-                         "one tile (~13 min); full: every preset x N x P x (C, R) x branch (days)")
+    ap.add_argument("--scope", choices=("ci", "wide", "bounds", "full"), default="ci",
+                    help="ci: what CI compiles, every preset, branch, dim and tile class (reports/ascend_compile.md); "
+                         "wide: all tile classes with the heavy branches and all switches with one tile "
+                         "(reports/ascend_compile_wide.md); bounds: every N x P x (C, R) with the heaviest branches "
+                         "(with --operators mamba_mimo_bwd_bwd: stage 2's NPU bounds); full: every preset x N x P x "
+                         "(C, R) x branch (days). Times: docs/ascend.md")
     ap.add_argument("--operators", default=",".join(DEFAULT_OPERATORS),
                     help="comma-separated launchers to compile, of " + ", ".join(OPERATOR_LAUNCHERS))
     ap.add_argument("--filter", default=None, help="only plans whose kernel or specialization contains this")
