@@ -7,8 +7,8 @@ dmimo sum). Every switch of ``policy.mamba_mimo_bwd_bwd`` reaches the kernels as
 (:func:`stage2_constexprs`, the one place for this operator).
 
 Plan (:func:`stage2_tiles`, :class:`Stage2Tiles`): blocks of fused rows and of tokens per program of the
-chunk-parallel kernels (whole chunks in the interpreter and on CUDA up to 64 rows; 16 rows and 16 tokens on
-Ascend, fewer where the unified buffer needs it: :func:`npu_tiles`), the reverse walk on tiles of at most 64 × 64 (16 × 16 on Ascend). A plan changes FP32
+chunk-parallel kernels (whole chunks in the interpreter and on CUDA up to 64 rows; on Ascend 8 rows and 16
+tokens: :func:`npu_tiles`), the reverse walk on tiles of at most 64 × 64 (16 × 16 on Ascend). A plan changes FP32
 summation orders only (``tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_kernels.py::test_stage2_tile_plans_agree``).
 """
 
@@ -135,20 +135,18 @@ def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
     if backend == "interpreter":
         return Stage2Tiles(LP, CP)
     if backend == "npu":
-        return npu_tiles(dims.rank, LP, CP)
+        return npu_tiles(LP, CP)
     return Stage2Tiles(min(LP, 64), CP)
 
 
-def npu_tiles(rank: int, LP: int, CP: int) -> Stage2Tiles:
-    """Ascend's plan: 16 rows and 16 tokens per program, except 8 rows when the whole chunk is one 16-row block of
-    several ranks (LP = 16, R > 1) and 4 tokens when CP = 128. With these every specialization within
-    :func:`backend_refusal`'s bounds fits the 192 KiB unified buffer (``scripts/ascend_compile_gate.py --scope wide``,
-    ``reports/ascend_compile_wide.md``). The two exceptions are measured, not derived: with 16 rows the k-side kernel
-    at C = 8, R = 2 needed 2.8 to 8.7 Mbit for N·P >= 32·32 (1.57 Mbit available; C = 16, R = 2 and C = 8, R = 3 fit),
-    and with 16 tokens the token kernel at N = P = 16, C = 128, R = 1 needed 512 bits too many (``docs/ascend.md``)."""
-    rows = 8 if LP == 16 and rank > 1 else min(LP, 16)
-    tokens = 4 if CP >= 128 else min(CP, 16)
-    return Stage2Tiles(rows, tokens)
+def npu_tiles(LP: int, CP: int) -> Stage2Tiles:
+    """Ascend's plan: 8 fused rows per program, 16 tokens (4 when CP = 128). With it every size class within
+    :func:`backend_refusal`'s bounds fits the 192 KiB unified buffer (``scripts/ascend_compile_gate.py --scope bounds
+    --operators mamba_mimo_bwd_bwd``, ``reports/ascend_compile_bounds.md``). Measured, not derived: with 16 rows the
+    k-side kernel overflowed inside the bounds at C·R = 16 with R > 1 for every N·P from 16·32 up (up to 8.7 Mbit of
+    1.57), at N, P = 32, 128 with C·R = 48 and 64, and at N = 64, P = 16 or 32 with C = 64, R = 2; with 16 tokens
+    the token kernel overflowed at N = P = 16, C = 128, R = 1, and with 8 tokens at N, P = 16, 64 (``docs/ascend.md``)."""
+    return Stage2Tiles(min(LP, 8), 4 if CP >= 128 else min(CP, 16))
 
 
 def _pow2(x: int) -> int:

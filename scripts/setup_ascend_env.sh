@@ -34,8 +34,23 @@ fi
 
 stamp="$VENV/.mimo-ascend-stamp"
 want="$(printf '%s\n' "${PKGS[@]}")"
+install_project() {
+  # The project itself (no dependencies: they are all above, and matplotlib is not needed here).
+  local log="$VENV/.mimo-install.log"
+  if ! "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$ROOT" >"$log" 2>&1; then
+    cat "$log" >&2
+    exit 1
+  fi
+}
+
 if [[ -x "$VENV/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
   echo "setup_ascend_env: reusing $VENV"
+  # an editable install made from another checkout would compile that checkout's kernels: point it here
+  where="$(cd / && "$VENV/bin/python" -c 'import mimo_numerics.kernels as k, os; print(os.path.dirname(os.path.realpath(k.__file__)))' 2>/dev/null || true)"
+  if [[ "$where" != "$(cd "$ROOT/kernels" && pwd -P)" ]]; then
+    echo "setup_ascend_env: the project was installed from ${where:-nowhere}; reinstalling it from $ROOT"
+    install_project
+  fi
 else
   start=$(date +%s)
   rm -rf "$VENV"
@@ -46,12 +61,7 @@ else
   "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
   "$VENV/bin/python" -m pip uninstall --quiet -y triton >/dev/null 2>&1 || true
   "$VENV/bin/python" -m pip install --quiet "${PKGS[@]}"
-  # The project itself (no dependencies: they are all above, and matplotlib is not needed here).
-  log="$VENV/.mimo-install.log"
-  if ! "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$ROOT" >"$log" 2>&1; then
-    cat "$log" >&2
-    exit 1
-  fi
+  install_project
   echo "$want" > "$stamp"
   echo "setup_ascend_env: built $VENV in $(( $(date +%s) - start )) s"
 fi

@@ -39,6 +39,14 @@ def test_environment_is_triton_ascend_with_bishengir():
     assert Path(info["bishengir-compile"]).is_file()
 
 
+def test_the_gate_refuses_kernels_of_another_checkout(tmp_path):
+    """An editable install made from another checkout maps ``mimo_numerics.kernels`` there; the gate would compile
+    that checkout's kernels under this one's commit, so it stops with a clear error instead."""
+    gate.check_kernels_source(ROOT)
+    with pytest.raises(gate.GateEnvironmentError, match="another checkout"):
+        gate.check_kernels_source(tmp_path)
+
+
 @pytest.mark.parametrize("part", PARTS)
 def test_good_kernels_reach_hivmc(part):
     results = gate.run_gate(toy_kernels.plans_ok(), parts=(part,))
@@ -183,6 +191,23 @@ def test_ci_cases_cover_every_preset_branch_dim_and_tile_class():
     assert {tiles(c, r) for _, n, p, c, r, *_ in cases if n == p == 128} == {tiles(c, r) for c, r in gate.GATE_CR}
     assert any((c * r) & (c * r - 1) for _, _, _, c, r, *_ in cases)      # a padded non-power-of-two C·R
     assert set(cases) <= set(gate.full_cases()) and set(gate.wide_cases()) <= set(gate.full_cases())
+
+
+def test_bounds_scope_is_every_size_class_stage2_accepts_on_npu():
+    """``--scope bounds``: every N × P × (C, R) with the heaviest branches; the stage-2 plans it yields are exactly
+    the size classes ``backend_refusal`` lets through, each with the kernels' Ascend tile plan."""
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    cases = gate.bounds_cases()
+    assert len(cases) == len(gate.GATE_DIMS) ** 2 * len(gate.GATE_CR) and set(cases) <= set(gate.full_cases())
+    accepted = {(n, p, c, r) for _, n, p, c, r, *_ in cases if not mimo_bwd_bwd.backend_refusal("npu", n, p, c * r)}
+    plans = gate.project_plans(scope="bounds", operators=("mamba_mimo_bwd_bwd",))
+    kside = [pl for pl in plans if pl.kernel_name == "_bwd2_kside_kernel"]
+    assert {(pl.kwargs["N"], pl.kwargs["P"], pl.kwargs["C"], pl.kwargs["R"]) for pl in kside} == accepted
+    for pl in kside:
+        assert pl.kwargs["BR"] == mimo_bwd_bwd.npu_tiles(pl.kwargs["LP"], pl.kwargs["CP"]).rows
+    for pl in (pl for pl in plans if pl.kernel_name == "_bwd2_token_kernel"):
+        assert pl.kwargs["BT"] == mimo_bwd_bwd.npu_tiles(pl.kwargs["LP"], pl.kwargs["CP"]).tokens
 
 
 def test_ub_peak_reads_planned_offsets_and_sizes():
