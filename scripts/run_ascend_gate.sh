@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the Ascend compile gate (issue 7) in the triton-ascend environment built by scripts/setup_ascend_env.sh.
 #
-#   scripts/run_ascend_gate.sh                 # the gate (CI scope, ~7 min on 2 cores) + the gate's own tests
+#   scripts/run_ascend_gate.sh                 # the gate (CI scope, ~8 min on 2 cores) + the gate's own tests
 #   scripts/run_ascend_gate.sh --no-report     # what .ci/run runs (the same, without rewriting the report)
 #   scripts/run_ascend_gate.sh --filter dq     # extra arguments go to scripts/ascend_compile_gate.py
 #
@@ -9,7 +9,7 @@
 #    (--scope ci: the launcher calls of CI_CASES, FORWARD_CI_CASES and STAGE2_CI_CASES: every preset, branch, dim
 #    and tile class) for Ascend910B3 and Ascend910_9382 and rewrites reports/ascend_compile.md (pass --no-report in
 #    CI). A failing gate stops after 10 failures and a single BiShengIR run after 900 s (the slowest specialization
-#    took 95 s in reports/ascend_compile.md);
+#    took 130 s in reports/ascend_compile.md);
 # 2. pytest runs tests/ascend (the gate catches a unified-buffer overflow and rejected constructs).
 # Exits non-zero if either fails.
 set -uo pipefail
