@@ -232,3 +232,44 @@ def golden_distances(case: dict, policy) -> Dict[str, float]:
     """The policy step's distances from a golden case's upstream run (``golden/make_golden_decode.py --part step``:
     ``fields``, ``inputs``, ``upstream``), re-run on the CPU from the stored inputs."""
     return chain_distances(run_policy_chain(case["fields"], case["inputs"], policy), case["upstream"])
+
+
+def step_policy(fields: dict, name: str = "upstream_sm90"):
+    """Preset ``name`` for a case's lp dtype: ``upstream_sm90`` means ``upstream_sm90_fp16`` for an fp16 case, any
+    other preset gets ``lp_dtype="float16"``."""
+    if fields["dtype"] == "float16":
+        if name == "upstream_sm90":
+            return presets.get("upstream_sm90_fp16")
+        return presets.get(name).replace(lp_dtype="float16")
+    return presets.get(name)
+
+
+#: The outputs the step's lp stores round (``out`` and the rotated k); the angle and the SSM state are FP32.
+STORED_OUTPUTS = ("out", "k_rot")
+
+
+def step_golden_verdict(case: dict) -> dict:
+    """The decode step's golden gate on one case (``fields``, ``inputs``, ``upstream``; issue 25, acceptance 2).
+
+    The whole op's gates, adapted to the step: under ``upstream_sm90`` (:func:`step_policy`) every output is within
+    ``whole_op_golden_sm90_rel_rms`` of upstream's, and the outputs the lp stores round (:data:`STORED_OUTPUTS`) are
+    at least ``whole_op_golden_fp32_over_sm90_ratio_min`` times farther without those stores (``round_outputs=
+    False``). The whole op compares with the ``fp32`` preset instead; in the step that says nothing: upstream's two
+    step kernels compute in FP32 and round only at their lp stores, which ``fp32`` keeps too (``docs/compat.md``).
+
+    Returns:
+        dict: ``policy`` and ``unrounded`` (:func:`golden_distances` of each) and ``failures`` (one line per failed
+        check, empty when the case passes).
+    """
+    from ... import tolerances
+
+    policy = step_policy(case["fields"])
+    near = golden_distances(case, policy)
+    far = golden_distances(case, policy.replace(round_outputs=False))
+    bound = tolerances.get("whole_op_golden_sm90_rel_rms")
+    ratio = tolerances.get("whole_op_golden_fp32_over_sm90_ratio_min")
+    failures = [f"{key}: {value:.3g} from upstream under {policy.name}, over the gate {bound:g}"
+                for key, value in near.items() if not value <= bound]
+    failures += [f"{key}: without the lp stores {far[key]:.3g}, not {ratio:g}x the policy's {near[key]:.3g}"
+                 for key in STORED_OUTPUTS if not (far[key] > 0 and far[key] >= ratio * near[key])]
+    return {"policy": near, "unrounded": far, "failures": failures}
