@@ -611,7 +611,7 @@ def full_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
 
 
 def wide_cases(presets: Sequence[str] = GATE_PRESETS) -> List[GateCase]:
-    """A covering subset of ``full_cases`` (200 calls: 353 distinct specializations of stage 1, 876 with the forward and
+    """A covering subset of ``full_cases`` (200 calls: 352 distinct specializations of stage 1, 876 with the forward and
     stage 2; about an hour on 2 cores for both parts, reports/ascend_compile_wide.md).
 
     A specialization's unified-buffer use depends on its tile sizes (N, P, C, R and the tiles the launcher derives
