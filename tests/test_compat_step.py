@@ -11,25 +11,16 @@ from mimo_numerics import compat
 from mimo_numerics.ops.mamba3_mimo import decode_cases
 from mimo_numerics.ops.mamba3_mimo.step import DecodeState, mamba3_mimo_step_fp64
 from mimo_numerics.policy import FP32_LEVEL_SM90
+from mamba3_mimo_support import upstream_step_kernels
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    compat.install()
-    try:
-        import mamba_ssm.ops.cute.mamba3.mamba3_step_fn as cute_step
-        import mamba_ssm.ops.triton.mamba3.mamba3_mimo_rotary_step as rotary
-    finally:
-        compat.uninstall()
-    return rotary.apply_rotary_qk_inference_fwd, cute_step.mamba3_step_fn
-
-
-def _preset(fields):
-    return "upstream_sm90" if fields["dtype"] == "bfloat16" else "upstream_sm90_fp16"
+    return upstream_step_kernels()
 
 
 def _policy(fields, models):
-    preset = mn.presets.get(_preset(fields))
+    preset = decode_cases.step_policy(fields)
     return preset.replace(**FP32_LEVEL_SM90) if models else preset
 
 
@@ -64,7 +55,7 @@ def _one_token(fields, dtype=None):
     q_rot, k_rot, _ = rotary_step(cast(x["Q"][0][:, :, heads]), cast(x["K"][0][:, :, heads]), cast(s["angle"]),
                                   cast(x["Angles"][0]), cast(x["DT"][0]), cast(x["Q_bias"].transpose(0, 1)),
                                   cast(x["K_bias"].transpose(0, 1)), rotate_pairwise=False,
-                                  policy="fp64" if dtype == torch.float64 else _preset(fields))
+                                  policy="fp64" if dtype == torch.float64 else decode_cases.step_policy(fields))
     args = dict(state=cast(s["ssm"]).clone(), Bstate=cast(s["k"]), Xstate=cast(s["v"]), A=cast(x["A"][0]), B=k_rot,
                 C=q_rot, D=cast(x["D"]), x=cast(x["V"][0]), dt=cast(x["DT"][0]),
                 trap=torch.sigmoid(x["Trap"][0].to(dtype or torch.float32)),

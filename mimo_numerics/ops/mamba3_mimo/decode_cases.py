@@ -236,7 +236,13 @@ def golden_distances(case: dict, policy) -> Dict[str, float]:
 
 def step_policy(fields: dict, name: str = "upstream_sm90"):
     """Preset ``name`` for a case's lp dtype: ``upstream_sm90`` means ``upstream_sm90_fp16`` for an fp16 case, any
-    other preset gets ``lp_dtype="float16"``."""
+    other preset gets ``lp_dtype="float16"``.
+
+    Raises:
+        ValueError: ``fields["dtype"]`` is not ``"bfloat16"`` or ``"float16"``.
+    """
+    if fields.get("dtype") not in ("bfloat16", "float16"):
+        raise ValueError(f"fields['dtype'] must be 'bfloat16' or 'float16', got {fields.get('dtype')!r}")
     if fields["dtype"] == "float16":
         if name == "upstream_sm90":
             return presets.get("upstream_sm90_fp16")
@@ -260,9 +266,20 @@ def step_golden_verdict(case: dict) -> dict:
     Returns:
         dict: ``policy`` and ``unrounded`` (:func:`golden_distances` of each) and ``failures`` (one line per failed
         check, empty when the case passes).
+
+    Raises:
+        ValueError: ``case`` lacks ``fields``, ``inputs`` or ``upstream``, or its upstream run lacks an output.
     """
     from ... import tolerances
 
+    missing = [key for key in ("fields", "inputs", "upstream") if key not in case]
+    if missing:
+        raise ValueError("case must have 'fields', 'inputs' and 'upstream' (golden/make_golden_decode.py --part "
+                         f"step); missing {missing}")
+    lacking = [key for key in ("out", "k_rot", "angle", "ssm") if key not in case["upstream"]]
+    if lacking:
+        raise ValueError(f"case['upstream'] must hold out, k_rot, angle and ssm (run_kernel_chain's outputs); "
+                         f"missing {lacking}")
     policy = step_policy(case["fields"])
     near = golden_distances(case, policy)
     far = golden_distances(case, policy.replace(round_outputs=False))

@@ -55,7 +55,7 @@ def test_the_models_move_the_step_by_fp32_level_amounts(name):
     measured: contractions everywhere), by about an FP32 ulp; the lp output by the odd rounding flip."""
     fields = dict(decode_cases.STEP_CASES[name], steps=1)
     inputs = decode_cases.make_step_inputs(fields)
-    base = mn.presets.get("upstream_sm90" if fields["dtype"] == "bfloat16" else "upstream_sm90_fp16")
+    base = decode_cases.step_policy(fields)
     plain = decode_cases.run_policy_chain(fields, inputs, base)
     modelled = decode_cases.run_policy_chain(fields, inputs, base.replace(**FP32_LEVEL_SM90))
     assert (plain["ssm"][0] != modelled["ssm"][0]).double().mean().item() > 0.2
