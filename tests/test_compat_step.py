@@ -86,7 +86,7 @@ def test_in_place_update_equals_a_separate_state_out(kernels):
 def test_without_outproj_the_output_is_per_rank_and_z_does_not_gate_it(kernels):
     """As upstream's kernel: ``z`` only acts in the ``outproj`` branch."""
     _, step = kernels
-    fields = dict(decode_cases.STEP_CASES["step_B2_H2_G1_N64_P64_R4_K16_bf16_per_rank_from_zero"], has_z=True,
+    fields = dict(decode_cases.STEP_CASES["step_B2_H4_G1_N64_P64_R4_K16_bf16_per_rank_from_zero"], has_z=True,
                   init="random")
     _, args = _one_token(fields)
     assert args["out"].dim() == 4 and args["z"] is not None

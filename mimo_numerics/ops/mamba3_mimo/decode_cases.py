@@ -43,7 +43,7 @@ STEP_CASES: Dict[str, dict] = {
                                              has_outproj=True, init="random", steps=16, seed=601),
     "step_B1_H2_G2_N64_P128_R2_K16_fp16": dict(B=1, H=2, G=2, N=64, P=128, R=2, K=16, dtype="float16", has_z=True,
                                              has_outproj=True, init="random", steps=16, seed=602),
-    "step_B2_H2_G1_N64_P64_R4_K16_bf16_per_rank_from_zero": dict(B=2, H=2, G=1, N=64, P=64, R=4, K=16,
+    "step_B2_H4_G1_N64_P64_R4_K16_bf16_per_rank_from_zero": dict(B=2, H=4, G=1, N=64, P=64, R=4, K=16,
                                                                dtype="bfloat16", has_z=False, has_outproj=False,
                                                                init="zeros", steps=8, seed=603),
     "step_chain256_B1_H4_G1_N128_P64_R4_K32_bf16": dict(B=1, H=4, G=1, N=128, P=64, R=4, K=32, dtype="bfloat16",
@@ -151,6 +151,9 @@ def run_kernel_chain(rotary_fn: Callable, step_fn: Callable, fields: dict, input
     H, G, R, P = fields["H"], fields["G"], fields["R"], fields["P"]
     heads = torch.arange(H, device=dev) // (H // G)
 
+    def token(name, t):  # a fresh tensor, as Mamba3.step's are: a slice of [T, ...] may start off 16-byte alignment
+        return None if x[name] is None else x[name][t].clone(memory_format=torch.contiguous_format)
+
     def per_rank(name):
         return None if x[name] is None else x[name].transpose(0, 1).contiguous()  # [H, R, .] -> [R, H, .]
 
@@ -161,15 +164,15 @@ def run_kernel_chain(rotary_fn: Callable, step_fn: Callable, fields: dict, input
     for t in range(fields["steps"]):
         q = x["Q"][t][:, :, heads].contiguous()  # [B, R, H, N]
         k = x["K"][t][:, :, heads].contiguous()
-        q_rot, k_rot, angle = rotary_fn(q, k, angle, x["Angles"][t].contiguous(), x["DT"][t].contiguous(),
+        q_rot, k_rot, angle = rotary_fn(q, k, angle, token("Angles", t), token("DT", t),
                                         bias_q=bias_q, bias_k=bias_k, inplace=False, conjugate=False,
                                         rotate_pairwise=False)
-        v = x["V"][t].contiguous()
+        v = token("V", t)
         shape = (v.shape[0], H, P) if proj_o is not None else (v.shape[0], R, H, P)
         out, ssm_out = torch.empty(shape, dtype=v.dtype, device=dev), torch.empty_like(ssm)
         gates.append(torch.sigmoid(x["Trap"][t].to(torch.float32)))
-        step_fn(ssm, k_state, v_state, x["A"][t].contiguous(), k_rot, q_rot, x["D"], v, x["DT"][t].contiguous(),
-                gates[-1], proj_v, proj_o, ssm_out, out, None if x["Z"] is None else x["Z"][t].contiguous(), proj_z,
+        step_fn(ssm, k_state, v_state, token("A", t), k_rot, q_rot, x["D"], v, token("DT", t),
+                gates[-1], proj_v, proj_o, ssm_out, out, token("Z", t), proj_z,
                 **(step_kwargs or {}))
         ssm, k_state, v_state = ssm_out, k_rot, v
         if dev.type == "cuda":
