@@ -34,6 +34,9 @@ WHOLE_OP_VERSIONS = {"torch": "2.11.0+cu130", "torch_cuda": "13.0", "tilelang": 
                      "apache_tvm_ffi": "0.1.8.post2", "mamba_ssm": "2.3.2.post1"}
 #: Versions of the decode rotary-step file's upstream run (a Triton kernel: no TileLang).
 DECODE_VERSIONS = {"torch": "2.11.0+cu130", "torch_cuda": "13.0", "triton": "3.6.0", "mamba_ssm": "2.3.2.post1"}
+#: Versions of the decode-step file's upstream run (the Triton rotary kernel and the CuTe state update, compiled
+#: ahead of time by ``golden/build_cute_step.py``; ``.cute_step/manifest.json`` names the CuTe DSL's version).
+DECODE_STEP_VERSIONS = dict(DECODE_VERSIONS, apache_tvm_ffi="0.1.9", nvidia_cutlass_dsl="4.5.0")
 #: The device every upstream file was made on.
 DEVICE_NAME = "NVIDIA H200 (sm_90)"
 
@@ -76,6 +79,10 @@ FILES: Dict[str, GoldenFile] = {
         "upstream_h200_decode_rotary_cases.pt", "15901f157edb0e0a671f867a837bd45aea19b8e71876ff670bf2bfb703ad6bb2",
         "the decode step's rotary kernel (apply_rotary_qk_inference_fwd) on 5 cases, one a 256-step chain, inputs "
         "stored", DECODE_VERSIONS),
+    "decode_step": GoldenFile(
+        "upstream_h200_decode_step_cases.pt", "f0d0e17af04e7fbce160316108f801b3d79ac0059c73f7808c7b53d126c45492",
+        "the decode step as Mamba3.step chains it (the rotary kernel, then the CuTe state update) on 4 cases, one a "
+        "256-token chain, inputs stored", DECODE_STEP_VERSIONS),
     "full_op_long": GoldenFile(
         "upstream_h200_full_op_long_cases.pt", "653738b5b70e8974a3c0cdcfa90bfb9da5131907e22bb19f8fb0e8cd3db36f8b",
         "the whole op at S = 2048 and 8192 (bf16 reduced, fp16 not reduced), every kernel's outputs as sampled "

@@ -8,6 +8,7 @@ import torch
 
 import mimo_numerics as mn
 from mimo_numerics import compat
+from mimo_numerics.ops._common.special import special_functions
 from mimo_numerics.ops.mamba3_mimo import decode_cases
 from mimo_numerics.ops.mamba3_mimo.step import DecodeState, mamba3_mimo_step_fp64
 from mimo_numerics.policy import FP32_LEVEL_SM90
@@ -30,8 +31,9 @@ def test_upstreams_two_kernels_fed_back_are_the_policy_step(kernels, name, model
     fields = decode_cases.STEP_CASES[name]
     inputs = decode_cases.make_step_inputs(fields)
     policy = _policy(fields, models)
-    with compat.use_policy(policy):
-        got = decode_cases.run_kernel_chain(*kernels, fields, inputs, step_kwargs=dict(tile_D=64, num_warps=4))
+    with compat.use_policy(policy):  # the caller's gate as the policy models it (torch's sigmoid on the device)
+        got = decode_cases.run_kernel_chain(*kernels, fields, inputs, step_kwargs=dict(tile_D=64, num_warps=4),
+                                            gate_fn=special_functions(policy).torch_sigmoid)
     want = decode_cases.run_policy_chain(fields, inputs, policy)
     lp = getattr(torch, fields["dtype"])
     assert got["out"].dtype == lp and got["k_rot"].dtype == lp and got["angle"].dtype == torch.float32
@@ -129,6 +131,45 @@ def test_upstreams_refusals_name_the_argument(kernels, change, error, match):
     change(args)
     with pytest.raises(error, match=match):
         step(**args)
+
+
+def _misaligned(t):
+    """``t``'s values at an address 4 bytes past a 16-byte boundary."""
+    buffer = torch.empty(t.numel() * t.element_size() + 32, dtype=torch.uint8)
+    start = (-buffer.data_ptr()) % 16 + 4
+    view = buffer[start:start + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+    return view.copy_(t)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda a: a.update(A=_misaligned(a["A"])), "A must start at a 16-byte aligned address"),
+    (lambda a: a.update(x=torch.zeros(*a["x"].shape[:-1], 2 * a["x"].shape[-1], dtype=a["x"].dtype)[..., ::2]),
+     r"x must be contiguous in its last dimension"),
+    (lambda a: a.update(xproj=torch.zeros(a["xproj"].shape[0], a["xproj"].shape[1], a["xproj"].shape[2] + 1)[..., 1:]),
+     r"xproj.stride\(1\) must be a multiple of 4"),
+])
+def test_upstreams_layout_refusals_name_the_argument(kernels, change, match):
+    """What upstream's launcher refuses on the H200 (its kernel is compiled for 16-byte aligned rows): a token's
+    slice off the alignment, a strided last dimension, a row stride that is not a multiple of 16 bytes."""
+    _, step = kernels
+    _, args = _one_token(decode_cases.STEP_CASES["step_B2_H4_G1_N128_P64_R4_K32_bf16"])
+    change(args)
+    with pytest.raises(ValueError, match=match):
+        step(**args)
+
+
+def test_two_heads_with_a_batch_of_two_are_refused_as_upstream_refuses_them(kernels):
+    """Upstream's float32 ``[B, H]`` arguments need ``H`` a multiple of 4 when ``B > 1`` (seen on the H200: its
+    launcher refuses ``A.strides[0] = 2``); with ``B = 1`` that stride is not checked, upstream's launcher does not
+    check it either (seen on the H200 too)."""
+    _, step = kernels
+    fields = decode_cases.STEP_CASES["step_B2_H4_G1_N128_P64_R4_K32_bf16"]
+    _, args = _one_token(dict(fields, H=2))
+    with pytest.raises(ValueError, match=r"A.stride\(0\) must be a multiple of 4 .*nheads must be a multiple of 4"):
+        step(**args)
+    _, args = _one_token(dict(fields, B=1, H=2))
+    step(**args)
+    assert torch.isfinite(args["out"].float()).all()
 
 
 def test_the_golden_comparison_sees_the_step_store_sites(kernels):

@@ -17,11 +17,16 @@ their ``tanh_approx`` is the same ``tanh.approx.f32`` (:meth:`SpecialFunctions.t
 where the result is subnormal, x·log2 e < −126, measured on the H200) and ``tl.sigmoid`` is ``1 / (1 + tl.exp(-x))``
 with ``div.full.f32`` (:meth:`SpecialFunctions.triton_sigmoid`: MUFU.RCP of the divisor; bit-identical to the H200's
 ``ddt_core`` on every golden case).
+
+A ``torch.sigmoid`` outside the kernels, the decode step's gate that ``Mamba3.step`` forms on the device, is
+:meth:`SpecialFunctions.torch_sigmoid`: torch's CPU function under ``"accurate"``, torch's CUDA kernel under
+``"fast_sm90"`` (not fast math: CUDA's accurate ``expf``, :func:`cuda_expf`, and IEEE division).
 """
 
 from __future__ import annotations
 
 import functools
+import struct
 from typing import Tuple
 
 import torch
@@ -89,6 +94,16 @@ class SpecialFunctions:
         divisors above 2^126 (x < −87.3), where ``div.full`` rescales, are not covered."""
         return self.sigmoid(x)
 
+    def torch_sigmoid(self, x: torch.Tensor) -> torch.Tensor:
+        """``torch.sigmoid`` as a caller outside the kernels evaluates it on the device (the decode step's gate
+        ``σ(trap_proj)``, formed by ``Mamba3.step``): ``"accurate"`` is torch's on the CPU; ``"fast_sm90"`` torch's
+        CUDA kernel on the H200, ``1 / (1 + expf(−x))`` in FP32 with CUDA's ``expf`` (:func:`cuda_expf`) and IEEE
+        division (torch is compiled without fast math)."""
+        if not self.fast:
+            return torch.sigmoid(x)
+        _require_fp32(x, "torch_sigmoid")
+        return 1.0 / (1.0 + cuda_expf(-x))
+
     def tanh(self, x: torch.Tensor) -> torch.Tensor:
         """tanh(x) (fast math and Triton's ``tanh_approx``: MUFU.TANH)."""
         if not self.fast:
@@ -103,6 +118,33 @@ class SpecialFunctions:
         _require_fp32(x, "cos/sin")
         trig = models(x.device, trig=True)
         return trig["cos"](x), trig["sin"](x)
+
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+#: CUDA's ``expf`` constants (as the PTX writes them): log2 e / 256, the high and low parts of log2 e.
+_EXPF_LOG2E_OVER_256, _EXPF_LOG2E_HI, _EXPF_LOG2E_LO = _f32(0x3BBB989D), _f32(0x3FB8AA3B), _f32(0x32A57060)
+
+
+def cuda_expf(x: torch.Tensor) -> torch.Tensor:
+    """CUDA's accurate ``expf`` (not fast math) on the H200, bit for bit: the exponent ``n = ⌊sat(fma(x, log2 e/256,
+    ½))·252⌋ − 126`` (``cvt.sat``, then ``fma.rm`` against 1.5·2^23 + 1), the reduced argument ``f = fma(x, log2e_lo,
+    fma(x, log2e_hi, −n))``, then ``ex2.approx.ftz(f)·2^n`` (MUFU.EX2 by :mod:`mimo_numerics.mufu`'s table, the
+    product rounded once, subnormals kept). ``x`` ``[...]`` float32. Evidence: the decode step's gates on the H200
+    (``tests/ops/mamba3_mimo/test_decode_step_golden.py``) and ``scripts/check_cuda_sigmoid.py`` on every float32."""
+    from ...rounding import fma_fp32
+
+    _require_fp32(x, "cuda_expf")
+
+    def const(value):
+        return torch.full_like(x, value)
+
+    scaled = torch.nan_to_num(fma_fp32(x, const(_EXPF_LOG2E_OVER_256), const(0.5)), nan=0.0).clamp(0.0, 1.0)
+    n = torch.floor(scaled.double() * 252.0) - 126.0  # exact: a float32 in [0, 1] times 252
+    reduced = fma_fp32(x, const(_EXPF_LOG2E_LO), fma_fp32(x, const(_EXPF_LOG2E_HI), (-n).float()))
+    return (models(x.device)["ex2"](reduced).double() * torch.pow(2.0, n)).float()
 
 
 def special_functions(policy) -> SpecialFunctions:

@@ -32,12 +32,17 @@ for sm_90, the CuTe kernel by ``golden/build_cute_step.py``; ``docs/compat.md``)
 * ``special_functions="fast_sm90"``: the rotary step's ``tl.sigmoid`` is MUFU.EX2 of ``fl(-2a·log2 e)`` and
   ``div.full.f32`` (MUFU.RCP of ``1 + e``); its ``cos``/``sin`` are libdevice's accurate ``cosf``/``sinf``, not MUFU
   (torch's are used). The CuTe kernel's ``exp(A·dt)`` is MUFU.EX2 (``.ftz``) and its gate's ``tanh`` the CuTe DSL's
-  fast form (:func:`_cute_tanh`). Checked on the rotary kernel's golden data: every FP32 angle state bit-identical.
+  fast form (:func:`_cute_tanh`). The gate ``σ(trap_proj)``, formed by ``Mamba3.step`` with ``torch.sigmoid`` on the
+  device, is torch's CUDA kernel (``SpecialFunctions.torch_sigmoid``: CUDA's accurate ``expf``, IEEE division).
+  Checked on the rotary kernel's golden data: every FP32 angle state bit-identical.
 * ``fp32_fma=True`` (the CuTe kernel; the rotary kernel's contractions are ``helper_fma``'s): the first rank's
   ``fma(xg, k̃, fl(xb·k_prev))``, then ``fma(xb, k_prev, fma(xg, k̃, new))``; ``h = fma(α, h_prev, new)``; the
   N-sum per lane (``N/32`` consecutive n, an FMA chain) then by halves across the 32 lanes (:func:`_lane_sum`);
   ``fma(fl(D·V), MIMO_V[r], y_r)``; the gate ``fma(g, tanh g, g)``; ``Σ_r`` as ``fma(y_r, MIMO_Out[r], out)``.
-  Not checked against the GPU yet: the CuTe kernel's golden data is owed (``docs/golden_data.md``).
+  Checked on the step's golden data (both kernels chained on the H200,
+  ``tests/ops/mamba3_mimo/test_decode_step_golden.py``): with every FP32-level model the gate, the angle state and
+  on the bf16 cases the output, the rotated k and the state are upstream's bits (a few elements differ where
+  torch's ``cos``/``sin`` differ from libdevice's by an ulp).
 
 The FP64 truth is :func:`.step.mamba3_mimo_step_fp64`; under the ``fp64`` preset this step equals it (angle mod 2π).
 
@@ -315,7 +320,8 @@ def mamba3_mimo_step(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z: Opt
     q_rot, k_rot, theta = rotary_step(Q[:, :, heads], K[:, :, heads], state.angle, Angles, DT,
                                       Q_bias.transpose(0, 1), K_bias.transpose(0, 1), rotate_pairwise=False,
                                       policy=policy)  # [B, R, H, N]
-    out, h = state_update(q_rot, k_rot, V, ADT.to(f), DT, torch.sigmoid(Trap.to(f)), MIMO_V.transpose(0, 1),
+    gate = special_functions(policy).torch_sigmoid(Trap.to(f))  # Mamba3.step's σ(trap_proj): torch's, on the device
+    out, h = state_update(q_rot, k_rot, V, ADT.to(f), DT, gate, MIMO_V.transpose(0, 1),
                           None if MIMO_Z is None else MIMO_Z.transpose(0, 1),
                           None if MIMO_Out is None else MIMO_Out.transpose(0, 1), D, Z, state.ssm, state.k,
                           state.v, policy=policy)

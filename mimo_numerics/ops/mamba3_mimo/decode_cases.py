@@ -134,9 +134,11 @@ def _stacked(outs: dict) -> dict:
 
 
 def run_kernel_chain(rotary_fn: Callable, step_fn: Callable, fields: dict, inputs: dict, device="cpu",
-                     step_kwargs: Optional[dict] = None) -> dict:
+                     step_kwargs: Optional[dict] = None, gate_fn: Callable = torch.sigmoid) -> dict:
     """The case's tokens through a rotary step and a state update with upstream's signatures, fed back as
-    ``Mamba3.step`` feeds them, on ``device``; everything returned on the CPU.
+    ``Mamba3.step`` feeds them, on ``device``; everything returned on the CPU. ``gate_fn`` forms the gate from the
+    float32 ``Trap`` as ``Mamba3.step`` does (default ``torch.sigmoid`` on ``device``; a CPU run that stands in for
+    the GPU passes the policy's model of it, ``SpecialFunctions.torch_sigmoid``).
 
     Returns:
         dict: ``out`` ``[T, B, H, P]`` (``[T, B, R, H, P]`` without ``MIMO_Out``; lp, the store), ``k_rot``
@@ -170,7 +172,7 @@ def run_kernel_chain(rotary_fn: Callable, step_fn: Callable, fields: dict, input
         v = token("V", t)
         shape = (v.shape[0], H, P) if proj_o is not None else (v.shape[0], R, H, P)
         out, ssm_out = torch.empty(shape, dtype=v.dtype, device=dev), torch.empty_like(ssm)
-        gates.append(torch.sigmoid(x["Trap"][t].to(torch.float32)))
+        gates.append(gate_fn(x["Trap"][t].to(torch.float32)))
         step_fn(ssm, k_state, v_state, token("A", t), k_rot, q_rot, x["D"], v, token("DT", t),
                 gates[-1], proj_v, proj_o, ssm_out, out, token("Z", t), proj_z,
                 **(step_kwargs or {}))

@@ -10,7 +10,8 @@ models of upstream's kernel): ``α = exp(A·dt)``, ``γ = trap·dt``, ``β = ((1
 ``σ(trap_proj)`` as upstream's caller passes it. As upstream's kernel, the gate ``z`` acts only with ``outproj``
 (without it the output is per rank, ``[B, R, H, D]``, ungated). ``tile_D`` and ``num_warps`` are launch knobs:
 accepted and ignored; the kernel's own limits (``dstate`` in 32/64/128, ``hdim`` a multiple of ``tile_D``) are not
-enforced here.
+enforced here. Its launcher's layout contract is (16-byte aligned data and rows, contiguous last dimensions:
+``_check_layout``), so a call upstream refuses for its layout is refused here too.
 """
 
 from __future__ import annotations
@@ -65,6 +66,31 @@ def _check(state, Bstate, Xstate, A, B, C, D, x, dt, trap, xproj, outproj, state
         raise ValueError(f"every tensor must be on one device, got {sorted(map(str, devices))}")
 
 
+def _check_layout(tensors: dict) -> None:
+    """Upstream's compiled layout contract, as errors naming the argument (upstream's tvm-ffi launcher refuses these;
+    seen on an H200, ``docs/compat.md``): each tensor contiguous in its last dimension, every other stride of a
+    dimension longer than 1 a multiple of 16 bytes, and the data 16-byte aligned. So a float32 ``[B, H]`` argument
+    needs ``H`` a multiple of 4 when ``B > 1``, and a token's slice ``x[t]`` of a ``[T, ...]`` tensor may start off
+    the alignment (pass a fresh tensor, as ``Mamba3.step`` does)."""
+    for name, value in tensors.items():
+        if value is None:
+            continue
+        per_16_bytes = max(1, 16 // value.element_size())
+        strides = list(value.stride())
+        if value.dim() and value.shape[-1] > 1 and value.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (stride 1), got strides {strides}")
+        for dim in range(value.dim() - 1):
+            if value.shape[dim] > 1 and value.stride(dim) % per_16_bytes:
+                raise ValueError(
+                    f"{name}.stride({dim}) must be a multiple of {per_16_bytes} (16 bytes of {value.dtype}: upstream's "
+                    f"kernel is compiled for 16-byte aligned rows), got strides {strides} for shape "
+                    f"{list(value.shape)}; for a float32 [B, H] argument nheads must be a multiple of 4 when B > 1")
+        if value.data_ptr() % 16:
+            raise ValueError(f"{name} must start at a 16-byte aligned address (upstream's kernel loads 16 bytes at a "
+                             f"time), got an offset of {value.data_ptr() % 16} bytes; a slice such as x[t] of a "
+                             "[T, ...] tensor may be off it: pass a fresh tensor (x[t].clone())")
+
+
 def mamba3_step_fn(state: Tensor, Bstate: Tensor, Xstate: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor,
                    x: Tensor, dt: Tensor, trap: Tensor, xproj: Tensor, outproj: Optional[Tensor] = None,
                    state_out: Optional[Tensor] = None, out: Tensor = None, z: Optional[Tensor] = None,
@@ -78,9 +104,11 @@ def mamba3_step_fn(state: Tensor, Bstate: Tensor, Xstate: Tensor, A: Tensor, B: 
     without ``outproj``; z ``[B, H, D]``. ``tile_D``, ``num_warps``: accepted and ignored.
 
     Raises:
-        TypeError, ValueError: naming the argument (upstream asserts).
+        TypeError, ValueError: naming the argument (upstream's asserts and its launcher's layout checks).
     """
     _check(state, Bstate, Xstate, A, B, C, D, x, dt, trap, xproj, outproj, state_out, out, z, zproj)
+    _check_layout(dict(state=state, Bstate=Bstate, Xstate=Xstate, A=A, B=B, C=C, D=D, x=x, dt=dt, trap=trap,
+                       xproj=xproj, outproj=outproj, state_out=state_out, out=out, z=z, zproj=zproj))
     policy = compat.policy_for(policy, x)
     math_dtype = policy.math_torch_dtype
     adt = A.to(math_dtype) * dt.to(math_dtype)  # the kernel's A·dt, one product in the math dtype
