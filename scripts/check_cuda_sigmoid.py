@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -113,6 +114,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.stride < 1:
         parser.error(f"--stride must be >= 1, got {args.stride}")
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        print("check_cuda_sigmoid.py needs a CUDA GPU (or --device cpu for a smoke run that compares nothing with "
+              "the GPU)", file=sys.stderr)
+        return 2
     result = run(args.device, args.stride)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     prov = provenance.collect()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mimo_numerics import golden_data, mufu
-from mimo_numerics.ops._common.special import SpecialFunctions, models
+from mimo_numerics.ops._common.special import SpecialFunctions, cuda_expf, models
 
 SAMPLES = golden_data.path("mufu_samples")
 
@@ -115,3 +115,32 @@ def test_special_functions_compose_fast_math(all_models):
     assert (fns.sigmoid(x).double() - torch.sigmoid(x.double())).abs().max() < 1e-6
     accurate = SpecialFunctions("accurate")
     assert torch.equal(accurate.exp(x), torch.exp(x)) and torch.equal(accurate.sigmoid(x), torch.sigmoid(x))
+
+
+def _ulps(model, exact64):
+    rounded = exact64.float()
+    ulp = (torch.nextafter(rounded, torch.full_like(rounded, float("inf"))) - rounded).double()
+    return (model.double() - exact64).abs() / ulp
+
+
+def test_cuda_expf_is_within_cudas_two_ulps_and_not_the_fast_form():
+    """``cuda_expf`` (CUDA's accurate expf: two-FMA range reduction, then MUFU.EX2) is within the 2 ulps CUDA
+    documents for ``expf`` over the normal range, and not the fast-math ``exp`` (one rounded product before MUFU.EX2,
+    which loses accuracy as |x| grows)."""
+    x = torch.linspace(-87.0, 88.0, 200001, dtype=torch.float32)
+    exact = torch.exp(x.double())
+    accurate = cuda_expf(x)
+    assert _ulps(accurate, exact).max().item() <= 2.0
+    assert _ulps(SpecialFunctions("fast_sm90").exp(x), exact).max().item() > 8.0
+
+
+def test_cuda_expf_and_torch_sigmoid_special_values():
+    x = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 100.0, -100.0, -200.0])
+    e = cuda_expf(x)
+    assert e[0] == 1.0 and e[1] == 1.0 and e[2] == float("inf") and e[3] == 0.0 and torch.isnan(e[4])
+    assert e[5] == float("inf") and 0.0 < e[6] < torch.finfo(torch.float32).tiny and e[7] == 0.0  # mul.f32 keeps subnormals
+    s = SpecialFunctions("fast_sm90").torch_sigmoid(x)
+    assert s[0] == 0.5 and s[2] == 1.0 and s[3] == 0.0 and torch.isnan(s[4]) and s[5] == 1.0 and s[7] == 0.0
+    assert torch.equal(SpecialFunctions("accurate").torch_sigmoid(x[:4]), torch.sigmoid(x[:4]))
+    with pytest.raises(TypeError, match="torch_sigmoid"):
+        SpecialFunctions("fast_sm90").torch_sigmoid(torch.zeros(2, dtype=torch.float64))
