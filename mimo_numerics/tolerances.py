@@ -806,10 +806,10 @@ TOLERANCES.update({
         "step with every FP32-level model (policy.FP32_LEVEL_SM90) vs upstream's two kernels chained on the H200 "
         "(tests/data/upstream_h200_decode_step_cases.pt): 1.0 on the two short bf16 chains (16 and 8 tokens); over "
         "the 256-token chain out 0.99976, k 0.99998, state 0.99493; fp16 out and k 0.99976, state 0.99274 "
-        "(2026-12-06, CPU). The "
-        "rest: torch's cos/sin against the kernel's libdevice cosf/sinf, an ulp apart on a few angles, carried into "
-        "the state. Under the preset alone the state is 3 % to 21 % identical (the caller's CUDA sigmoid, MUFU exp, "
-        "the FMA contractions)",
+        "(2026-12-06, CPU). The rest starts in a few rotated k values (their angle state is upstream's bits, so "
+        "torch's cos/sin against the kernel's libdevice cosf/sinf or the rotation) and is carried into the state. "
+        "Under the preset alone the state is 3 % to 21 % identical (the caller's CUDA sigmoid, MUFU exp, the FMA "
+        "contractions)",
         "tests/ops/mamba3_mimo/test_decode_step_golden.py"),
     "decode_rotary_golden_angle_rel_rms": Tolerance(
         1e-6,

@@ -41,8 +41,9 @@ for sm_90, the CuTe kernel by ``golden/build_cute_step.py``; ``docs/compat.md``)
   ``fma(fl(D·V), MIMO_V[r], y_r)``; the gate ``fma(g, tanh g, g)``; ``Σ_r`` as ``fma(y_r, MIMO_Out[r], out)``.
   Checked on the step's golden data (both kernels chained on the H200,
   ``tests/ops/mamba3_mimo/test_decode_step_golden.py``): with every FP32-level model the gate, the angle state and
-  on the bf16 cases the output, the rotated k and the state are upstream's bits (a few elements differ where
-  torch's ``cos``/``sin`` differ from libdevice's by an ulp).
+  on the two short bf16 chains the output, the rotated k and the state are upstream's bits; elsewhere a few rotated
+  k values differ (their angles are upstream's bits: torch's ``cos``/``sin`` against libdevice's, or the rotation)
+  and carry into the state.
 
 The FP64 truth is :func:`.step.mamba3_mimo_step_fp64`; under the ``fp64`` preset this step equals it (angle mod 2π).
 
