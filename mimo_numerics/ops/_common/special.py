@@ -132,8 +132,9 @@ def cuda_expf(x: torch.Tensor) -> torch.Tensor:
     """CUDA's accurate ``expf`` (not fast math) on the H200, bit for bit: the exponent ``n = ⌊sat(fma(x, log2 e/256,
     ½))·252⌋ − 126`` (``cvt.sat``, then ``fma.rm`` against 1.5·2^23 + 1), the reduced argument ``f = fma(x, log2e_lo,
     fma(x, log2e_hi, −n))``, then ``ex2.approx.ftz(f)·2^n`` (MUFU.EX2 by :mod:`mimo_numerics.mufu`'s table, the
-    product rounded once, subnormals kept). ``x`` ``[...]`` float32. Evidence: the decode step's gates on the H200
-    (``tests/ops/mamba3_mimo/test_decode_step_golden.py``) and ``scripts/check_cuda_sigmoid.py`` on every float32."""
+    product rounded once, subnormals kept). ``x`` ``[...]`` float32. Evidence: ``torch.sigmoid`` of every gate of
+    the decode step's H200 golden data (1248 values, ``tests/ops/mamba3_mimo/test_decode_step_golden.py``);
+    ``scripts/check_cuda_sigmoid.py`` compares every float32 on a GPU."""
     from ...rounding import fma_fp32
 
     _require_fp32(x, "cuda_expf")
