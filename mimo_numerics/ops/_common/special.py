@@ -120,12 +120,14 @@ class SpecialFunctions:
         return trig["cos"](x), trig["sin"](x)
 
 
-def _f32(bits: int) -> float:
+def f32_constant(bits: int) -> float:
+    """The float32 value of a bit pattern (a constant read from a compiled kernel's PTX)."""
     return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 #: CUDA's ``expf`` constants (as the PTX writes them): log2 e / 256, the high and low parts of log2 e.
-_EXPF_LOG2E_OVER_256, _EXPF_LOG2E_HI, _EXPF_LOG2E_LO = _f32(0x3BBB989D), _f32(0x3FB8AA3B), _f32(0x32A57060)
+_EXPF_LOG2E_OVER_256, _EXPF_LOG2E_HI, _EXPF_LOG2E_LO = (f32_constant(0x3BBB989D), f32_constant(0x3FB8AA3B),
+                                                        f32_constant(0x32A57060))
 
 
 def cuda_expf(x: torch.Tensor) -> torch.Tensor:

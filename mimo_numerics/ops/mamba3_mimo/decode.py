@@ -54,14 +54,13 @@ The two kernels in upstream's layouts are :func:`rotary_step` and :func:`state_u
 from __future__ import annotations
 
 import math
-import struct
 from typing import Optional, Tuple
 
 import torch
 
 from ... import presets
 from ...rounding import fma_fp32
-from .._common.special import SpecialFunctions, special_functions
+from .._common.special import SpecialFunctions, f32_constant, special_functions
 from .step import DecodeState, check_step_inputs
 
 #: The π upstream's rotary kernel multiplies by (``3.141592653589793`` in its source), and as an fp32 operand.
@@ -165,17 +164,12 @@ def rotary_step(q: torch.Tensor, k: torch.Tensor, angle_state: torch.Tensor, ang
     return rotated[0], rotated[1], theta
 
 
-def _f32_constant(bits: int) -> float:
-    """The float32 value of a bit pattern (a constant read from the compiled kernel)."""
-    return struct.unpack("<f", struct.pack("<I", bits))[0]
-
-
 #: The CuTe DSL's fast-math tanh as upstream's step kernel compiles it (its PTX): 2·log2 e, the switch from the odd
 #: polynomial to ``1 - 2/(e^{2|x|} + 1)`` at |x| = 0.6, the saturation at |x| >= 9.0109, the polynomial's
 #: coefficients (highest first).
-_CUTE_TANH = dict(two_log2e=_f32_constant(0x4038AA3B), switch=_f32_constant(0x3F19999A),
-                  saturate=_f32_constant(0x41102CB4),
-                  poly=tuple(_f32_constant(b) for b in (0x3C80F082, 0xBD563CAE, 0x3E085941, 0xBEAAA9ED)))
+_CUTE_TANH = dict(two_log2e=f32_constant(0x4038AA3B), switch=f32_constant(0x3F19999A),
+                  saturate=f32_constant(0x41102CB4),
+                  poly=tuple(f32_constant(b) for b in (0x3C80F082, 0xBD563CAE, 0x3E085941, 0xBEAAA9ED)))
 
 
 def _cute_tanh(x: torch.Tensor) -> torch.Tensor:
