@@ -37,6 +37,7 @@ from .mimo_bwd_fwd import (  # noqa: F401
 from ._compile_ahead import CompileAheadReport, compile_ahead  # noqa: F401
 from .mimo_fwd import mamba_mimo_fwd  # noqa: F401
 from .mimo_bwd_bwd import mamba_mimo_bwd_bwd, stage2_constexprs  # noqa: F401
+from .chain_steps import chain_constexprs  # noqa: F401
 
 
 def operator_constexprs(policy, operator: str) -> dict:
@@ -47,7 +48,8 @@ def operator_constexprs(policy, operator: str) -> dict:
         return stage2_constexprs(policy)
     return policy_constexprs(policy, operator)
 
-__all__ = ["mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "mamba_mimo_bwd_bwd", "stage2_constexprs", "operator_constexprs",
+__all__ = ["mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "mamba_mimo_bwd_bwd", "stage2_constexprs", "chain_constexprs",
+           "operator_constexprs",
            "policy_constexprs", "launch_config", "LaunchConfig",
            "TUNING_KEYS", "UnsupportedPolicyError", "SlowInterpreterError", "triton_available",
            "estimate_interpreter_seconds", "plan", "SUPPORTED_DIMS", "INTERPRETER_LIMIT_S", "compile_ahead",

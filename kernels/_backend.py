@@ -17,7 +17,7 @@ import sys
 import threading
 import types
 
-_KERNEL_MODULES = ("_rounding", "_mimo_kernels", "_bwd_bwd_kernels")
+_KERNEL_MODULES = ("_rounding", "_mimo_kernels", "_bwd_bwd_kernels", "_chain_kernels")
 _PKG = __name__.rsplit(".", 1)[0]
 _INTERP_PKG = _PKG + "._interpreted"
 _lock = threading.Lock()
@@ -118,6 +118,15 @@ def stage2_module(interpreted: bool):
     if interpreted:
         return sys.modules[f"{_INTERP_PKG}._bwd_bwd_kernels"]
     return importlib.import_module(f"{_PKG}._bwd_bwd_kernels")
+
+
+def chain_module(interpreted: bool):
+    """The ``_chain_kernels`` module (the whole op's preprocessing and epilogue) of the same build as
+    ``kernel_module(interpreted)``."""
+    kernel_module(interpreted)
+    if interpreted:
+        return sys.modules[f"{_INTERP_PKG}._chain_kernels"]
+    return importlib.import_module(f"{_PKG}._chain_kernels")
 
 
 def rounding_module(interpreted: bool):

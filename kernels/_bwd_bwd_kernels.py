@@ -42,7 +42,47 @@ import triton
 import triton.language as tl
 
 from ._mimo_kernels import biased_rotated, gamma_trap_scale, rank_rows, rotation
-from ._rounding import dec, enc, fzeros, mma, rnd, rnd_if, rnd_sum, silu_parts, tsum
+from ._rounding import bits_operand, dec, enc, fzeros, mma, operand, rnd, rnd_if, rnd_sum, silu_parts, tsum
+
+
+@triton.jit
+def _ws_store(ptr, offs, x, AS_LP: tl.constexpr, LPK: tl.constexpr):
+    """Store an FP32 workspace tile, as lp bits when its values are on the lp grid (AS_LP: exact) else FP32."""
+    if AS_LP:
+        tl.store(ptr + offs, enc(x, LPK))
+    else:
+        tl.store(ptr + offs, x)
+
+
+@triton.jit
+def _ws_value(raw, AS_LP: tl.constexpr, LPK: tl.constexpr):
+    """A loaded workspace tile (lp bits or FP32) as FP32 values."""
+    if AS_LP:
+        return dec(raw, LPK)
+    else:
+        return raw
+
+
+@triton.jit
+def _ws_operand(raw, AS_LP: tl.constexpr, LP_OPS: tl.constexpr, LPK: tl.constexpr):
+    """A loaded workspace tile as a ``tl.dot`` operand: lp bits feeding an lp GEMM reinterpreted as bf16/fp16 (no FP32
+    round trip), everything else as FP32 (cast to lp when LP_OPS: exact, the values are on the grid)."""
+    if AS_LP:
+        if LP_OPS:
+            return bits_operand(raw, LPK)
+        else:
+            return dec(raw, LPK)
+    else:
+        return operand(raw, LP_OPS, LPK)
+
+
+@triton.jit
+def _ws_load_m(ptr, offs, mask, AS_LP: tl.constexpr, LPK: tl.constexpr):
+    """A masked load of a workspace tile as FP32 values (0 where ``mask`` is false)."""
+    if AS_LP:
+        return dec(tl.load(ptr + offs, mask=mask, other=0), LPK)
+    else:
+        return tl.load(ptr + offs, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -66,7 +106,8 @@ def _bwd2_rows_kernel(
     PSI_WEIGHT: tl.constexpr, PSIV: tl.constexpr, PHI_WEIGHT: tl.constexpr, DPHIO: tl.constexpr,
     ZETA_WEIGHT: tl.constexpr, Z_ZETA: tl.constexpr, DPHIO_GATE: tl.constexpr, DPHIO_SCALED: tl.constexpr,
     DD_TERM: tl.constexpr, SILU_TANH: tl.constexpr, HAS_Z: tl.constexpr, HAS_D: tl.constexpr,
-    REDUCE_O: tl.constexpr,
+    REDUCE_O: tl.constexpr, WS_QB: tl.constexpr, WS_QROT: tl.constexpr, WS_KHAT: tl.constexpr,
+    WS_DPHIO: tl.constexpr, WS_DPS: tl.constexpr, WS_PSIV: tl.constexpr,
 ):
     """The per-row quantities of one block of BR fused rows (program → (b, h, chunk c, row block)).
 
@@ -76,7 +117,9 @@ def _bwd2_rows_kernel(
     [B·H·nc·LP/BR]: the block's Σ R(dΦO·(v·Ψ)) (HAS_D).
 
     Compile-time constants: N, P, R, C, LP, BR (rows per program, dividing LP), AW (rotated columns per half), LPK;
-    the policy switches named as the sites; SILU_TANH (``silu_form``); HAS_Z, HAS_D, REDUCE_O (branches).
+    the policy switches named as the sites; SILU_TANH (``silu_form``); HAS_Z, HAS_D, REDUCE_O (branches); WS_QB,
+    WS_QROT, WS_KHAT, WS_DPHIO, WS_DPS, WS_PSIV: the workspace holds lp bits (its values are on the lp grid under the
+    policy: ``kernels.mimo_bwd_bwd.workspace_formats``) instead of FP32.
     """
     pid = tl.program_id(0)
     NRB: tl.constexpr = LP // BR
@@ -142,14 +185,14 @@ def _bwd2_rows_kernel(
     okn = ok[:, None]
     rows_n = bhc.to(tl.int64) * (LP * N) + i[:, None] * N + n[None, :]
     rows_p = bhc.to(tl.int64) * (LP * P) + i[:, None] * P + p[None, :]
-    tl.store(qb_ptr + rows_n, tl.where(okn, qb, 0.0))
-    tl.store(kb_ptr + rows_n, tl.where(okn, kb, 0.0))
-    tl.store(qrot_ptr + rows_n, tl.where(okn, qr, 0.0))
-    tl.store(krot_ptr + rows_n, tl.where(okn, kr, 0.0))
-    tl.store(khat_ptr + rows_n, tl.where(okn, khat, 0.0))
-    tl.store(dphio_ptr + rows_p, tl.where(okn, dphio, 0.0))
-    tl.store(dps_ptr + rows_p, tl.where(okn, dps, 0.0))
-    tl.store(psiv_ptr + rows_p, tl.where(okn, psiv, 0.0))
+    _ws_store(qb_ptr, rows_n, tl.where(okn, qb, 0.0), WS_QB, LPK)
+    _ws_store(kb_ptr, rows_n, tl.where(okn, kb, 0.0), WS_QB, LPK)
+    _ws_store(qrot_ptr, rows_n, tl.where(okn, qr, 0.0), WS_QROT, LPK)
+    _ws_store(krot_ptr, rows_n, tl.where(okn, kr, 0.0), WS_QROT, LPK)
+    _ws_store(khat_ptr, rows_n, tl.where(okn, khat, 0.0), WS_KHAT, LPK)
+    _ws_store(dphio_ptr, rows_p, tl.where(okn, dphio, 0.0), WS_DPHIO, LPK)
+    _ws_store(dps_ptr, rows_p, tl.where(okn, dps, 0.0), WS_DPS, LPK)
+    _ws_store(psiv_ptr, rows_p, tl.where(okn, psiv, 0.0), WS_PSIV, LPK)
 
 
 @triton.jit
@@ -157,6 +200,7 @@ def _bwd2_dstates_kernel(
     qrot_ptr, dps_ptr, da_cs_ptr, dst_ptr, S, nc, n_nt, n_pt,
     N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, BN: tl.constexpr,
     BP: tl.constexpr, LPK: tl.constexpr, ACCUMULATE: tl.constexpr, DOT_WALK_LP: tl.constexpr,
+    WS_QROT: tl.constexpr, WS_DPS: tl.constexpr,
 ):
     """The reverse walk over the chunks: dst[c] = D_c, D_{nc−1} = 0, D_{c−1} = D_c·decay_c (+) q_rot_cᵀ·dps_c.
 
@@ -165,7 +209,8 @@ def _bwd2_dstates_kernel(
     da_cs [B, H, S]. Output: dst [B, H, nc, N, P] FP32. ACCUMULATE: ``state_update="accumulate_into"`` (16 rows at a
     time into the decayed D) else ``"separate"``. DOT_WALK_LP (devices): both operands hold lp values (q_rot and
     R(dΦO·exp(da_cs)) rounded under the policy), so the GEMM takes them as bf16/fp16 (exact products, FP32
-    accumulation). No rounding site (dstates_operand is applied where D is read).
+    accumulation). WS_QROT, WS_DPS: those workspaces hold lp bits. No rounding site (dstates_operand is applied
+    where D is read).
     """
     pid = tl.program_id(0)
     pt = pid % n_pt
@@ -183,25 +228,31 @@ def _bwd2_dstates_kernel(
         last = tl.minimum((c + 1) * C, S) - 1
         decay = tl.exp(tl.load(da_cs_ptr + hs_base + last))
         chunk = bh.to(tl.int64) * nc + c
-        state = _walk_step(state, decay, qrot_ptr, dps_ptr, chunk, nn, pp, N, P, LP, LPK, ACCUMULATE, DOT_WALK_LP)
+        state = _walk_step(state, decay, qrot_ptr, dps_ptr, chunk, nn, pp, N, P, LP, LPK, ACCUMULATE, DOT_WALK_LP,
+                           WS_QROT, WS_DPS)
 
 
 @triton.jit
 def _walk_step(state, decay, qrot_ptr, dps_ptr, chunk, nn, pp, N: tl.constexpr, P: tl.constexpr, LP: tl.constexpr,
-               LPK: tl.constexpr, ACCUMULATE: tl.constexpr, DOT_WALK_LP: tl.constexpr):
+               LPK: tl.constexpr, ACCUMULATE: tl.constexpr, DOT_WALK_LP: tl.constexpr, WS_QROT: tl.constexpr,
+               WS_DPS: tl.constexpr):
     """D ← D·decay (+) q_rotᵀ·dps of chunk ``chunk`` on the tile (rows ``nn``, columns ``pp``): ``accumulate_into``
     one slice of 16 fused rows at a time into the decayed D, ``separate`` the chunk's sum first."""
     if ACCUMULATE:
         state = state * decay
         for s in tl.static_range(LP // 16):
             i = s * 16 + tl.arange(0, 16)
-            qt = tl.load(qrot_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
-            pv = tl.load(dps_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
+            qt = _ws_operand(tl.load(qrot_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N), WS_QROT,
+                             DOT_WALK_LP, LPK)
+            pv = _ws_operand(tl.load(dps_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :]), WS_DPS,
+                             DOT_WALK_LP, LPK)
             state = state + mma(qt, pv, DOT_WALK_LP, LPK)
     else:
         i = tl.arange(0, LP)
-        qt = tl.load(qrot_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N)
-        pv = tl.load(dps_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :])
+        qt = _ws_operand(tl.load(qrot_ptr + chunk * (LP * N) + nn[:, None] + i[None, :] * N), WS_QROT, DOT_WALK_LP,
+                         LPK)
+        pv = _ws_operand(tl.load(dps_ptr + chunk * (LP * P) + i[:, None] * P + pp[None, :]), WS_DPS, DOT_WALK_LP,
+                         LPK)
         state = state * decay + mma(qt, pv, DOT_WALK_LP, LPK)
     return state
 
@@ -233,7 +284,9 @@ def _bwd2_kside_kernel(
     DPSIV_DIAG_QK: tl.constexpr, GAMMA_DIAG: tl.constexpr, DPSIV_DIAG_GAMMA: tl.constexpr, DPSIV: tl.constexpr,
     DK_INTER: tl.constexpr, DSSDA_TERM: tl.constexpr, DKQ_MASKED: tl.constexpr, DK_SCALED: tl.constexpr,
     HAS_D: tl.constexpr, DOT_KD_LP: tl.constexpr, DOT_KQ_LP: tl.constexpr, DOT_SD_LP: tl.constexpr,
-    DOT_PD_LP: tl.constexpr, DOT_PP_LP: tl.constexpr, DOT_DQ_LP: tl.constexpr,
+    DOT_PD_LP: tl.constexpr, DOT_PP_LP: tl.constexpr, DOT_DQ_LP: tl.constexpr, WS_QROT: tl.constexpr,
+    WS_KHAT: tl.constexpr, WS_DPHIO: tl.constexpr, WS_PSIV: tl.constexpr, WS_DPSIV: tl.constexpr,
+    WS_DKROT: tl.constexpr,
 ):
     """The gradients of the k-side rows of one block (program → (b, h, chunk c, block of BR fused rows i)): the
     rows' dΨV, dk and their dSSdA terms, against every row j of the chunk and D_c.
@@ -248,7 +301,8 @@ def _bwd2_kside_kernel(
     Compile-time constants: N, P, R, C, LP, CP (padded tokens per chunk), BR (rows per program, dividing LP), LPK,
     the policy switches named as the sites, HAS_D. DOT_*_LP (devices): both operands of that GEMM hold lp values
     under the policy, so it takes them as bf16/fp16 (exact products, FP32 accumulation; else IEEE FP32): KD k̂·D,
-    KQ k̂·q_rotᵀ, SD scores·dΦO, PD ΨV·Dᵀ, PP ΨV·dΦOᵀ, DQ dkq·q_rot.
+    KQ k̂·q_rotᵀ, SD scores·dΦO, PD ΨV·Dᵀ, PP ΨV·dΦOᵀ, DQ dkq·q_rot. WS_*: which workspaces hold lp bits (read and
+    written so; the values are the same).
     """
     bhc, c, bh, i, t_loc, r_i, t, ok = _chunk_block(tl.program_id(0), S, nc, R, C, LP, BR)
     h = bh % H
@@ -262,10 +316,11 @@ def _bwd2_kside_kernel(
     okn = ok[:, None]
     rows_n = bhc.to(tl.int64) * (LP * N) + i[:, None] * N + n[None, :]
     rows_p = bhc.to(tl.int64) * (LP * P) + i[:, None] * P + p[None, :]
-    khat = tl.load(khat_ptr + rows_n)
-    krot = tl.load(krot_ptr + rows_n)
-    psiv = tl.load(psiv_ptr + rows_p)
-    dphio = tl.load(dphio_ptr + rows_p)
+    khat_raw = tl.load(khat_ptr + rows_n)
+    khat = _ws_value(khat_raw, WS_KHAT, LPK)
+    krot = _ws_value(tl.load(krot_ptr + rows_n), WS_QROT, LPK)
+    psiv_raw = tl.load(psiv_ptr + rows_p)
+    dphio = _ws_value(tl.load(dphio_ptr + rows_p), WS_DPHIO, LPK)
     qrot_all = tl.load(qrot_ptr + bhc.to(tl.int64) * (LP * N) + j[:, None] * N + n[None, :])
     dphio_all = tl.load(dphio_ptr + bhc.to(tl.int64) * (LP * P) + j[:, None] * P + p[None, :])
     dop = rnd_if(tl.load(dst_ptr + bhc.to(tl.int64) * (N * P) + n[:, None] * P + p[None, :]), DSTATES_OPERAND, LPK)
@@ -278,14 +333,15 @@ def _bwd2_kside_kernel(
     seg_offs = bhc.to(tl.int64) * (C * C) + tl.minimum(t_j, C - 1)[None, :] * C + tl.minimum(t_loc, C - 1)[:, None]
 
     # ---- dΨV
-    dpsiv = mma(khat, dop, DOT_KD_LP, LPK) * e_rev[:, None]
-    lkq = mma(khat, tl.trans(qrot_all), DOT_KQ_LP, LPK)
+    dpsiv = mma(_ws_operand(khat_raw, WS_KHAT, DOT_KD_LP, LPK), dop, DOT_KD_LP, LPK) * e_rev[:, None]
+    lkq = mma(_ws_operand(khat_raw, WS_KHAT, DOT_KQ_LP, LPK), tl.trans(_ws_operand(qrot_all, WS_QROT, DOT_KQ_LP, LPK)),
+              DOT_KQ_LP, LPK)
     lkq_st = rnd_if(lkq, LKQ, LPK)
     if R == 1:
         lkq_m = rnd_if(_reverse_causal(lkq_st, rc, segsum_ptr, seg_offs), LKQ_MASKED, LPK)
     else:
         lkq_m = rnd_if(_reverse_causal(lkq, rc, segsum_ptr, seg_offs), LKQ_MASKED, LPK)
-    dpsiv = dpsiv + mma(lkq_m, dphio_all, DOT_SD_LP, LPK)
+    dpsiv = dpsiv + mma(lkq_m, _ws_operand(dphio_all, WS_DPHIO, DOT_SD_LP, LPK), DOT_SD_LP, LPK)
     if HAS_D:
         dpsiv = dpsiv + dphio * tl.load(d_ptr + h)
     # same-token terms: dΨV[t, r_in] += R(R(dΦO[t, r_out]·qk[t, r_out, r_in])·R(γ_t)) for r_out ascending
@@ -293,27 +349,28 @@ def _bwd2_kside_kernel(
     qk_tok = (hs_base + t_s) * (R * R)
     tok_rows = bhc.to(tl.int64) * LP + (tl.where(ok, t_loc, 0) * R)
     for r_out in range(R):
-        d_out = tl.load(dphio_ptr + (tok_rows + r_out)[:, None] * P + p[None, :], mask=okn, other=0.0)
+        d_out = _ws_load_m(dphio_ptr, (tok_rows + r_out)[:, None] * P + p[None, :], okn, WS_DPHIO, LPK)
         qk = dec(tl.load(qk_ptr + qk_tok + r_out * R + r_i, mask=ok, other=0), LPK)
         term = rnd_if(d_out * qk[:, None], DPSIV_DIAG_QK, LPK)
         dpsiv = dpsiv + rnd_if(term * gamma_lp[:, None], DPSIV_DIAG_GAMMA, LPK)
     dpsiv = tl.where(okn, rnd_if(dpsiv, DPSIV, LPK), 0.0)
-    tl.store(dpsiv_ptr + rows_p, dpsiv)
+    _ws_store(dpsiv_ptr, rows_p, dpsiv, WS_DPSIV, LPK)
 
     # ---- same-token dqk = dΦO[t, r_out]·ΨV[t, r_in] and its γ sum term Σ_r_in qk·dqk
     dg_row = tl.full([BR], 0.0, tl.float32)
     for r_in in range(R):
-        ps_in = tl.load(psiv_ptr + (tok_rows + r_in)[:, None] * P + p[None, :], mask=okn, other=0.0)
+        ps_in = _ws_load_m(psiv_ptr, (tok_rows + r_in)[:, None] * P + p[None, :], okn, WS_PSIV, LPK)
         dqk = tsum(dphio * ps_in, axis=1)
         tl.store(dqk_ptr + (bhc.to(tl.int64) * LP + i) * R + r_in, tl.where(ok, dqk, 0.0))
         qk = dec(tl.load(qk_ptr + qk_tok + r_i * R + r_in, mask=ok, other=0), LPK)
         dg_row = dg_row + qk * dqk
 
     # ---- dk
-    dk_inter_raw = mma(psiv, tl.trans(dop), DOT_PD_LP, LPK)
+    dk_inter_raw = mma(_ws_operand(psiv_raw, WS_PSIV, DOT_PD_LP, LPK), tl.trans(dop), DOT_PD_LP, LPK)
     s_dacs_rev = tsum(khat * dk_inter_raw, axis=1)
     dk_inter = rnd_if(dk_inter_raw * e_rev[:, None], DK_INTER, LPK)
-    dk_intra = mma(psiv, tl.trans(dphio_all), DOT_PP_LP, LPK)
+    dk_intra = mma(_ws_operand(psiv_raw, WS_PSIV, DOT_PP_LP, LPK),
+                   tl.trans(_ws_operand(dphio_all, WS_DPHIO, DOT_PP_LP, LPK)), DOT_PP_LP, LPK)
     dssda = rnd_if(lkq_st * dk_intra, DSSDA_TERM, LPK)
     # dSSdA's column tokens: Σ over the R rows j of each token u, as a one-hot GEMM (exact selections)
     u = tl.arange(0, CP)
@@ -324,10 +381,10 @@ def _bwd2_kside_kernel(
         sel = tl.where((t_j[None, :] == u[:, None]) & ok_j[None, :], 1.0, 0.0)  # [CP, LP]
         tl.store(pairs_ptr + pair_offs, tl.dot(dssda, tl.trans(sel), input_precision="ieee"))
     dkq = rnd_if(_reverse_causal(dk_intra, rc, segsum_ptr, seg_offs), DKQ_MASKED, LPK)
-    dk_nodiag = dk_inter + mma(dkq, qrot_all, DOT_DQ_LP, LPK)
+    dk_nodiag = dk_inter + mma(dkq, _ws_operand(qrot_all, WS_QROT, DOT_DQ_LP, LPK), DOT_DQ_LP, LPK)
     s_dfactor = tsum(krot * dk_nodiag, axis=1)
     dk_rot = rnd_if(dk_nodiag * ts[:, None], DK_SCALED, LPK)
-    tl.store(dkrot_ptr + rows_n, tl.where(okn, dk_rot, 0.0))
+    _ws_store(dkrot_ptr, rows_n, tl.where(okn, dk_rot, 0.0), WS_DKROT, LPK)
 
     rs = rowsum_ptr + bhc.to(tl.int64) * (4 * LP) + i
     tl.store(rs, tl.where(ok, s_dacs_rev, 0.0))
@@ -341,7 +398,8 @@ def _bwd2_qside_kernel(
     dda_ptr, S, nc,
     N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, BR: tl.constexpr,
     LPK: tl.constexpr, DKQ_MASKED: tl.constexpr, DQ_INTER: tl.constexpr, DQ_COMBINED: tl.constexpr,
-    DOT_PP_LP: tl.constexpr, DOT_QS_LP: tl.constexpr, DOT_DK_LP: tl.constexpr,
+    DOT_PP_LP: tl.constexpr, DOT_QS_LP: tl.constexpr, DOT_DK_LP: tl.constexpr, WS_QROT: tl.constexpr,
+    WS_KHAT: tl.constexpr, WS_DPHIO: tl.constexpr, WS_PSIV: tl.constexpr, WS_DQROT: tl.constexpr,
 ):
     """dq of the q-side rows of one block (program → (b, h, chunk c, block of BR fused rows j)), and the chunk's ddA.
 
@@ -351,7 +409,7 @@ def _bwd2_qside_kernel(
     row 2 (per row Σ_n q_rot·dq_inter_raw); dda [B·H·nc]: Σ states·D·decay (written by each chunk's first block).
 
     Compile-time constants: N, P, R, C, LP, BR, LPK, the sites DKQ_MASKED, DQ_INTER, DQ_COMBINED; DOT_*_LP as in
-    ``_bwd2_kside_kernel`` (PP dΦO·ΨVᵀ, QS dΦO·statesᵀ, DK dkqᵀ·k̂).
+    ``_bwd2_kside_kernel`` (PP dΦO·ΨVᵀ, QS dΦO·statesᵀ, DK dkqᵀ·k̂); WS_*: which workspaces hold lp bits.
     """
     pid = tl.program_id(0)
     bhc, c, bh, j, t_loc, _, t, ok = _chunk_block(pid, S, nc, R, C, LP, BR)
@@ -365,7 +423,7 @@ def _bwd2_qside_kernel(
     okn = ok[:, None]
     rows_n = bhc.to(tl.int64) * (LP * N) + j[:, None] * N + n[None, :]
     dphio = tl.load(dphio_ptr + bhc.to(tl.int64) * (LP * P) + j[:, None] * P + p[None, :])
-    qrot = tl.load(qrot_ptr + rows_n)
+    qrot = _ws_value(tl.load(qrot_ptr + rows_n), WS_QROT, LPK)
     psiv_all = tl.load(psiv_ptr + bhc.to(tl.int64) * (LP * P) + i[:, None] * P + p[None, :])
     khat_all = tl.load(khat_ptr + bhc.to(tl.int64) * (LP * N) + i[:, None] * N + n[None, :])
     st_offs = bhc.to(tl.int64) * (N * P) + n[:, None] * P + p[None, :]
@@ -379,16 +437,18 @@ def _bwd2_qside_kernel(
         dst = tl.load(dst_ptr + st_offs)
         tl.store(dda_ptr + bhc, tsum(tsum(states * dst * decay, axis=1), axis=0))
 
-    dq_inter_raw = mma(dphio, tl.trans(states), DOT_QS_LP, LPK)
+    dq_inter_raw = mma(_ws_operand(dphio, WS_DPHIO, DOT_QS_LP, LPK), tl.trans(states), DOT_QS_LP, LPK)
     s_dacs = tsum(qrot * dq_inter_raw, axis=1)
     dq_inter = rnd_if(dq_inter_raw * e_cs[:, None], DQ_INTER, LPK)
     # dkqᵀ[j, i]: t_i < t_j, times exp(segsum[t_j, t_i])
     rc = (t_i[None, :] < t_loc[:, None]) & okn & ok_i[None, :]
     seg_offs = bhc.to(tl.int64) * (C * C) + tl.minimum(t_loc, C - 1)[:, None] * C + tl.minimum(t_i, C - 1)[None, :]
-    dkq_t = rnd_if(_reverse_causal(mma(dphio, tl.trans(psiv_all), DOT_PP_LP, LPK), rc, segsum_ptr, seg_offs),
-                   DKQ_MASKED, LPK)
-    dq_rot = rnd_if(dq_inter + mma(dkq_t, khat_all, DOT_DK_LP, LPK), DQ_COMBINED, LPK)
-    tl.store(dqrot_ptr + rows_n, tl.where(okn, dq_rot, 0.0))
+    pp_dot = mma(_ws_operand(dphio, WS_DPHIO, DOT_PP_LP, LPK), tl.trans(_ws_operand(psiv_all, WS_PSIV, DOT_PP_LP, LPK)),
+                 DOT_PP_LP, LPK)
+    dkq_t = rnd_if(_reverse_causal(pp_dot, rc, segsum_ptr, seg_offs), DKQ_MASKED, LPK)
+    dq_rot = rnd_if(dq_inter + mma(dkq_t, _ws_operand(khat_all, WS_KHAT, DOT_DK_LP, LPK), DOT_DK_LP, LPK), DQ_COMBINED,
+                    LPK)
+    _ws_store(dqrot_ptr, rows_n, tl.where(okn, dq_rot, 0.0), WS_DQROT, LPK)
     tl.store(rowsum_ptr + bhc.to(tl.int64) * (4 * LP) + 2 * LP + j, tl.where(ok, s_dacs, 0.0))
 
 
@@ -407,7 +467,8 @@ def _bwd2_token_kernel(
     N: tl.constexpr, P: tl.constexpr, R: tl.constexpr, C: tl.constexpr, LP: tl.constexpr, CP: tl.constexpr,
     BT: tl.constexpr, AW: tl.constexpr, LPK: tl.constexpr, PSI_WEIGHT: tl.constexpr, DV_ACCUM: tl.constexpr,
     DIAG_FMA: tl.constexpr, DK_UNROTATE: tl.constexpr, DQ_UNROTATE: tl.constexpr, DT_INPUT: tl.constexpr,
-    SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr,
+    SHIFTED_GAMMA: tl.constexpr, TRAP_SCALE: tl.constexpr, WS_QB: tl.constexpr, WS_DPSIV: tl.constexpr,
+    WS_DKROT: tl.constexpr, WS_DQROT: tl.constexpr,
 ):
     """Per token of one block of BT tokens, over its R rows in ascending rank order (program → (b, h, chunk c, token
     block)).
@@ -420,7 +481,8 @@ def _bwd2_token_kernel(
 
     Compile-time constants: N, P, R, C, LP, CP, BT (tokens per program, dividing CP), AW, LPK; PSI_WEIGHT, DV_ACCUM,
     DK_UNROTATE, DQ_UNROTATE, DT_INPUT, SHIFTED_GAMMA, TRAP_SCALE (sites); DIAG_FMA (``diag_mode="fma"``: dv's rank
-    steps rounded once). The rank loops are runtime loops (one body each, whatever R).
+    steps rounded once); WS_QB, WS_DPSIV, WS_DKROT, WS_DQROT: those workspaces hold lp bits. The rank loops are
+    runtime loops (one body each, whatever R).
     """
     pid = tl.program_id(0)
     NTB: tl.constexpr = CP // BT
@@ -457,7 +519,7 @@ def _bwd2_token_kernel(
     dang = tl.full([BT, AW], -0.0, tl.float32)
     for r in range(R):
         row = rows + r
-        dps = tl.load(dpsiv_ptr + row[:, None] * P + p[None, :], mask=okc, other=0.0)
+        dps = _ws_load_m(dpsiv_ptr, row[:, None] * P + p[None, :], okc, WS_DPSIV, LPK)
         psi = rnd_if(tl.load(mimo_v_ptr + h * (R * P) + r * P + p), PSI_WEIGHT, LPK)
         prod = dps * psi[None, :]
         if DV_ACCUM:
@@ -471,25 +533,25 @@ def _bwd2_token_kernel(
         tl.store(part_ptr + pid.to(tl.int64) * (R * P) + r * P + p, pm)
         # dangles: the k and the q products of rank r, (k pair) + (q pair), ranks ascending
         nk = row[:, None] * N
-        g1 = tl.load(dkrot_ptr + nk + w[None, :], mask=okc, other=0.0)
-        g2 = tl.load(dkrot_ptr + nk + HALF + w[None, :], mask=okc, other=0.0)
-        p1 = tl.load(kb_ptr + nk + w[None, :], mask=okc, other=0.0)
-        p2 = tl.load(kb_ptr + nk + HALF + w[None, :], mask=okc, other=0.0)
+        g1 = _ws_load_m(dkrot_ptr, nk + w[None, :], okc, WS_DKROT, LPK)
+        g2 = _ws_load_m(dkrot_ptr, nk + HALF + w[None, :], okc, WS_DKROT, LPK)
+        p1 = _ws_load_m(kb_ptr, nk + w[None, :], okc, WS_QB, LPK)
+        p2 = _ws_load_m(kb_ptr, nk + HALF + w[None, :], okc, WS_QB, LPK)
         k_pair = _angle_pair(g1, g2, p1, p2, cs, sn)
-        g1 = tl.load(dqrot_ptr + nk + w[None, :], mask=okc, other=0.0)
-        g2 = tl.load(dqrot_ptr + nk + HALF + w[None, :], mask=okc, other=0.0)
-        p1 = tl.load(qb_ptr + nk + w[None, :], mask=okc, other=0.0)
-        p2 = tl.load(qb_ptr + nk + HALF + w[None, :], mask=okc, other=0.0)
+        g1 = _ws_load_m(dqrot_ptr, nk + w[None, :], okc, WS_DQROT, LPK)
+        g2 = _ws_load_m(dqrot_ptr, nk + HALF + w[None, :], okc, WS_DQROT, LPK)
+        p1 = _ws_load_m(qb_ptr, nk + w[None, :], okc, WS_QB, LPK)
+        p2 = _ws_load_m(qb_ptr, nk + HALF + w[None, :], okc, WS_QB, LPK)
         q_pair = _angle_pair(g1, g2, p1, p2, cs, sn)
         dang = dang + (k_pair + q_pair)
         # dk, dq of rank r by column halves: the inverse rotation of the rotated columns, then the same-token terms
         # dk[t, r] += Σ_{r2 ascending} dqk[t, r2, r]·γ·q̃[t, r2], dq[t, r] += Σ_{r2} dqk[t, r, r2]·γ·k̃[t, r2]
-        x1 = tl.load(dkrot_ptr + nk + j[None, :], mask=okc, other=0.0)
-        x2 = tl.load(dkrot_ptr + nk + HALF + j[None, :], mask=okc, other=0.0)
+        x1 = _ws_load_m(dkrot_ptr, nk + j[None, :], okc, WS_DKROT, LPK)
+        x2 = _ws_load_m(dkrot_ptr, nk + HALF + j[None, :], okc, WS_DKROT, LPK)
         dk1 = tl.where(rot, rnd_if(ch * x1 + sh * x2, DK_UNROTATE, LPK), x1)
         dk2 = tl.where(rot, rnd_if(-sh * x1 + ch * x2, DK_UNROTATE, LPK), x2)
-        x1 = tl.load(dqrot_ptr + nk + j[None, :], mask=okc, other=0.0)
-        x2 = tl.load(dqrot_ptr + nk + HALF + j[None, :], mask=okc, other=0.0)
+        x1 = _ws_load_m(dqrot_ptr, nk + j[None, :], okc, WS_DQROT, LPK)
+        x2 = _ws_load_m(dqrot_ptr, nk + HALF + j[None, :], okc, WS_DQROT, LPK)
         dq1 = tl.where(rot, rnd_if(ch * x1 + sh * x2, DQ_UNROTATE, LPK), x1)
         dq2 = tl.where(rot, rnd_if(-sh * x1 + ch * x2, DQ_UNROTATE, LPK), x2)
         for r2 in range(R):
@@ -497,10 +559,10 @@ def _bwd2_token_kernel(
             g_k = tl.load(dqk_ptr + row2 * R + r, mask=ok, other=0.0) * gamma
             g_q = tl.load(dqk_ptr + row * R + r2, mask=ok, other=0.0) * gamma
             n2 = row2[:, None] * N
-            dk1 = dk1 + g_k[:, None] * tl.load(qb_ptr + n2 + j[None, :], mask=okc, other=0.0)
-            dk2 = dk2 + g_k[:, None] * tl.load(qb_ptr + n2 + HALF + j[None, :], mask=okc, other=0.0)
-            dq1 = dq1 + g_q[:, None] * tl.load(kb_ptr + n2 + j[None, :], mask=okc, other=0.0)
-            dq2 = dq2 + g_q[:, None] * tl.load(kb_ptr + n2 + HALF + j[None, :], mask=okc, other=0.0)
+            dk1 = dk1 + g_k[:, None] * _ws_load_m(qb_ptr, n2 + j[None, :], okc, WS_QB, LPK)
+            dk2 = dk2 + g_k[:, None] * _ws_load_m(qb_ptr, n2 + HALF + j[None, :], okc, WS_QB, LPK)
+            dq1 = dq1 + g_q[:, None] * _ws_load_m(kb_ptr, n2 + j[None, :], okc, WS_QB, LPK)
+            dq2 = dq2 + g_q[:, None] * _ws_load_m(kb_ptr, n2 + HALF + j[None, :], okc, WS_QB, LPK)
         out_n = ((row0 + tt_s) * R + r)[:, None] * (H * N) + h * N + j[None, :]
         tl.store(dk_ptr + out_n, enc(dk1, LPK), mask=okc)
         tl.store(dk_ptr + out_n + HALF, enc(dk2, LPK), mask=okc)

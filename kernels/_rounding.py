@@ -17,8 +17,8 @@ interpreter, whose conversion truncates, nor on Ascend). One helper per format, 
 * ``rnd_sum``: the exact ``a + b`` rounded once (``diag_mode="fma"``): TwoSum in FP32, then the residual's sign
   breaks exact ties, as ``mimo_numerics.rounding.round_sum_to_lp`` does (bit-identical for the same FP32 inputs).
 
-Also here, because the kernels may only call jit functions of their own (interpreted or compiled) build: ``tsum``
-and ``fzeros`` (``tl.sum``/``tl.zeros`` are jit functions of triton.language), ``sigmoid``, ``sincos`` (portable
+Also here, because the kernels may only call jit functions of their own (interpreted or compiled) build: ``tsum``,
+``tcumsum`` and ``fzeros`` (``tl.sum``/``tl.zeros`` are jit functions of triton.language), ``sigmoid``, ``sincos`` (portable
 sin/cos), ``silu_parts`` (the Z gate's functions from one exp), and the ``tl.dot`` operand helpers ``operand``,
 ``bits_operand``, ``mma``, ``mma_acc``.
 
@@ -231,6 +231,13 @@ def tsum(x, axis: tl.constexpr):
     """Sum over ``axis`` (``tl.sum`` for FP32 inputs without calling a jit function of ``triton.language``: the
     interpreted copy of these kernels can only call interpreted functions; the numpy fast path is kept)."""
     return tl.reduce(x, axis, _sum_combine)
+
+
+@triton.jit
+def tcumsum(x, axis: tl.constexpr):
+    """Inclusive prefix sum over ``axis`` (``tl.cumsum`` for FP32 inputs as ``tsum`` is ``tl.sum``: the builtin
+    scan with Triton's own sum combine, which the interpreter maps onto numpy's cumsum)."""
+    return tl.associative_scan(x, axis, _sum_combine)
 
 
 @triton.jit

@@ -98,10 +98,56 @@ def lp_dot_operands(cx: Mapping[str, object], dims, on_device: bool) -> Dict[str
     return {k: bool(on_device and v) for k, v in lp.items()}
 
 
-def walk_tiles(dims, backend: str, sm_count: Optional[int] = None) -> tuple:
-    """(BN, BP) of the reverse walk: 16 × 16 on Ascend; on CUDA halved from 64 × 64 until the walk has at least two
-    programs per SM (its programs are sequential over the chunks: parallelism comes from the tiles); the interpreter
-    walks whole states (fewest programs)."""
+def workspace_formats(cx: Mapping[str, object], dims) -> Dict[str, bool]:
+    """Which workspaces of the stage-2 kernels hold lp bits instead of FP32: those whose every value is on the lp
+    grid under the policy (its last operation is a rounding site that is on), so storing them in lp is exact and
+    halves their traffic. ``WS_QB``: q̃, k̃ (``qk_biased``); ``WS_QROT``: the rotated q̃, k̃ (and ``rotary``);
+    ``WS_KHAT``: k̂ (``k_scaled``); ``WS_DPHIO``: dΦO (``dphio_gate`` with Z, else ``dphio`` with the reduced output,
+    else DOUT itself); ``WS_DPS`` (``dphio_scaled``), ``WS_PSIV`` (``psiv``), ``WS_DPSIV`` (``dpsiv``), ``WS_DKROT``
+    (``dk_scaled``), ``WS_DQROT`` (``dq_combined``). On every backend (the values are the same either way)."""
+    dphio = (cx["DPHIO_GATE"] if dims.has_z else (cx["DPHIO"] if dims.reduce_o else True))
+    return {"WS_QB": bool(cx["QK_BIASED"]), "WS_QROT": bool(cx["QK_BIASED"] and cx["ROTARY"]),
+            "WS_KHAT": bool(cx["K_SCALED"]), "WS_DPHIO": bool(dphio), "WS_DPS": bool(cx["DPHIO_SCALED"]),
+            "WS_PSIV": bool(cx["PSIV"]), "WS_DPSIV": bool(cx["DPSIV"]), "WS_DKROT": bool(cx["DK_SCALED"]),
+            "WS_DQROT": bool(cx["DQ_COMBINED"])}
+
+
+#: Device memory the stage-2 workspaces of one batch slice may take (CUDA, NPU): the launcher runs the kernels on
+#: slices of whole batch rows (:func:`batch_slice_rows`), so the workspaces do not grow with B (shape (d): 0.9 GB a
+#: batch row, one row a slice, where the whole batch took 14.5 GB in FP32).
+WORKSPACE_BUDGET_BYTES = 1 << 30
+
+
+def workspace_bytes_per_batch_row(dims, LP: int, CP: int, formats: Mapping[str, bool]) -> int:
+    """Bytes of the stage-2 workspaces for one batch row (the chunk workspaces of :func:`build_launches`, the FP32
+    walk states and the cos/sin tables)."""
+    N, P, R, H, nc = dims.state_dim, dims.value_dim, dims.rank, dims.heads, dims.nchunks
+    lp_bytes = dims.lp_dtype.itemsize
+
+    def width(fmt):
+        return lp_bytes if formats[fmt] else 4
+
+    n_side = sum(width(f) for f in ("WS_QB", "WS_QB", "WS_QROT", "WS_QROT", "WS_KHAT", "WS_DKROT", "WS_DQROT"))
+    p_side = sum(width(f) for f in ("WS_DPHIO", "WS_DPS", "WS_PSIV", "WS_DPSIV"))
+    per_chunk = LP * (N * n_side + P * p_side + 4 * (R + CP + 4)) + 4 * (N * P + 1 + CP // 16 * R * P)
+    return H * nc * per_chunk + 2 * 4 * dims.seqlen * H * (N // dims.rotary_dim_divisor)
+
+
+def batch_slice_rows(dims, LP: int, CP: int, formats: Mapping[str, bool], backend: str) -> int:
+    """Batch rows per launch slice: as many as :data:`WORKSPACE_BUDGET_BYTES` holds (at least one) on devices, the
+    whole batch in the interpreter. Slices change no result: every stage-2 output of a batch row depends on that
+    row's inputs only, and each kernel's operations per row are the same whatever the slice."""
+    if backend == "interpreter":
+        return dims.batch
+    per_row = workspace_bytes_per_batch_row(dims, LP, CP, formats)
+    return max(1, min(dims.batch, WORKSPACE_BUDGET_BYTES // per_row))
+
+
+def walk_tiles(dims, backend: str, sm_count: Optional[int] = None, batch: Optional[int] = None) -> tuple:
+    """(BN, BP) of the reverse walk: 16 × 16 on Ascend; on CUDA halved from 64 × 64 until the walk of ``batch``
+    batch rows (default: all; a launch slice's otherwise) has at least two programs per SM (its programs are
+    sequential over the chunks: parallelism comes from the tiles); the interpreter walks whole states (fewest
+    programs)."""
     N, P = dims.state_dim, dims.value_dim
     if backend == "interpreter":
         return N, P
@@ -109,12 +155,19 @@ def walk_tiles(dims, backend: str, sm_count: Optional[int] = None) -> tuple:
         return min(N, 16), min(P, 16)
     sms = sm_count or torch.cuda.get_device_properties(dims.device).multi_processor_count
     BN, BP = min(N, 64), min(P, 64)
-    while dims.batch * dims.heads * (N // BN) * (P // BP) < 2 * sms and (BN > 16 or BP > 16):
+    rows = dims.batch if batch is None else batch
+    while rows * dims.heads * (N // BN) * (P // BP) < 2 * sms and (BN > 16 or BP > 16):
         if BP >= BN and BP > 16:
             BP //= 2
         else:
             BN //= 2
     return BN, BP
+
+
+#: Warps per program of the CUDA launches: with 4 the k-side and rows kernels spill (Triton 3.6, sm_90: 255
+#: registers and 56 / 728 bytes of stack at N = P = 64, R = 4, C = 16, with the lp workspaces), with 8 none does
+#: (kside 234 registers, rows 173; ``kernels/_devtools.py``, compiled on a CPU).
+CUDA_NUM_WARPS = 8
 
 
 @dataclass(frozen=True)
@@ -136,7 +189,7 @@ def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
         return Stage2Tiles(LP, CP)
     if backend == "npu":
         return npu_tiles(LP, CP)
-    return Stage2Tiles(min(LP, 64), CP)
+    return Stage2Tiles(min(LP, 64), CP, CUDA_NUM_WARPS)
 
 
 def npu_tiles(LP: int, CP: int) -> Stage2Tiles:
@@ -241,7 +294,6 @@ def build_launches(
                                dims.chunk_size, dims.nchunks)
     LP, CP, AW = max(16, _pow2(C * R)), max(16, _pow2(C)), N // dims.rotary_dim_divisor
     lp, dev, f32 = dims.lp_dtype, dims.device, torch.float32
-    BN, BP = walk_tiles(dims, backend, sm_count)
     tiles = tiles or stage2_tiles(dims, backend, LP, CP)
     BR, BT = tiles.rows, tiles.tokens
     if any(x < 1 or x & (x - 1) for x in (BR, BT)) or LP % BR or CP % BT:
@@ -255,22 +307,29 @@ def build_launches(
     (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d,
      qk_dot, segsum) = (cont(x) for x in (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles,
                                           da_cs, da_cs_rev, dt, trap, d, qk_dot, segsum))
+    formats = workspace_formats(cx, dims)
+    slice_rows = batch_slice_rows(dims, LP, CP, formats, backend)
+    Bs = min(B, slice_rows)  # batch rows of one slice: the workspaces are sized for it and reused by every slice
+    BN, BP = walk_tiles(dims, backend, sm_count, batch=Bs)
+    cs_ = Bs * H * nc  # chunks of one slice
+
+    def ws(width, fmt=None):
+        return torch.empty((cs_, LP, width), dtype=lp if fmt and formats[fmt] else f32, device=dev)
+
+    qb, kb = ws(N, "WS_QB"), ws(N, "WS_QB")
+    qrot, krot, khat = ws(N, "WS_QROT"), ws(N, "WS_QROT"), ws(N, "WS_KHAT")
+    dphio, dps, psiv, dpsiv = ws(P, "WS_DPHIO"), ws(P, "WS_DPS"), ws(P, "WS_PSIV"), ws(P, "WS_DPSIV")
+    dkrot, dqrot, dqk, pairs = ws(N, "WS_DKROT"), ws(N, "WS_DQROT"), ws(R), ws(CP)
+    dst = torch.empty((Bs, H, nc, N, P), dtype=f32, device=dev)
+    rowsum = torch.empty((cs_, 4, LP), dtype=f32, device=dev)
+    dda = torch.empty(cs_, dtype=f32, device=dev)
+    cs = torch.empty((Bs, S, H, AW), dtype=f32, device=dev)
+    sn = torch.empty((Bs, S, H, AW), dtype=f32, device=dev)
+    part = torch.empty((1, cs_ * NTB, R * P), dtype=f32, device=dev)
+    # outputs, whole
     chunks = B * H * nc
-
-    def ws(width):
-        return torch.empty((chunks, LP, width), dtype=f32, device=dev)
-
-    qb, kb, qrot, krot, khat = ws(N), ws(N), ws(N), ws(N), ws(N)
-    dphio, dps, psiv, dpsiv = ws(P), ws(P), ws(P), ws(P)
-    dkrot, dqrot, dqk, pairs = ws(N), ws(N), ws(R), ws(CP)
     dd = torch.empty(chunks * NRB, dtype=f32, device=dev)
-    dst = torch.empty((B, H, nc, N, P), dtype=f32, device=dev)
-    rowsum = torch.empty((chunks, 4, LP), dtype=f32, device=dev)
     dssda = torch.empty((chunks, CP, CP), dtype=f32, device=dev)
-    dda = torch.empty(chunks, dtype=f32, device=dev)
-    cs = torch.empty((B, S, H, AW), dtype=f32, device=dev)
-    sn = torch.empty((B, S, H, AW), dtype=f32, device=dev)
-    part = torch.empty((1, chunks * NTB, R * P), dtype=f32, device=dev)
     dmimo_v = torch.empty((1, B, H, R, P), dtype=f32, device=dev)
     tok_out = torch.empty((5, B, H, S), dtype=f32, device=dev)
     dq = torch.empty((B, S, R, H, N), dtype=lp, device=dev)
@@ -279,10 +338,11 @@ def build_launches(
     dangles = torch.empty((B, S, H, AW), dtype=f32, device=dev)
     if poison:
         for t in (qb, kb, qrot, krot, khat, dphio, dps, psiv, dpsiv, dkrot, dqrot, dqk, pairs, dd, dst, rowsum, dssda, dda,
-                  cs, sn, part, dmimo_v, tok_out, dangles):
-            t.fill_(float("nan"))
-        for t in (dq, dk, dv):
-            t.view(torch.int16).fill_(LP_NAN_BITS[lp])
+                  cs, sn, part, dmimo_v, tok_out, dangles, dq, dk, dv):
+            if t.dtype == f32:
+                t.fill_(float("nan"))
+            else:
+                t.view(torch.int16).fill_(LP_NAN_BITS[lp])
 
     def arg(t):
         if t is None:
@@ -290,32 +350,48 @@ def build_launches(
         return t.view(torch.int16) if t.dtype in (torch.bfloat16, torch.float16) else t
 
     shared = dict(cx, N=N, P=P, R=R, C=C, LP=LP, CP=CP, AW=AW, HAS_Z=dims.has_z, HAS_D=dims.has_d,
-                  REDUCE_O=dims.reduce_o, BN=BN, BP=BP, BR=BR, BT=BT)
+                  REDUCE_O=dims.reduce_o, BN=BN, BP=BP, BR=BR, BT=BT, **formats)
     shared.update(lp_dot_operands(cx, dims, on_device=not interpreted))
     n_sum = -(-(R * P) // _SUM_BLOCK)
-    plan = [
-        ("angles", mod1._mimo_angles_kernel, -(-cs.numel() // ANGLES_BLOCK), (angles, cs, sn, cs.numel()),
-         {"BLOCK": ANGLES_BLOCK}),
-        ("rows", mod2._bwd2_rows_kernel, chunks * NRB,
-         (arg(dout), arg(q), arg(k), arg(v), arg(z), q_bias, k_bias, mimo_v, arg(mimo_o), arg(mimo_z), cs, sn, dt,
-          arg(trap), da_cs, qb, kb, qrot, krot, khat, dphio, dps, psiv, dd, S, H, dims.heads_per_group, nc), shared),
-        ("dstates", mod2._bwd2_dstates_kernel, B * H * (N // BN) * (P // BP),
-         (qrot, dps, da_cs, dst, S, nc, N // BN, P // BP), shared),
-        ("kside", mod2._bwd2_kside_kernel, chunks * NRB,
-         (arg(qk_dot), dt, arg(trap), da_cs_rev, arg(d), segsum, qrot, krot, khat, dphio, psiv, dst, dpsiv, dqk,
-          dkrot, rowsum, pairs, S, H, nc), shared),
-        ("qside", mod2._bwd2_qside_kernel, chunks * NRB,
-         (arg(states), da_cs, segsum, qrot, khat, dphio, psiv, dst, dqrot, rowsum, dda, S, nc), shared),
-        ("token", mod2._bwd2_token_kernel, chunks * NTB,
-         (arg(v), mimo_v, cs, sn, dt, arg(trap), qb, kb, dpsiv, dqk, dkrot, dqrot, rowsum, pairs, dda, arg(dq),
-          arg(dk), arg(dv), dangles, part[0], tok_out, dssda, S, H, nc, B * H * S), shared),
-        ("reduce", mod1._mimo_reduce_kernel, B * H * n_sum, (part, dmimo_v, nc * NTB, n_sum),
-         {"RP": R * P, "BLK": _SUM_BLOCK, "CB": 64}),
-    ]
     options = {"num_warps": tiles.num_warps, "enable_fp_fusion": False} if backend == "cuda" else {}
-    launches = [Launch(name, kernel, grid, args, {k: v for k, v in cxs.items() if k in kernel.arg_names},
-                       dict(options))
-                for name, kernel, grid, args, cxs in plan]
+    launches = []
+    for b0 in range(0, B, Bs):  # batch slices: the launches of one slice, then the next (one stream, in order)
+        b1 = min(B, b0 + Bs)
+        nb = b1 - b0
+        ch = nb * H * nc  # this slice's chunks
+        c0 = b0 * H * nc
+
+        def rows(x):  # the slice's batch rows of a [B, ...] tensor (None stays None): a contiguous view
+            return None if x is None else x[b0:b1]
+
+        plan = [
+            ("angles", mod1._mimo_angles_kernel, -(-(nb * S * H * AW) // ANGLES_BLOCK),
+             (rows(angles), cs, sn, nb * S * H * AW), {"BLOCK": ANGLES_BLOCK}),
+            ("rows", mod2._bwd2_rows_kernel, ch * NRB,
+             (arg(rows(dout)), arg(rows(q)), arg(rows(k)), arg(rows(v)), arg(rows(z)), q_bias, k_bias, mimo_v,
+              arg(mimo_o), arg(mimo_z), cs, sn, rows(dt), arg(rows(trap)), rows(da_cs), arg(qb), arg(kb), arg(qrot),
+              arg(krot), arg(khat), arg(dphio), arg(dps), arg(psiv), dd[c0 * NRB:], S, H, dims.heads_per_group, nc),
+             shared),
+            ("dstates", mod2._bwd2_dstates_kernel, nb * H * (N // BN) * (P // BP),
+             (arg(qrot), arg(dps), rows(da_cs), dst, S, nc, N // BN, P // BP), shared),
+            ("kside", mod2._bwd2_kside_kernel, ch * NRB,
+             (arg(rows(qk_dot)), rows(dt), arg(rows(trap)), rows(da_cs_rev), arg(d), rows(segsum), arg(qrot),
+              arg(krot), arg(khat), arg(dphio), arg(psiv), dst, arg(dpsiv), dqk, arg(dkrot), rowsum, pairs, S, H, nc),
+             shared),
+            ("qside", mod2._bwd2_qside_kernel, ch * NRB,
+             (arg(rows(states)), rows(da_cs), rows(segsum), arg(qrot), arg(khat), arg(dphio), arg(psiv), dst,
+              arg(dqrot), rowsum, dda, S, nc), shared),
+            ("token", mod2._bwd2_token_kernel, ch * NTB,
+             (arg(rows(v)), mimo_v, cs, sn, rows(dt), arg(rows(trap)), arg(qb), arg(kb), arg(dpsiv), dqk, arg(dkrot),
+              arg(dqrot), rowsum, pairs, dda, arg(rows(dq)), arg(rows(dk)), arg(rows(dv)), rows(dangles), part[0],
+              tok_out[0, b0:], dssda[c0:], S, H, nc, B * H * S), shared),
+            ("reduce", mod1._mimo_reduce_kernel, nb * H * n_sum, (part, dmimo_v[0, b0:], nc * NTB, n_sum),
+             {"RP": R * P, "BLK": _SUM_BLOCK, "CB": 64}),
+        ]
+        suffix = f"[{b0}:{b1}]" if nb < B else ""
+        launches += [Launch(name + suffix, kernel, grid, args,
+                            {k: v for k, v in cxs.items() if k in kernel.arg_names}, dict(options))
+                     for name, kernel, grid, args, cxs in plan]
 
     def finish() -> MimoBwdBwdOutputs:
         return MimoBwdBwdOutputs(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from .ops import registry
-from .policy import ALL_KNOBS, RoundingPolicy
+from .policy import ALL_KNOBS, FP32_LEVEL_SM90, RoundingPolicy
 
 #: preset -> (knobs, what it models).
 _KNOBS: Dict[str, Tuple[dict, str]] = {
@@ -49,6 +49,24 @@ _KNOBS: Dict[str, Tuple[dict, str]] = {
     "upstream_sm90_fp16": (
         dict(lp_dtype="float16", diag_mode="fma", state_update="accumulate_into", silu_form="tanh"),
         "Upstream kernels with dtype=float16 on sm_90: fp16 mul+add is fused on every architecture.",
+    ),
+    "upstream_sm90_exact": (
+        dict(lp_dtype="bfloat16", diag_mode="fma", state_update="accumulate_into", silu_form="tanh",
+             **FP32_LEVEL_SM90),
+        "The closest model of the real kernels on H100/H200 (sm_90), bf16: upstream_sm90's roundings plus every "
+        "FP32-level model of the H200 (gemm_model='sm90_wgmma': the tensor cores' accumulation; "
+        "special_functions='fast_sm90': the MUFU exp/tanh/sin/cos/rcp bit for bit; fp32_fma=True: nvcc's "
+        "contractions). Not bit-exact: the worst of Out and the 14 gradients is 1.1e-7 to 7.0e-5 from the H200's "
+        "on the bf16 golden cases up to S = 8192, where upstream_sm90 alone is at 9.4e-4 to 7.3e-2 "
+        "(reports/fp32_level_whole_op.md). For fidelity; the reference runs slower than under upstream_sm90 "
+        "(docs/gating.md, Presets) and the Triton kernels refuse it.",
+    ),
+    "upstream_sm90_exact_fp16": (
+        dict(lp_dtype="float16", diag_mode="fma", state_update="accumulate_into", silu_form="tanh",
+             **FP32_LEVEL_SM90),
+        "upstream_sm90_exact with dtype=float16: upstream_sm90_fp16's roundings plus every FP32-level model of the "
+        "H200: the worst of Out and the gradients is 6.6e-6 to 8.5e-5 from the H200's on the fp16 golden cases up to "
+        "S = 8192 (reports/fp32_level_whole_op.md); the Triton kernels refuse it.",
     ),
     "upstream_sm80_fp16": (
         dict(lp_dtype="float16", diag_mode="fma", state_update="accumulate_into", silu_form="tanh"),

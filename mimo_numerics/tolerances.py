@@ -126,6 +126,13 @@ TOLERANCES: Dict[str, Tolerance] = {
         "default-suite cases (S <= 128; at S = 2048: 5406 (dMIMO_Out) and 36.8 (dK_bias, fp16), at S = 8192: 131 "
         "(dQ_bias) and 9.0 (dK_bias, fp16); 2026-12-04, CPU). Issue 24's acceptance 2 asks 5",
         "tests/ops/mamba3_mimo/test_fp32_level_golden.py"),
+    "golden_long_fp32_level_gain_min": Tolerance(
+        5.0,
+        "the long golden cases (S = 2048, 8192; sampled records) under upstream_sm90_exact, rel RMS under fp32 over "
+        "rel RMS under the preset, per output the models change: smallest 9.0 (dK_bias of the S = 8192 fp16 case; "
+        "36.8 at S = 2048 fp16, 131 and 5406 on the bf16 cases; 2026-12-04, reports/fp32_level_whole_op.md). Issue "
+        "24's acceptance 2 figure (5), below the default cases' golden_whole_op_fp32_level_gain_min",
+        "tests/ops/mamba3_mimo/test_fp32_level_golden.py::test_exact_preset_on_the_long_golden_cases"),
     "golden_long_stage_fp32_level_rel_rms_max": Tolerance(
         3e-6,
         "the whole op from raw inputs at S = 2048 (bf16, reduced, Z, D; sampled records) with every FP32-level "
@@ -227,6 +234,27 @@ TOLERANCES: Dict[str, Tolerance] = {
         "largest lp ulp distance of a differing dq, dk or dv element under another tile plan: worst 1. Margin 2x: a "
         "flipped intermediate rounding (lkq, dkq) carried into a later sum can move an output by more than one ulp",
         "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_kernels.py::test_stage2_tile_plans_agree"),
+    "chain_kernels_vs_reference_rel_rms": Tolerance(
+        5e-6,
+        "the preprocessing and epilogue kernels (kernels/chain_steps.py, interpreter) vs their references, outputs "
+        "that differ in FP32 order or in the special functions (tl.cumsum/tl.sum against the references' H200 tile "
+        "orders and contracted scans, the portable tanh against torch's, bwd_dadt's masked sums against sequential "
+        "ones): worst 7.5e-7 (dAngles) over the 8 cases of the test (C = 8 to 64, S up to 608), both helper_fma "
+        "values, 2026-12-07; angles_cumsum 4.3e-7, the log-decays <= 9.4e-8. Margin 6.7x for longer sequences (the "
+        "reverse sum of dAngles grows with S)",
+        "tests/ops/mamba3_mimo/test_chain_kernels.py"),
+    "whole_op_kernels_noise_factor": Tolerance(
+        2.0,
+        "the whole op on kernels is gated against the reference chain on the kernels' own preprocessing outputs, at "
+        "max(fixed tolerance, factor x noise), noise = the case's largest rel RMS between that reference chain and "
+        "the same chain with an FP32-level knob flipped (helper_fma, state_update; both keep every rounding site). "
+        "Measured 2026-12-07, upstream_sm90, S = 512: kernels 1.2e-5 (dAngles), 6.9e-6 (dDT), 0 (Out); noise 1.1e-3, "
+        "5.2e-4, 1.3e-4. Against the reference chain on its own preprocessing the kernels are at the noise itself "
+        "(dAngles 1.0e-3, dDT 5.2e-4, Out 1.3e-4 on that case; one lp flip of q_rot, 1.2e-4, on an S = 16 case): an "
+        "FP32 difference of the cumulative angles (3e-7) flips lp roundings of the rotated q and k, and the reverse "
+        "sum over S amplifies them; so the preprocessing is gated on its own (chain_kernels_vs_reference_rel_rms). "
+        "Factor 2 = the gates' own headroom (gate_same_policy_noise_factor)",
+        "tests/ops/mamba3_mimo/test_whole_op_kernels.py::test_whole_op_on_kernels_matches_the_reference_chain"),
     "whole_op_kernels_vs_reference_rel_rms": Tolerance(
         3e-4,
         "the whole op with backend='triton' (forward and stage 1 by kernel, interpreter) vs the reference chain, same "

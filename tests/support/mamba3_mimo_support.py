@@ -31,3 +31,48 @@ def upstream_step_kernels():
     finally:
         compat.uninstall()
     return rotary.apply_rotary_qk_inference_fwd, cute_step.mamba3_step_fn
+
+
+#: FP32-level knobs the whole op's noise floor flips: each keeps every rounding site and changes FP32 orders only.
+NOISE_KNOBS = {"helper_fma": ("contracted", "separate"), "state_update": ("accumulate_into", "separate")}
+
+
+def chain_noise(inputs, policy, want) -> dict:
+    """Per output of ``golden_figures.run_op``, the largest rel RMS between the reference chain under ``policy``
+    (its outputs ``want``) and under ``policy`` with one knob of :data:`NOISE_KNOBS` flipped: the case's FP32-level
+    noise floor (``tolerances: whole_op_kernels_noise_factor``)."""
+    import mimo_numerics as mn
+    from mimo_numerics.metrics import rel_rms
+    from mimo_numerics.studies import golden_figures as gf
+
+    base = mn.presets.resolve(policy)
+    noise = {key: 0.0 for key, value in want.items() if value is not None}
+    for knob, (a, b) in NOISE_KNOBS.items():
+        other = gf.run_op(inputs, base.replace(**{knob: b if getattr(base, knob) == a else a}))
+        for key in noise:
+            noise[key] = max(noise[key], rel_rms(other[key], want[key]))
+    return noise
+
+
+def kernels_against_reference(inputs, policy):
+    """``(got, want, pre_error)``: ``Out`` and the gradients of the whole op on kernels (``backend="triton"``), the
+    reference chain's on the kernels' own preprocessing outputs, and the largest rel RMS of those preprocessing
+    outputs against the reference preprocessing. The whole op's gate is the composition of the two: the
+    preprocessing within ``chain_kernels_vs_reference_rel_rms`` (an FP32 difference of the cumulative angles flips
+    lp roundings of the rotated q and k downstream, in the reference as in the kernels), the rest of the chain
+    against the reference on the same preprocessing."""
+    import torch
+
+    from mimo_numerics.metrics import rel_rms
+    from mimo_numerics.ops.mamba3_mimo import chain
+    from mimo_numerics.studies import golden_figures as gf
+
+    record = {}
+    got = gf.run_op(inputs, policy, backend="triton", record=record)
+    prefix = "mamba3_mimo_preprocess."
+    pre = {key[len(prefix):]: value for key, value in record.items() if key.startswith(prefix)}
+    reference_pre = chain.run_preprocess(inputs, policy)
+    pre_error = max(rel_rms(pre[k], reference_pre[k]) for k in chain.PRE_NAMES)
+    with torch.no_grad():
+        want = gf.chain_on_pre(inputs, {k: pre[k] for k in chain.PRE_NAMES}, policy)
+    return got, want, pre_error

@@ -30,13 +30,11 @@ the FP64 oracles record no internal stages, only outputs) and the epilogue's out
 (``mamba3_mimo_epilogue.dQ``, ..., ``mamba3_mimo_epilogue.ddt_core``). The forward fills it when called, the backward
 when it runs. :func:`golden_sections` turns a record into the golden file's sections.
 
-``backend="triton"`` runs the forward, stage 1 and stage 2 with the package's Triton kernels
-(``mimo_numerics.kernels``: compiled on CUDA, Triton's interpreter on CPU, triton-ascend on NPU); the preprocessing
-and the FP32 epilogue have no operator kernels and run the same code under both backends: torch operators plus, on
-CUDA with Triton, the ordered-sum kernels of ``kernels/ordered_sums.py`` for their sequential FP32 sums and walks
-(on Ascend stage 2 too runs the reference beyond its kernels' tile bounds, :func:`triton_stages`): each call says
-so with a :class:`BackendFallbackWarning` naming them (:data:`TRITON_STAGES`), once per message and code location
-(Python's default warning filter). ``backend="auto"`` runs the kernels where they can (CUDA or NPU tensors, Triton
+``backend="triton"`` runs every step of the chain on the package's Triton kernels (``mimo_numerics.kernels``:
+compiled on CUDA, Triton's interpreter on CPU, triton-ascend on NPU): the preprocessing and the FP32 epilogue
+(``kernels/chain_steps.py``), the forward, stage 1 and stage 2 (:data:`TRITON_STAGES`). On Ascend stage 2 runs
+the reference beyond its kernels' tile bounds (:func:`triton_stages`), and such a call says so with a
+:class:`BackendFallbackWarning` naming it, once per message and code location (Python's default warning filter). ``backend="auto"`` runs the kernels where they can (CUDA or NPU tensors, Triton
 importable, a policy and sizes the kernels express: :func:`auto_backend`) and the reference elsewhere; the default
 stays ``"reference"``, the definition the kernels are gated against, which runs anywhere without a compile.
 
@@ -76,11 +74,11 @@ BACKENDS = ("reference", "triton", "auto")
 AUTO_KERNEL_DEVICES = ("cuda", "npu")
 #: What each step of the chain runs under ``backend="triton"``: "triton" or "reference" (no kernel yet).
 TRITON_STAGES: Dict[str, str] = {
-    "mamba3_mimo_preprocess": "reference",
+    "mamba3_mimo_preprocess": "triton",
     "mamba_mimo_fwd": "triton",
     "mamba_mimo_bwd_fwd": "triton",
     "mamba_mimo_bwd_bwd": "triton",
-    "mamba3_mimo_epilogue": "reference",
+    "mamba3_mimo_epilogue": "triton",
 }
 #: The key prefixes of ``record``, in chain order.
 RECORD_PREFIXES = ("mamba3_mimo_preprocess", "mamba_mimo_fwd", "mamba_mimo_bwd_fwd", "mamba_mimo_bwd_bwd",
@@ -191,7 +189,8 @@ class _Mamba3MimoFunction(torch.autograd.Function):
     def forward(ctx, config: _Config, *tensors):
         inputs = dict(zip(OP_INPUT_NAMES, tensors))
         inputs["chunk_size"], inputs["rotary_dim_divisor"] = config.chunk_size, config.rotary_dim_divisor
-        pre = chain.run_preprocess(inputs, config.policy, record=config.record, return_state=config.return_state)
+        pre = chain.run_preprocess(inputs, config.policy, backend=config.backend, record=config.record,
+                                   return_state=config.return_state)
         out = chain.run_forward(inputs, pre, config.policy, backend=config.backend, record=config.record,
                                 return_state=config.return_state, final_tokens=config.final_tokens)
         ctx.config, ctx.pre = config, pre
@@ -249,9 +248,10 @@ def _check_backend(backend: str, policy, tensors: Dict[str, Optional[torch.Tenso
         return backend
     stages = _check_triton(policy, tensors, chunk_size)
     fallback = [step for step, runs in stages.items() if runs == "reference"]
-    warnings.warn(f"backend='triton': only {', '.join(s for s, r in stages.items() if r == 'triton')} "
-                  f"run operator kernels; {', '.join(fallback)} run the reference (torch operators, with the "
-                  "ordered-sum Triton kernels on CUDA)", BackendFallbackWarning, stacklevel=3)
+    if fallback:
+        warnings.warn(f"backend='triton': only {', '.join(s for s, r in stages.items() if r == 'triton')} "
+                      f"run kernels; {', '.join(fallback)} run the reference (beyond the kernels' Ascend tile "
+                      "bounds)", BackendFallbackWarning, stacklevel=3)
     return backend
 
 
@@ -268,6 +268,7 @@ def _check_triton(policy, tensors: Dict[str, Optional[torch.Tensor]], chunk_size
         # UnsupportedPolicyError naming the field (fp64, round_outputs=False, ...)
         kernels.policy_constexprs(policy, operator)
     kernels.stage2_constexprs(policy)
+    kernels.chain_constexprs(policy)
     N, P, R = tensors["Q"].shape[-1], tensors["V"].shape[-1], tensors["Q"].shape[2]
     for letter, size, source in (("N", N, "Q"), ("P", P, "V")):
         if size not in kernels.SUPPORTED_DIMS:

@@ -271,15 +271,24 @@ def _store(record: Optional[dict], prefix: str, values: Optional[dict]) -> None:
                 record[f"{prefix}.{name}"] = value
 
 
-def run_preprocess(inputs: dict, policy, *, record: Optional[dict] = None,
+def run_preprocess(inputs: dict, policy, *, backend: str = "reference", record: Optional[dict] = None,
                    return_state: bool = False, segsum_num_warps: Optional[int] = None) -> Dict[str, torch.Tensor]:
     """The preprocessing in the chain's math dtype; ``record`` gets ``mamba3_mimo_preprocess.<name>``;
-    ``return_state``: with ``final_angle``; ``segsum_num_warps``: an autotuner pick to model (:func:`preprocess`)."""
+    ``return_state``: with ``final_angle``; ``segsum_num_warps``: an autotuner pick to model (:func:`preprocess`;
+    the reference only). ``backend="triton"`` runs ``mimo_numerics.kernels.chain_steps.preprocess`` (reference
+    chain only)."""
     policy = _presets.resolve(policy)
     kind = chain_kind(policy)
-    pre = preprocess(inputs, torch.float32 if kind == "reference" else _F64, return_state=return_state,
-                     special_functions=policy.special_functions if kind == "reference" else "accurate",
-                     helper_fma=policy.helper_fma, segsum_num_warps=segsum_num_warps if kind == "reference" else None)
+    if backend == "triton" and kind == "reference":
+        from ...kernels import chain_steps  # imports triton only when called
+
+        pre = chain_steps.preprocess(inputs["ADT"], inputs["Angles"], inputs["DT"], inputs["chunk_size"],
+                                     policy=policy, return_state=return_state)
+    else:
+        pre = preprocess(inputs, torch.float32 if kind == "reference" else _F64, return_state=return_state,
+                         special_functions=policy.special_functions if kind == "reference" else "accurate",
+                         helper_fma=policy.helper_fma,
+                         segsum_num_warps=segsum_num_warps if kind == "reference" else None)
     _store(record, "mamba3_mimo_preprocess", pre)
     return pre
 
@@ -418,18 +427,23 @@ def epilogue_reference_kwargs(policy) -> dict:
             "special_functions": policy.special_functions}
 
 
-def run_epilogue(inputs: dict, pre: dict, bwd_fwd: dict, bwd_bwd: dict, policy, *,
+def run_epilogue(inputs: dict, pre: dict, bwd_fwd: dict, bwd_bwd: dict, policy, *, backend: str = "reference",
                  record: Optional[dict] = None) -> Dict[str, Optional[torch.Tensor]]:
     """The chain after stage 2: FP32 reference or, under fp64, the FP64 oracle. The policy's ``helper_fma``
     says whether the helpers' FP32 ``a·b + c`` are contracted (upstream: Triton fuses them), and ``round_outputs``
     whether the bias sums are stored in lp (upstream 2.3.2.post1 sums dq/dk over (B, S) in bf16: an lp output
     store, so the ``fp32`` preset keeps it too).
     Returns the 14 gradients plus ``ddt_core``, ``dDT_angle`` (``mamba3_mimo_epilogue.spec.OUTPUT_NAMES``);
-    ``record`` gets ``mamba3_mimo_epilogue.<name>``. ``policy``: a RoundingPolicy or a preset name."""
+    ``record`` gets ``mamba3_mimo_epilogue.<name>``. ``policy``: a RoundingPolicy or a preset name.
+    ``backend="triton"`` runs ``mimo_numerics.kernels.chain_steps.epilogue`` (reference chain only)."""
     policy = _presets.resolve(policy)
     args, kw = epilogue_args(inputs, pre, bwd_fwd, bwd_bwd), epilogue_kwargs(inputs)
     if chain_kind(policy) == "fp64":
         result = mamba3_mimo_epilogue_oracle(*args, **kw)
+    elif backend == "triton":
+        from ...kernels import chain_steps  # imports triton only when called
+
+        result = chain_steps.epilogue(*args, **kw, policy=policy)
     else:
         result = mamba3_mimo_epilogue_reference(*args, **kw, **epilogue_reference_kwargs(policy))
     _store(record, "mamba3_mimo_epilogue", result)
@@ -442,7 +456,7 @@ def run_backward(inputs: dict, pre: dict, policy, *, backend: str = "reference",
     the epilogue's outputs (14 gradients, ``ddt_core``, ``dDT_angle``)."""
     bwd_fwd = run_stage1(inputs, pre, policy, backend=backend, record=record)
     bwd_bwd = run_stage2(inputs, pre, bwd_fwd, policy, backend=backend, record=record)
-    return run_epilogue(inputs, pre, bwd_fwd, bwd_bwd, policy, record=record)
+    return run_epilogue(inputs, pre, bwd_fwd, bwd_bwd, policy, backend=backend, record=record)
 
 
 # ---------------------------------------------------------------------------------------------------- FP64 checks

@@ -121,6 +121,27 @@ def _check_chunk_size(chunk_size, math_dtype: torch.dtype) -> int:
     return chunk_size
 
 
+def check_preprocess_inputs(adt, angles, dt, chunk_size) -> int:
+    """The checks of :func:`angle_cumsum` and :func:`dacs_segsum` (float32 form) on the three inputs together, and
+    that they share one device: ``chunk_size`` as an int.
+
+    Raises:
+        TypeError, ValueError: naming the argument.
+    """
+    _check_float_tensor("adt", adt, 3, "[B, H, S]")
+    _check_float_tensor("angles", angles, 4, "[B, S, H, K]")
+    _check_float_tensor("dt", dt, 3, "[B, H, S]")
+    chunk_size = _check_chunk_size(chunk_size, torch.float32)
+    B, S, H, _ = angles.shape
+    for name, x in (("dt", dt), ("adt", adt)):
+        if tuple(x.shape) != (B, H, S):
+            raise ValueError(f"{name} must have shape {[B, H, S]} ([B, H, S] of angles [B, S, H, K]), got "
+                             f"{list(x.shape)}")
+        if x.device != angles.device:
+            raise ValueError(f"{name} must be on device {angles.device} (the device of angles), got {x.device}")
+    return chunk_size
+
+
 def _layout_1d(chunk_size: int) -> Tuple[int, int, int]:
     """Measured sizes from :data:`SCAN_LAYOUTS_1D`; others one element per thread, 32 lanes a warp (not verified)."""
     return SCAN_LAYOUTS_1D.get(chunk_size, (1, min(chunk_size, 32), max(1, chunk_size // 32)))

@@ -42,7 +42,8 @@ FP32-level details:
   functions ``dAngles``, ``dDT_angle``, ``ddt_core`` and ``dDT`` are bit-identical to the H200's on every golden
   case;
 * not modelled: the orders of ``bwd_dadt_fused``'s ``tl.cumsum``/``tl.sum`` (``dADT``) and of torch's CUDA sums
-  (sequential orders here). The fused multiply-adds are ``_common.chunked.fused_first``: one correctly rounded FMA
+  (sequential orders here; the bias sums over B·S tokens sequential in blocks of :data:`BIAS_SUM_BLOCK` tokens,
+  then over the blocks). The fused multiply-adds are ``_common.chunked.fused_first``: one correctly rounded FMA
   (``rounding.fma_fp32``).
 """
 
@@ -70,6 +71,12 @@ _PI_F32 = float(torch.tensor(math.pi, dtype=_F32))
 #: Sums over more terms than this run in numpy on the host instead of one torch add per term (a device launch each
 #: on CUDA: the bias sums over B·S tokens were 16 384 launches per call at S = 8192).
 SEQUENTIAL_LOOP_MAX = 64
+#: The bias sums over the B·S tokens run in blocks of this many consecutive tokens, each block summed in order, then
+#: the blocks' sums in order (:func:`_sum_blocked`): the order of the Triton epilogue's two-level sum, whose first
+#: level runs the blocks in parallel (one sequential chain over all B·S tokens is latency-bound: 8.1 ms of the 47.8 ms
+#: at shape (d), ``reports/bench/ncu_whole_op_triton.md``). Upstream sums with torch's CUDA reduction, an order
+#: neither models; up to this many tokens (every short golden case) the blocked sum is the sequential one.
+BIAS_SUM_BLOCK = 256
 #: Sequential sums and scans over more terms than this replay their adds from a CUDA graph on CUDA
 #: (``_common.cuda_graph``: the same kernels, the same bits); shorter ones launch them directly.
 GRAPH_MIN_TERMS = 8
@@ -116,6 +123,25 @@ def _sum_loop(x: torch.Tensor) -> torch.Tensor:
     for i in range(1, x.shape[0]):
         acc = acc + x[i]
     return acc
+
+
+def _sum_blocked(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Sum over dim 0 in fp32 in blocks: each run of ``block`` consecutive rows summed left to right (the last run
+    shorter), then the runs' sums left to right (:func:`_sum_sequential` for both levels: the same bits on every
+    device, and the order of the kernels' ``_block_sum_kernel`` and ``_bias_total_kernel``).
+
+    Args:
+        x (Tensor): ``[T, ...]`` float32. block (int): rows per run, >= 1. Returns: ``[...]``.
+    """
+    T = x.shape[0]
+    full = T // block
+    parts = []
+    if full:
+        runs = x[:full * block].reshape(full, block, *x.shape[1:]).movedim(1, 0)  # [block, full, ...]
+        parts.append(_sum_sequential(runs, dim=0))
+    if T > full * block:
+        parts.append(_sum_sequential(x[full * block:], dim=0).unsqueeze(0))
+    return _sum_sequential(torch.cat(parts, dim=0), dim=0)
 
 
 def _cumsum_sequential(x: torch.Tensor, reverse: bool = False) -> torch.Tensor:
@@ -283,7 +309,7 @@ def mamba3_mimo_epilogue_reference(
     out: Dict[str, Optional[torch.Tensor]] = {}
 
     def bias_sum(x):  # [B, S, R, H, N] lp -> [H, R, N] fp32
-        total = _sum_sequential(x.to(_F32).flatten(0, 1), dim=0).permute(1, 0, 2)
+        total = _sum_blocked(x.to(_F32).flatten(0, 1), BIAS_SUM_BLOCK).permute(1, 0, 2)
         return round_to_lp(total, lp) if bias_sums_in_lp else total
 
     def group_sum(x):  # G == 1: lp sum over heads, else unchanged

@@ -89,6 +89,8 @@ PRESET_SITES = {
     "upstream_sm80": "all",
     "upstream_sm90": "all",
     "upstream_sm90_fp16": "all",
+    "upstream_sm90_exact": "all",
+    "upstream_sm90_exact_fp16": "all",
     "upstream_sm80_fp16": "all",
 }
 
@@ -102,5 +104,7 @@ PRESET_EVIDENCE = {
                      ">= 6.9x closer than fp32; the fused DV sum is supported by the data (mul_then_add >= 8.4x "
                      "further)",
     "upstream_sm90_fp16": "the same sites in fp16; tests against the H200 fp16 golden case",
+    "upstream_sm90_exact": "upstream_sm90's sites with every FP32-level model on: dv and dangles bit-identical to the H200 from upstream's recorded inputs on every golden whole-op case, the other outputs 500x closer than fp32 (geo-mean ratio 0.002; tests/ops/mamba3_mimo/test_fp32_level_golden.py, reports/fp32_level_golden.md)",
+    "upstream_sm90_exact_fp16": "upstream_sm90_fp16's sites with every FP32-level model on: the whole op's fp16 golden cases (S = 64, 2048, 8192) within 6.6e-6, 2.4e-5 and 8.5e-5 of the H200 in their worst output (reports/fp32_level_whole_op.md)",
     "upstream_sm80_fp16": "fp16 mul+add pairs are fused on sm_80 too; no sm_80 run",
 }

@@ -37,6 +37,8 @@ PRESET_SITES = {
     "upstream_sm80": "all",
     "upstream_sm90": "all",
     "upstream_sm90_fp16": "all",
+    "upstream_sm90_exact": "all",
+    "upstream_sm90_exact_fp16": "all",
     "upstream_sm80_fp16": "all",
 }
 
@@ -48,5 +50,7 @@ PRESET_EVIDENCE = {
     "upstream_sm80": "catalog §1.5 (SASS for sm_86); not run on such a GPU",
     "upstream_sm90": "catalog §1.5 (SASS for sm_90a), §2.2 D1; tests/ops/mamba_mimo_bwd_fwd/test_golden.py against the H200 outputs",
     "upstream_sm90_fp16": "catalog §1.5 (SASS for sm_86 and sm_90a); tests/ops/mamba_mimo_bwd_fwd/test_golden_realistic.py (H200 fp16 case)",
+    "upstream_sm90_exact": "upstream_sm90's sites with every FP32-level model on: the realistic H200 cases 1000x closer than fp32 (geo-mean ratio 0.001), qk_dot bit-identical (tests/ops/mamba3_mimo/test_fp32_level_golden.py, reports/fp32_level_golden.md)",
+    "upstream_sm90_exact_fp16": "upstream_sm90_fp16's sites with every FP32-level model on: the whole op's fp16 golden cases (S = 64, 2048, 8192) within 6.6e-6, 2.4e-5 and 8.5e-5 of the H200 in their worst output (reports/fp32_level_whole_op.md)",
     "upstream_sm80_fp16": "catalog §1.5; no GPU run",
 }

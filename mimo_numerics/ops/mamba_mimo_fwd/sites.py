@@ -52,6 +52,8 @@ PRESET_SITES = {
     "upstream_sm80": "all",
     "upstream_sm90": "all",
     "upstream_sm90_fp16": "all",
+    "upstream_sm90_exact": "all",
+    "upstream_sm90_exact_fp16": "all",
     "upstream_sm80_fp16": "all",
 }
 
@@ -64,5 +66,7 @@ PRESET_EVIDENCE = {
     "upstream_sm90": "the sites read from mamba3_mimo_fwd.py (docs/forward.md); tests/ops/mamba_mimo_fwd/test_fwd_reference.py against "
                      "the H200 golden fwd.o: <= 4.0e-4 rel RMS, >= 15x closer than fp32",
     "upstream_sm90_fp16": "the same sites in fp16; tests/ops/mamba_mimo_fwd/test_fwd_reference.py against the H200 fp16 golden case",
+    "upstream_sm90_exact": "upstream_sm90's sites with every FP32-level model on: every o of the 11 golden whole-op cases bit-identical to the H200 from upstream's recorded inputs (tests/ops/mamba3_mimo/test_fp32_level_golden.py, reports/fp32_level_golden.md)",
+    "upstream_sm90_exact_fp16": "upstream_sm90_fp16's sites with every FP32-level model on: the whole op's fp16 golden cases (S = 64, 2048, 8192) within 6.6e-6, 2.4e-5 and 8.5e-5 of the H200 in their worst output (reports/fp32_level_whole_op.md)",
     "upstream_sm80_fp16": "fp16 mul+add pairs are fused on sm_80 too; no sm_80 run",
 }

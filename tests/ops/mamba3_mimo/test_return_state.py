@@ -166,10 +166,11 @@ def test_final_state_on_the_kernels_is_the_references(seqlen):
     within the kernels' own tolerances (FP32 state; FINAL_K is the reference's on the last token)."""
     raw = make_op_inputs(small_case(seqlen=seqlen, seed=12))
     want = _run(raw, "upstream_sm90", return_state=True)
-    with pytest.warns(mn.ops.mamba3_mimo.autograd.BackendFallbackWarning):
-        got = _run(raw, "upstream_sm90", return_state=True, backend="triton")
+    got = _run(raw, "upstream_sm90", return_state=True, backend="triton")
     assert rel_rms(got[0].float(), want[0].float()) <= tolerances.get("whole_op_kernels_vs_reference_rel_rms")
-    assert torch.equal(got[1], want[1]) and torch.equal(got[4], want[4])  # the same preprocessing; V itself
+    # the angle walk's final state by the preprocessing kernels (FP32 orders); V itself
+    assert rel_rms(got[1], want[1]) <= tolerances.get("chain_kernels_vs_reference_rel_rms")
+    assert torch.equal(got[4], want[4])
     # FINAL_K: the reference on the last token alone against it within the whole sequence: torch's cos/sin take
     # other (vector or scalar) code paths by tensor size on some CPUs, so equal here but not bound to be
     assert rel_rms(got[3].float(), want[3].float()) <= tolerances.get("reference_cross_cpu_rel_rms")

@@ -1,8 +1,11 @@
-"""The whole op with ``backend="triton"`` against the reference chain under the same policy (issue 23, acceptance
-1): a small case and an S = 512 case, ``fp32`` and ``upstream_sm90``; ``Out`` and every gradient within
-``whole_op_kernels_vs_reference_rel_rms`` (3e-4), the sums over all tokens whose terms cancel within
-``whole_op_kernels_vs_reference_cancelling_rel_rms`` (1e-3). The forward, stage 1 and stage 2 run by kernel (in the
-interpreter here); the rest of the chain is the reference, so the differences come from those kernels."""
+"""The whole op with ``backend="triton"`` against the reference chain under the same policy (issues 23 and 43): a
+small case and an S = 512 case, ``fp32`` and ``upstream_sm90``; every step runs by kernel (in the interpreter here:
+the preprocessing, the forward, stage 1, stage 2, the epilogue) and no ``BackendFallbackWarning`` is raised. ``Out``
+and every gradient against the reference chain on the kernels' own preprocessing outputs (themselves within
+``chain_kernels_vs_reference_rel_rms`` of the reference's), within ``max(whole_op_kernels_vs_reference_rel_rms,
+factor x noise)`` (the sums over all tokens whose terms cancel: ``..._cancelling_rel_rms``), the noise being the
+case's own FP32-level floor: how far the reference chain moves when an FP32-level knob that keeps every rounding
+site flips (``helper_fma``, ``state_update``; ``whole_op_kernels_noise_factor``)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import warnings
 
 import pytest
 
+from mamba3_mimo_support import chain_noise, kernels_against_reference
 from mimo_numerics import kernels, tolerances
 from mimo_numerics.metrics import rel_rms
 from mimo_numerics.ops.mamba3_mimo.autograd import BackendFallbackWarning
@@ -34,9 +38,11 @@ CASES = {
 def test_whole_op_on_kernels_matches_the_reference_chain(case, policy):
     inputs = make_op_inputs(CASES[case])
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", BackendFallbackWarning)
-        got = gf.run_op(inputs, policy, backend="triton")
-    want = gf.run_op(inputs, policy)
+        warnings.simplefilter("error", BackendFallbackWarning)  # every step has a kernel
+        got, want, pre_error = kernels_against_reference(inputs, policy)
+    assert pre_error <= tolerances.get("chain_kernels_vs_reference_rel_rms"), pre_error
+    noise = chain_noise(inputs, policy, want)
+    factor = tolerances.get("whole_op_kernels_noise_factor")
     rows = {}
     for key in gf.OUTPUT_KEYS:
         assert (got[key] is None) == (want[key] is None), key
@@ -44,8 +50,8 @@ def test_whole_op_on_kernels_matches_the_reference_chain(case, policy):
             continue
         assert got[key].dtype == want[key].dtype and got[key].shape == want[key].shape, key
         rows[key] = rel_rms(got[key], want[key])
-    print(case, policy, {k: f"{v:.1e}" for k, v in rows.items()})
+    print(case, policy, {k: f"{v:.1e} (noise {noise[k]:.1e})" for k, v in rows.items()})
     for key, err in rows.items():
         name = "cancelling_rel_rms" if key in CANCELLING else "rel_rms"
-        limit = tolerances.get(f"whole_op_kernels_vs_reference_{name}")
-        assert err <= limit, f"{key}: kernels vs reference chain rel RMS {err:.3e} > {limit}"
+        limit = max(tolerances.get(f"whole_op_kernels_vs_reference_{name}"), factor * noise[key])
+        assert err <= limit, f"{key}: kernels vs reference chain rel RMS {err:.3e} > {limit:.3e} (noise {noise[key]:.2e})"
