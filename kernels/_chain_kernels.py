@@ -32,8 +32,8 @@ Epilogue (``mamba_mimo_bwd_combined``'s torch sums, ``bwd_dtrap_ddt``, ``bwd_dad
   heads in order. Constexprs: BT, NP (N padded), LPK.
 * ``_dtrap_ddt_kernel``     grid cdiv(B·H·S, BLOCK): ``ddt_core``, ``dTrap`` (lp) and ``dDT = ddt_core +
   dDT_angle``. Constexprs: BLOCK, LPK, HELPER_FMA (the two ``a·b + c`` as one ``tl.fma``).
-* ``_dadt_kernel``          grid B·H·nc, tiles [C], [C, C]: ``dADT = ddA + ((from_cs + from_cs_rev) + Σ_b segsum
-  term)``. Constexprs: C.
+* ``_dadt_kernel``          grid B·H·nc, tiles [C], [RB, C]: ``dADT = ddA + ((from_cs + from_cs_rev) + Σ_b segsum
+  term)``, in blocks of RB tokens. Constexprs: C, RB.
 * ``_angle_grad_sum_kernel`` grid B·nc·H: each chunk's ``tl.sum`` of ``dangles`` over its tokens, into
   ``[nc, B, H, A]`` (then ``ordered_sums``' exclusive reverse scan over the chunks gives the later chunks' sum).
   Constexprs: C, AP.
@@ -271,34 +271,42 @@ def _dtrap_ddt_kernel(trap_ptr, dt_ptr, dfactor_ptr, dgamma_ptr, ddt_angle_ptr, 
 # ------------------------------------------------------------------------------------------------ bwd_dadt_fused
 @triton.jit
 def _dadt_kernel(dssda_ptr, segsum_ptr, dda_cs_ptr, dda_cs_rev_ptr, da_cs_ptr, da_cs_rev_ptr, dda_ptr, dadt_ptr,
-                 S, nc, C: tl.constexpr):
+                 S, nc, C: tl.constexpr, RB: tl.constexpr):
     """dADT [B, H, S] of one chunk (program → (b·H + h, chunk c); S % C == 0):
 
     ``dADT[t] = ddA[t] + ((Σ_{u>=t} e^{da_cs_u}·ddA_cs_u + Σ_{u<t} e^{da_cs_rev_u}·ddA_cs_rev_u) + Σ_{b<t}
-    Σ_{a>=t} dSSdA[b, a]·e^{segsum[a, b]})``: the first two as masked row sums, the third as ``tl.cumsum`` over
-    the reversed rows of the [C, C] block (its reverse cumulative sum over a), then a masked row sum, turned back
-    to token order by a selection sum (adding −0, exact). FP32, no rounding site.
+    Σ_{a>=t} dSSdA[b, a]·e^{segsum[a, b]})``, in blocks of RB tokens t from the chunk's last block down: the first
+    two as masked row sums over the chunk, the third's sum over a >= t as ``tl.cumsum`` over the block's reversed rows
+    plus the carried sum of the later blocks (then a masked row sum over b < t, turned back to token order by a
+    selection sum that adds −0, exact). RB (a power of 2 dividing C) bounds the tiles to [RB, C] (Ascend's unified
+    buffer: ``chain_steps.DADT_ROWS``); it sets the order of the a-sum. FP32, no rounding site.
     """
     pid = tl.program_id(0)
     c = pid % nc
     bh = pid // nc
-    rows = tl.arange(0, C)
-    cols = tl.arange(0, C)
     base = bh.to(tl.int64) * S + c * C
+    blk = pid.to(tl.int64) * (C * C)
+    cols = tl.arange(0, C)
+    i = tl.arange(0, RB)
     from_cs = tl.exp(tl.load(da_cs_ptr + base + cols)) * tl.load(dda_cs_ptr + base + cols)
     from_rev = tl.exp(tl.load(da_cs_rev_ptr + base + cols)) * tl.load(dda_cs_rev_ptr + base + cols)
-    later = tsum(tl.where(cols[None, :] >= rows[:, None], from_cs[None, :], 0.0), axis=1)
-    earlier = tsum(tl.where(cols[None, :] < rows[:, None], from_rev[None, :], 0.0), axis=1)
-    # block[a, b] = dSSdA[b, a]·exp(segsum[a, b]) on reversed rows a = C − 1 − a'
-    blk = pid.to(tl.int64) * (C * C)
-    a_rev = C - 1 - rows
-    block = (tl.load(dssda_ptr + blk + cols[None, :] * C + a_rev[:, None])
-             * tl.exp(tl.load(segsum_ptr + blk + a_rev[:, None] * C + cols[None, :])))
-    tail = tcumsum(block, 0)  # row a': Σ_{a >= C-1-a'} block[a, b]
-    term_rev = tsum(tl.where(cols[None, :] < a_rev[:, None], tail, 0.0), axis=1)  # by a' (token C - 1 - a')
-    term = tsum(tl.where(a_rev[None, :] == rows[:, None], term_rev[None, :], -0.0), axis=1)
-    dda = tl.load(dda_ptr + base + rows)
-    tl.store(dadt_ptr + base + rows, dda + ((later + earlier) + term))
+    carry = tl.full([C], -0.0, tl.float32)  # Σ over the later blocks' rows a of block[a, b]
+    NB: tl.constexpr = C // RB
+    for k in tl.static_range(NB):
+        a0 = (NB - 1 - k) * RB
+        a_rev = a0 + RB - 1 - i  # the block's rows, last first
+        # block[a, b] = dSSdA[b, a]·exp(segsum[a, b])
+        block = (tl.load(dssda_ptr + blk + cols[None, :] * C + a_rev[:, None])
+                 * tl.exp(tl.load(segsum_ptr + blk + a_rev[:, None] * C + cols[None, :])))
+        tail = tcumsum(block, 0) + carry[None, :]  # row i: Σ_{a >= a_rev[i]} block[a, b]
+        carry = tsum(tl.where((i == RB - 1)[:, None], tail, -0.0), axis=0)
+        term_rev = tsum(tl.where(cols[None, :] < a_rev[:, None], tail, 0.0), axis=1)
+        t = a0 + i
+        term = tsum(tl.where(a_rev[None, :] == t[:, None], term_rev[None, :], -0.0), axis=1)
+        later = tsum(tl.where(cols[None, :] >= t[:, None], from_cs[None, :], 0.0), axis=1)
+        earlier = tsum(tl.where(cols[None, :] < t[:, None], from_rev[None, :], 0.0), axis=1)
+        dda = tl.load(dda_ptr + base + t)
+        tl.store(dadt_ptr + base + t, dda + ((later + earlier) + term))
 
 
 # ------------------------------------------------------------------------------------------------ angle_dt_bwd

@@ -38,6 +38,10 @@ _BLOCK = 256
 _SUM_COLS = 128
 #: Rows per program of the sum over heads.
 _HEAD_ROWS = 16
+#: Tokens per step of ``_dadt_kernel``, on every backend (so the order is the same everywhere): at C = 64 one
+#: [C, C] tile overflowed Ascend's unified buffer (7.4 Mbit of 1.57), 16-token steps too (2.2 Mbit); 8 fit
+#: (``scripts/ascend_compile_gate.py --operators mamba3_mimo_chain``).
+DADT_ROWS = 8
 _LP_CODE = {torch.bfloat16: 0, torch.float16: 1}
 
 
@@ -265,8 +269,8 @@ def build_epilogue_launches(dq, dk, dv, dmimo_v, dD, dangles, dfactor, dgamma_di
     # ---- bwd_dadt_fused, added to stage 2's ddA
     dadt = torch.empty((B, H, S), dtype=f32, device=dev)
     launches.append(Launch("dadt", mod._dadt_kernel, B * H * nc,
-                           (dSSdA, segsum, ddA_cs, ddA_cs_rev, da_cs, da_cs_rev, ddA, dadt, S, nc), {"C": C},
-                           dict(opts)))
+                           (dSSdA, segsum, ddA_cs, ddA_cs_rev, da_cs, da_cs_rev, ddA, dadt, S, nc),
+                           {"C": C, "RB": min(C, DADT_ROWS)}, dict(opts)))
     fills += [d_angles, ddt_angle, ddt_core, ddt, dtrap, dadt]
     if poison:
         for x in fills:

@@ -689,8 +689,57 @@ FORWARD_FINAL_STATE_CASES: Tuple[GateCase, ...] = (FORWARD_CI_CASES[0], FORWARD_
 OPERATOR_LAUNCHERS = {"mamba_mimo_bwd_fwd": "mimo_numerics.kernels.mimo_bwd_fwd",
                       "mamba_mimo_fwd": "mimo_numerics.kernels.mimo_fwd",
                       "mamba_mimo_bwd_bwd": "mimo_numerics.kernels.mimo_bwd_bwd"}
-#: The operators the gate compiles by default (CI): all three.
-DEFAULT_OPERATORS = ("mamba_mimo_bwd_fwd", "mamba_mimo_fwd", "mamba_mimo_bwd_bwd")
+#: The whole op's preprocessing and epilogue kernels (``mimo_numerics.kernels.chain_steps``): not an operator with a
+#: policy section, planned by :func:`chain_plans` on :data:`CHAIN_CI_CASES`.
+CHAIN = "mamba3_mimo_chain"
+#: The operators the gate compiles by default (CI): all three, and the chain's kernels.
+DEFAULT_OPERATORS = ("mamba_mimo_bwd_fwd", "mamba_mimo_fwd", "mamba_mimo_bwd_bwd", CHAIN)
+#: The chain kernels' CI scope: preset (its lp dtype and helper_fma), N, C, rotary divisor, G (1: the sum over
+#: heads; H: none), reduced DOUT and Z (the batch sums present): every constexpr class (C 8 to 64, K = N/d 4 to 64,
+#: bf16/fp16, HELPER_FMA on and off).
+CHAIN_CI_CASES: Tuple[Tuple[str, int, int, int, int, bool], ...] = (
+    ("upstream_sm90", 64, 16, 4, 1, True),          # the benchmark shapes' class: K 16, C 16, G = 1
+    ("fp32", 128, 64, 2, 2, False),                 # helper_fma separate, K 64, C 64, G = H, full DOUT
+    ("upstream_sm90_fp16", 16, 8, 4, 1, True),      # fp16, K 4, C 8
+    ("upstream_sm80", 32, 32, 2, 2, True),          # K 16 at N 32, C 32, G = H
+)
+
+
+def chain_plans(cases: Sequence[Tuple[str, int, int, int, int, bool]] = CHAIN_CI_CASES) -> List[LaunchPlan]:
+    """The launches of ``kernels.chain_steps``' preprocessing and epilogue for each case, planned for NPU from small
+    CPU inputs (B = 2, H = 2, S = 3·C; the epilogue's inputs from the reference chain: only their shapes and dtypes
+    matter). Labelled ``chain_…``."""
+    import torch
+
+    from mimo_numerics import presets as _presets
+    from mimo_numerics.kernels import chain_steps
+    from mimo_numerics.ops.mamba3_mimo import chain
+    from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
+
+    plans: List[LaunchPlan] = []
+    for preset, n, c, divisor, groups, reduced in cases:
+        policy = _presets.get(preset)
+        spec = OpCaseSpec(batch=2, seqlen=3 * c, heads=2, groups=groups, state_dim=n, value_dim=16, rank=2,
+                          chunk_size=c, rotary_dim_divisor=divisor, reduce_o=reduced, has_z=reduced,
+                          dtype=policy.lp_dtype)
+        x = make_op_inputs(spec)
+        reference = "upstream_sm90" if policy.lp_dtype == "bfloat16" else "upstream_sm90_fp16"
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*ccec.*", category=UserWarning)
+            pre = chain.run_preprocess(x, reference)
+            s1 = chain.run_stage1(x, pre, reference)
+            s2 = chain.run_stage2(x, pre, s1, reference)
+            builds = [chain_steps.build_preprocess_launches(x["ADT"], x["Angles"], x["DT"], c, policy=policy,
+                                                            return_state=True, backend="npu"),
+                      chain_steps.build_epilogue_launches(*chain.epilogue_args(x, pre, s1, s2),
+                                                          **chain.epilogue_kwargs(x), policy=policy, backend="npu")]
+        label = f"chain_N{n}_C{c}_d{divisor}_G{groups}_" + ("roZ" if reduced else "fo-")
+        for prep in builds:
+            for launch in prep.launches:
+                plans.append(LaunchPlan(kernel=launch.kernel, args=tuple(launch.args),
+                                        kwargs={**launch.constexprs, **launch.options}, grid=(int(launch.grid),),
+                                        name=label, group=preset))
+    return plans
 #: The stage-2 kernels' scope (``mimo_numerics.kernels.mimo_bwd_bwd``): every branch combination across the presets
 #: with stage-2 semantics, the largest dims within the kernels' Ascend bounds (``kernels.mimo_bwd_bwd.
 #: backend_refusal``: N·P <= 64·64, LP·(N + P) <= 128·96; larger sizes are refused on NPU), the smallest, R = 1 and a
@@ -749,9 +798,11 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
     from mimo_numerics import presets as _presets
 
     presets = tuple(presets or GATE_PRESETS)
+    chain_wanted = CHAIN in operators
+    operators = tuple(o for o in operators if o != CHAIN)
     unknown = sorted(set(operators) - set(OPERATOR_LAUNCHERS))
     if unknown:
-        raise ValueError(f"operators {unknown} unknown; known: {sorted(OPERATOR_LAUNCHERS)}")
+        raise ValueError(f"operators {unknown} unknown; known: {sorted(OPERATOR_LAUNCHERS) + [CHAIN]}")
     own_cases = {op: cases for op in OPERATOR_LAUNCHERS}
     if cases is None:
         if scope == "full":
@@ -812,6 +863,8 @@ def project_plans(presets: Optional[Sequence[str]] = None, scope: str = "ci",
             plans.append(LaunchPlan(kernel=launch.kernel, args=tuple(launch.args),
                                     kwargs={**launch.constexprs, **launch.options}, grid=tuple(grid),
                                     name=label, group=preset))
+    if chain_wanted:
+        plans += chain_plans([cs for cs in CHAIN_CI_CASES if cs[0] in presets])
     return plans
 
 
