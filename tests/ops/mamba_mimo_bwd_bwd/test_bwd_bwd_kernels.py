@@ -204,6 +204,64 @@ def test_stage2_tile_plans_agree(spec, tiles):
             assert rel_rms(a, b) <= tolerances.get("stage2_tile_plan_sum_order_rel_rms"), n
 
 
+def _batch_of_three():
+    from mimo_numerics.ops.mamba3_mimo import chain
+    from mimo_numerics.ops.mamba3_mimo.cases import make_op_inputs, small_case
+
+    x = make_op_inputs(small_case(seqlen=32, chunk_size=16, heads=2, groups=1, batch=3, seed=3))
+    pre = chain.preprocess(x, torch.float32)
+    return chain.stage2_args(x, pre, chain.run_stage1(x, pre, "upstream_sm90")), chain.stage2_kwargs(x)
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_stage2_batch_slices_change_no_bit(monkeypatch, rows):
+    """The launcher's batch slices (devices: ``batch_slice_rows``; forced here in the interpreter), 1 and 2 rows of a
+    3-row batch (the last slice shorter): every output the whole batch's bits, every element written."""
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    args, kw = _batch_of_three()
+    whole = kernels.mamba_mimo_bwd_bwd(*args, **kw, poison=True)
+    monkeypatch.setattr(mimo_bwd_bwd, "batch_slice_rows", lambda *a, **k: rows)
+    prep = mimo_bwd_bwd.build_launches(*args, **kw, poison=True)
+    assert sum(la.name.startswith("token[") for la in prep.launches) == -(-3 // rows)
+    sliced = prep.run()
+    for n in OUTPUT_NAMES:
+        if getattr(whole, n) is not None:
+            assert torch.equal(getattr(sliced, n), getattr(whole, n)), n
+
+
+def test_stage2_batch_slices_fit_the_workspace_budget():
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    args, kw = _batch_of_three()
+    prep = mimo_bwd_bwd.build_launches(*args, **kw)
+    dims = prep.dims
+    formats = mimo_bwd_bwd.workspace_formats(mimo_bwd_bwd.stage2_constexprs("upstream_sm90"), dims)
+    per_row = mimo_bwd_bwd.workspace_bytes_per_batch_row(dims, 64, 16, formats)
+    assert mimo_bwd_bwd.batch_slice_rows(dims, 64, 16, formats, "interpreter") == 3  # the interpreter: whole
+    assert mimo_bwd_bwd.batch_slice_rows(dims, 64, 16, formats, "cuda") == 3  # small rows: one slice
+    assert per_row * 3 < mimo_bwd_bwd.WORKSPACE_BUDGET_BYTES
+    fp32 = mimo_bwd_bwd.workspace_formats(mimo_bwd_bwd.stage2_constexprs("fp32"), dims)
+    assert not any(fp32.values()) and all(formats.values())  # every site off: FP32 workspaces; all on: lp
+    assert mimo_bwd_bwd.workspace_bytes_per_batch_row(dims, 64, 16, fp32) > per_row
+
+
+def test_stage2_lp_workspaces_change_no_bit(monkeypatch):
+    """Workspaces stored as lp bits where the policy's roundings put every value on the grid (the default) against
+    every workspace in FP32: the same bits."""
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    args, kw = _batch_of_three()
+    lp = kernels.mamba_mimo_bwd_bwd(*args, **kw, poison=True)
+    original = mimo_bwd_bwd.workspace_formats
+    monkeypatch.setattr(mimo_bwd_bwd, "workspace_formats",
+                        lambda cx, dims: {k: False for k in original(cx, dims)})
+    f32 = kernels.mamba_mimo_bwd_bwd(*args, **kw, poison=True)
+    for n in OUTPUT_NAMES:
+        if getattr(lp, n) is not None:
+            assert torch.equal(getattr(lp, n), getattr(f32, n)), n
+
+
 def test_stage2_tile_plan_is_checked():
     from mimo_numerics.kernels import mimo_bwd_bwd
 
