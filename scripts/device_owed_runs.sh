@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The GPU runs issue 44 owes, on a CUDA machine without a package registry, from the repository root; outputs under
+# $OUT (default ./out/owed):
+#
+#   bash scripts/device_owed_runs.sh sigmoid     # scripts/check_cuda_sigmoid.py over all 2^32 float32 inputs
+#   bash scripts/device_owed_runs.sh nonfinite   # scripts/gpu_nonfinite_upstream.py (upstream's TileLang stage 1;
+#                                                #  needs wheelhouse/, scripts/use_upstream_wheels.sh)
+#   bash scripts/device_owed_runs.sh ranking     # the whole op's one-site-off ranking on CUDA with backend="triton"
+#                                                #  (every variant's kernels compiled ahead in parallel)
+set -uo pipefail
+OUT=${OUT:-out/owed}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
+for what in "$@"; do
+  case "$what" in
+    sigmoid)
+      timeout "${SIGMOID_TIMEOUT:-300}" python scripts/check_cuda_sigmoid.py --out "$OUT/cuda_sigmoid.md" 2>&1 \
+        | tail -20 | tee -a "$OUT/log.txt" ;;
+    nonfinite)
+      # shellcheck disable=SC1091
+      . scripts/use_upstream_wheels.sh wheelhouse /tmp/site
+      timeout "${NONFINITE_TIMEOUT:-420}" python scripts/gpu_nonfinite_upstream.py \
+        --out "$OUT/gpu_nonfinite_upstream.md" 2>&1 | tail -20 | tee -a "$OUT/log.txt" ;;
+    ranking)
+      timeout "${RANKING_TIMEOUT:-540}" python scripts/rank_whole_op_sites.py --device cuda --backend triton --quiet \
+        --cases g_B1_S64_H2_N64_P64_R4_C16_zdo,g_B2_S48_H4_G1_N64_P64_R4_C16_gqa,g_B1_S64_H2_N64_P64_R4_C16_seedformula \
+        --out "$OUT/mamba3_mimo_site_ranking_cuda_triton.md" 2>&1 | tail -20 | tee -a "$OUT/log.txt" ;;
+    *) echo "unknown run $what" >&2; exit 2 ;;
+  esac
+done
