@@ -34,9 +34,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_whole_op import FIXED, SHAPES  # noqa: E402
+from bench_whole_op import FIXED, SHAPES  # noqa: E402  (benchmarks/ is on sys.path)
 
 import mimo_numerics as mn  # noqa: E402
 from mimo_numerics import provenance  # noqa: E402

@@ -93,7 +93,7 @@ def _options(backend: str) -> dict:
 def _ordered(backend: str, name: str, grid: int, args: tuple, **constexprs) -> Launch:
     """A launch of one of ``ordered_sums``' kernels (rows walked in order, ``ordered_sums.CUDA_BLOCK`` columns a
     program)."""
-    kernel = ordered_sums._compiled_kernels(backend == "interpreter")[name]
+    kernel = ordered_sums.compiled_kernels(backend == "interpreter")[name]
     return Launch(f"ordered_{name}", kernel, grid, args, dict(BLOCK=ordered_sums.CUDA_BLOCK, **constexprs),
                   _options(backend))
 

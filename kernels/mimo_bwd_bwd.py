@@ -98,14 +98,19 @@ def lp_dot_operands(cx: Mapping[str, object], dims, on_device: bool) -> Dict[str
     return {k: bool(on_device and v) for k, v in lp.items()}
 
 
-def workspace_formats(cx: Mapping[str, object], dims) -> Dict[str, bool]:
+def workspace_formats(cx: Mapping[str, object], dims, backend: str = "cuda") -> Dict[str, bool]:
     """Which workspaces of the stage-2 kernels hold lp bits instead of FP32: those whose every value is on the lp
     grid under the policy (its last operation is a rounding site that is on), so storing them in lp is exact and
     halves their traffic. ``WS_QB``: q̃, k̃ (``qk_biased``); ``WS_QROT``: the rotated q̃, k̃ (and ``rotary``);
     ``WS_KHAT``: k̂ (``k_scaled``); ``WS_DPHIO``: dΦO (``dphio_gate`` with Z, else ``dphio`` with the reduced output,
     else DOUT itself); ``WS_DPS`` (``dphio_scaled``), ``WS_PSIV`` (``psiv``), ``WS_DPSIV`` (``dpsiv``), ``WS_DKROT``
-    (``dk_scaled``), ``WS_DQROT`` (``dq_combined``). On every backend (the values are the same either way)."""
+    (``dk_scaled``), ``WS_DQROT`` (``dq_combined``). The values are the same either way. On Ascend (``backend="npu"``)
+    every workspace stays FP32: with lp q̃, k̃ the token kernel's compile crashed triton-ascend's adapter or timed out
+    in BiShengIR (fp16, N = P = 64, R = 4, C = 16; the compile gate)."""
     dphio = (cx["DPHIO_GATE"] if dims.has_z else (cx["DPHIO"] if dims.reduce_o else True))
+    if backend == "npu":
+        return {name: False for name in ("WS_QB", "WS_QROT", "WS_KHAT", "WS_DPHIO", "WS_DPS", "WS_PSIV", "WS_DPSIV",
+                                         "WS_DKROT", "WS_DQROT")}
     return {"WS_QB": bool(cx["QK_BIASED"]), "WS_QROT": bool(cx["QK_BIASED"] and cx["ROTARY"]),
             "WS_KHAT": bool(cx["K_SCALED"]), "WS_DPHIO": bool(dphio), "WS_DPS": bool(cx["DPHIO_SCALED"]),
             "WS_PSIV": bool(cx["PSIV"]), "WS_DPSIV": bool(cx["DPSIV"]), "WS_DKROT": bool(cx["DK_SCALED"]),
@@ -307,7 +312,7 @@ def build_launches(
     (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles, da_cs, da_cs_rev, dt, trap, d,
      qk_dot, segsum) = (cont(x) for x in (dout, q, k, v, q_bias, k_bias, mimo_v, mimo_o, states, z, mimo_z, angles,
                                           da_cs, da_cs_rev, dt, trap, d, qk_dot, segsum))
-    formats = workspace_formats(cx, dims)
+    formats = workspace_formats(cx, dims, backend)
     slice_rows = batch_slice_rows(dims, LP, CP, formats, backend)
     Bs = min(B, slice_rows)  # batch rows of one slice: the workspaces are sized for it and reused by every slice
     BN, BP = walk_tiles(dims, backend, sm_count, batch=Bs)

@@ -44,7 +44,7 @@ CUDA_BLOCK = 128
 _kernels = {}
 
 
-def _compiled_kernels(interpreted: bool = False):
+def compiled_kernels(interpreted: bool = False):
     """The ``@triton.jit`` kernels by name, defined on first use (importing this module never imports ``triton``):
     compiled, or for CPU tensors interpreted (decorated while ``_backend`` switches the interpreter on)."""
     if interpreted not in _kernels:
@@ -140,7 +140,7 @@ def _launch(name: str, rows: torch.Tensor, out: torch.Tensor, **constexprs) -> N
     interpreted = rows.device.type == "cpu"
     grid = (-(-n_cols // CUDA_BLOCK),)
     options = {} if interpreted else {"enable_fp_fusion": False}
-    _compile_ahead.launch(_compiled_kernels(interpreted)[name], grid, (rows, out, n_rows, n_cols),
+    _compile_ahead.launch(compiled_kernels(interpreted)[name], grid, (rows, out, n_rows, n_cols),
                          dict(BLOCK=CUDA_BLOCK, **constexprs, **options))
 
 
