@@ -278,31 +278,35 @@ def main(argv=None) -> int:
     plans = [tuple(int(v) for v in p.split("x")) for p in a.stage2_plans.split(",") if p]
     shapes = [s for s in a.shapes.split(",") if s]
     results = {"shapes": shapes, "per_shape": {}}
-    for shape in shapes:
-        x = _inputs(shape, device)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", BackendFallbackWarning)
-            r = {"ours": whole_op(x, device, a.warmup, a.repeats), "steps": step_times(x, device, a.rep_ms, plans)}
-        if a.upstream:
-            try:
-                r["upstream"] = upstream_profile(x, device)
-            except Exception as exc:  # report, not hide: the table says upstream did not run and why
-                r["upstream"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-        results["per_shape"][shape] = r
-        print(shape, json.dumps({k: (v if k != "by_name" else "...") for k, v in r["ours"].items()
-                                 if k != "wall_ms"}), json.dumps(r["steps"]), flush=True)
-        if "upstream" in r:
-            print(shape, "upstream", json.dumps({k: v for k, v in r["upstream"].items() if k != "by_name"}),
-                  flush=True)
-        del x
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"steps_{'_'.join(shapes)}"
     command = "python benchmarks/bench_steps.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
-    (out / f"{stem}.md").write_text(render(results, command, a.note))
+
+    def write():  # after every part, so that a run stopped by a time limit keeps what it measured
+        (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+        (out / f"{stem}.md").write_text(render(results, command, a.note))
+
+    inputs = {}
+    for shape in shapes:  # ours first at every shape, then upstream's (its compile is the long part)
+        x = inputs[shape] = _inputs(shape, device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", BackendFallbackWarning)
+            r = {"ours": whole_op(x, device, a.warmup, a.repeats), "steps": step_times(x, device, a.rep_ms, plans)}
+        results["per_shape"][shape] = r
+        print(shape, json.dumps({k: v for k, v in r["ours"].items() if k not in ("by_name", "wall_ms")}),
+              json.dumps(r["steps"]), flush=True)
+        write()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    for shape in shapes if a.upstream else ():
+        r = results["per_shape"][shape]
+        try:
+            r["upstream"] = upstream_profile(inputs[shape], device)
+        except Exception as exc:  # report, not hide: the table says upstream did not run and why
+            r["upstream"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        print(shape, "upstream", json.dumps({k: v for k, v in r["upstream"].items() if k != "by_name"}), flush=True)
+        write()
     print(f"wrote {out / stem}.md")
     return 0
 
