@@ -209,7 +209,9 @@ def _table(rows, header) -> list:
 def render(results: dict, command: str, note: str = "") -> str:
     prov = provenance.markdown_header(command=command)
     lines = [f"# The whole op on kernels, step by step, beside upstream ({', '.join(results['shapes'])})", "",
-             prov, ""] + ([f"**Source:** {note}", ""] if note else []) + [
+             prov, ""] + (["**Smoke run (shape `smoke`, CPU): checks that the script runs; not a benchmark.**", ""]
+                          if results["shapes"] == ["smoke"] else []) + (
+             [f"**Source:** {note}", ""] if note else []) + [
              f"Policy `{POLICY}`, `backend=\"triton\"`; shapes G=1, N=P=64, R=4, C=16, reduced DOUT, Z, D. `median ms`: "
              "wall time of forward + backward from fresh leaves (CUDA synchronised); `kernel ms`: the device kernels "
              "of one profiled call; steps alone: `triton.testing.do_bench` medians of each step on its own inputs "

@@ -169,10 +169,11 @@ def walk_tiles(dims, backend: str, sm_count: Optional[int] = None, batch: Option
     return BN, BP
 
 
-#: Warps per program of the CUDA launches: with 4 the k-side and rows kernels spill (Triton 3.6, sm_90: 255
-#: registers and 56 / 728 bytes of stack at N = P = 64, R = 4, C = 16, with the lp workspaces), with 8 none does
-#: (kside 234 registers, rows 173; ``kernels/_devtools.py``, compiled on a CPU).
-CUDA_NUM_WARPS = 8
+#: Warps per program of the CUDA launches. With 4 the k-side and rows kernels spill a little (Triton 3.6, sm_90,
+#: N = P = 64, R = 4, C = 16, lp workspaces: 255 registers and 56 / 728 bytes of stack), with 8 none does (kside 234
+#: registers, rows 173; ``kernels/_devtools.py``, compiled on a CPU), yet 4 ran faster on an H100: stage 2 4.24
+#: against 5.03 ms at shape (a), 32.1 against 33.2 ms at (d) (``reports/bench/steps_a_d_h100.md``, one run).
+CUDA_NUM_WARPS = 4
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,9 @@ def run(device: str, stride: int) -> dict:
 
 def render(result: dict, prov: dict) -> str:
     lines = ["# torch's CUDA `sigmoid` and `exp` (float32) against the package's models, every float32 input", "",
-             provenance.markdown_header(prov), "",
+             provenance.markdown_header(prov), ""] + (
+             ["**Smoke run (a strided subset, no CUDA): checks that the script runs; not the report's figures.**", ""]
+             if result["stride"] > 1 or not result["compared_with_gpu"] else []) + [
              "`SpecialFunctions(\"fast_sm90\").torch_sigmoid` (`1 / (1 + expf(-x))`, IEEE division) and `cuda_expf` "
              "(CUDA's accurate `expf`: range reduction by two FMAs, MUFU.EX2 by the table model, the scale by 2^n "
              "rounded once), run on the same device as torch; NaN counts as equal to NaN. `ulps from exact`: the "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the Ascend compile gate (issue 7) in the triton-ascend environment built by scripts/setup_ascend_env.sh.
 #
-#   scripts/run_ascend_gate.sh                 # the gate (CI scope, ~8 min on 2 cores) + the gate's own tests
+#   scripts/run_ascend_gate.sh                 # the gate (CI scope, ~11 min on 2 cores) + the gate's own tests
 #   scripts/run_ascend_gate.sh --no-report     # what .ci/run runs (the same, without rewriting the report)
 #   scripts/run_ascend_gate.sh --filter dq     # extra arguments go to scripts/ascend_compile_gate.py
 #
