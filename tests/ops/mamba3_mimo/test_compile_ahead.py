@@ -60,6 +60,44 @@ def test_compile_ahead_resets_after_an_error():
     assert not _compile_ahead.compiling_ahead()
 
 
+class _FakeCompiled:
+    def __init__(self, name):
+        self.src, self.metadata = f"src of {name}", f"metadata of {name}"
+
+
+def test_build_launchers_builds_each_compiled_kernels_launcher_on_the_pool():
+    from concurrent.futures import ThreadPoolExecutor
+    import threading
+
+    built, threads = [], set()
+
+    def launcher_class(src, metadata):
+        threads.add(threading.get_ident())
+        built.append((src, metadata))
+
+    kernels_ = [_FakeCompiled(n) for n in ("a", "b", "c")]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        assert _compile_ahead.build_launchers(kernels_, pool, launcher_class) == 3
+        assert _compile_ahead.build_launchers([], pool, launcher_class) == 0
+    assert sorted(built) == [(f"src of {n}", f"metadata of {n}") for n in ("a", "b", "c")]
+    assert threading.get_ident() not in threads  # on the pool, not the caller's thread
+
+    def broken(src, metadata):
+        raise OSError("gcc failed")
+
+    with ThreadPoolExecutor(max_workers=1) as pool, pytest.raises(OSError, match="gcc"):
+        _compile_ahead.build_launchers(kernels_[:1], pool, broken)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only case")
+def test_no_launcher_is_built_without_a_cuda_driver():
+    from concurrent.futures import ThreadPoolExecutor
+
+    assert _compile_ahead._cuda_launcher_class() is None
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        assert _compile_ahead.build_launchers([_FakeCompiled("a")], pool) == 0
+
+
 @pytest.mark.skipif(not kernels.triton_available(), reason="triton is not installed")
 def test_precompile_on_cpu_tensors_counts_the_interpreted_launches_and_runs_none():
     inputs = make_op_inputs(small_case(seqlen=16, chunk_size=8, value_dim=16, state_dim=16, heads=1, rank=2))
@@ -71,7 +109,7 @@ def test_precompile_on_cpu_tensors_counts_the_interpreted_launches_and_runs_none
                                            policy="upstream_sm90")
     # forward, stage 1 and stage 2 launch several kernels each; on the CPU all are interpreted, so none compiles
     assert report.launches >= 3 and report.interpreted == report.launches
-    assert report.compiled in (0, None)
+    assert report.compiled in (0, None) and report.launchers == 0
     for t, b in zip(tensors, before):  # the inputs are untouched and keep no gradient
         assert (t is None) == (b is None)
         if t is not None:

@@ -1,7 +1,8 @@
 """``mn.precompile_mamba3_mimo`` on a CUDA GPU (``@pytest.mark.gpu``; issue 23, the first-call compile cost): it
 compiles kernel specializations without running them, and the real forward + backward afterwards asks Triton to
-compile nothing more (counted with Triton's ``jit_cache_hook``, called before every compile) and gives the bits of
-a call made without it."""
+compile nothing more (counted with Triton's ``jit_cache_hook``, called before every compile), builds no C launcher
+(counted at ``triton.runtime.build._build``, which runs the host C compiler; issue 43: in a cold process the first
+call built them one after another) and gives the bits of a call made without it."""
 
 from __future__ import annotations
 
@@ -34,22 +35,34 @@ def test_after_precompile_the_call_compiles_nothing_and_gives_the_same_bits():
     raw = make_op_inputs(OpCaseSpec(batch=1, seqlen=96, heads=3, groups=1, state_dim=32, value_dim=32, rank=2,
                                     chunk_size=16, dtype="float16", seed=11))
     policy = "upstream_sm90_fp16"
-    compiles = []
+    import triton.runtime.build as triton_build
+
+    compiles, builds = [], []
     hook = triton.knobs.runtime.jit_cache_hook
     triton.knobs.runtime.jit_cache_hook = lambda *args, **kwargs: compiles.append(1) and None
+    real_build = triton_build._build
+
+    def counted_build(*args, **kwargs):
+        builds.append(args[0])
+        return real_build(*args, **kwargs)
+
+    triton_build._build = counted_build
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", BackendFallbackWarning)
             report = mn.precompile_mamba3_mimo(*[None if raw[n] is None else raw[n].cuda() for n in OP_INPUT_NAMES],
                                                raw["chunk_size"], raw["rotary_dim_divisor"], policy=policy)
-            asked = len(compiles)
+            asked, built = len(compiles), len(builds)
             first = _call(raw, policy)
-            after = len(compiles) - asked
+            after, built_after = len(compiles) - asked, builds[built:]
             second = _call(raw, policy)
     finally:
         triton.knobs.runtime.jit_cache_hook = hook
+        triton_build._build = real_build
     print(report)
     assert report.parallel and report.compiled and report.compiled > 0 and report.launches >= report.compiled
+    assert report.launchers == report.compiled
     assert after == 0, f"the real call compiled {after} kernel(s) after precompile"
+    assert not built_after, f"the real call built C modules after precompile: {built_after}"
     for a, b in zip(first, second):
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
