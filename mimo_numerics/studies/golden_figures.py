@@ -52,26 +52,30 @@ def spread(case: dict, rerun: dict) -> Dict[str, float]:
     return errors(rerun["autograd"], case["autograd"])
 
 
-def chain_stages(inputs: dict, policy, segsum_num_warps: Optional[int] = None) -> Dict[str, Dict[str, torch.Tensor]]:
+def chain_stages(inputs: dict, policy, segsum_num_warps: Optional[int] = None,
+                 backend: str = "reference") -> Dict[str, Dict[str, torch.Tensor]]:
     """Every stage's outputs of the reference chain from the raw inputs, by the golden sections' names (``pre``,
     ``fwd``, ``bwd_fwd``, ``bwd_bwd``, ``post``, ``autograd``); ``segsum_num_warps``: the recording run's autotuner
-    pick of ``dacs_segsum_kernel`` (``golden.SEGSUM_NUM_WARPS_OF_RUN``; None: the default)."""
-    pre = chain.run_preprocess(inputs, policy, segsum_num_warps=segsum_num_warps)
-    o = chain.run_forward(inputs, pre, policy)
-    s1 = chain.run_stage1(inputs, pre, policy)
-    s2 = chain.run_stage2(inputs, pre, s1, policy)
-    post = chain.run_epilogue(inputs, pre, s1, s2, policy)
+    pick of ``dacs_segsum_kernel`` (``golden.SEGSUM_NUM_WARPS_OF_RUN``; None: the default; the reference's
+    preprocessing only); ``backend="triton"``: every step on the package's kernels (``chain.run_*``)."""
+    pre = chain.run_preprocess(inputs, policy, backend=backend,
+                               segsum_num_warps=segsum_num_warps if backend == "reference" else None)
+    o = chain.run_forward(inputs, pre, policy, backend=backend)
+    s1 = chain.run_stage1(inputs, pre, policy, backend=backend)
+    s2 = chain.run_stage2(inputs, pre, s1, policy, backend=backend)
+    post = chain.run_epilogue(inputs, pre, s1, s2, policy, backend=backend)
     return {"pre": pre, "fwd": {"o": o}, "bwd_fwd": s1, "bwd_bwd": s2, "post": {**post, "dtrap": post.get("dTrap")},
             "autograd": {**post, "Out": o}}
 
 
-def stage_errors(inputs: dict, case: dict, policy, segsum_num_warps: Optional[int] = None) -> Dict[str, float]:
-    """``{"<section>.<name>": rel RMS}`` of :func:`chain_stages` against every tensor ``case`` records (a sampled
-    record of a long case: over its positions, ``golden_samples.sampled_rel_rms``); outputs the chain does not
-    produce in the recorded shape are left out. Compared on the CPU, wherever the chain ran."""
+def stage_errors(inputs: dict, case: dict, policy, segsum_num_warps: Optional[int] = None,
+                 backend: str = "reference") -> Dict[str, float]:
+    """``{"<section>.<name>": rel RMS}`` of :func:`chain_stages` (on ``backend``) against every tensor ``case``
+    records (a sampled record of a long case: over its positions, ``golden_samples.sampled_rel_rms``); outputs the
+    chain does not produce in the recorded shape are left out. Compared on the CPU, wherever the chain ran."""
     from .. import golden_samples
 
-    ours = chain_stages(inputs, policy, segsum_num_warps)
+    ours = chain_stages(inputs, policy, segsum_num_warps, backend)
     out = {}
     for section in ours:
         for name, want in (case.get(section) or {}).items():
