@@ -182,8 +182,8 @@ def _cuda_launcher_class():
 def build_launchers(compiled_kernels, executor, launcher_class=None) -> int:
     """Build the C launcher of each compiled kernel on ``executor``, as its first run would
     (``launcher_class(kernel.src, kernel.metadata)``, which compiles the launcher's C source into Triton's disk
-    cache, or loads it from there); the launcher objects are dropped, the first run loads the cached module in
-    milliseconds. ``launcher_class``: default the CUDA driver's (none elsewhere: returns 0). A build error is
+    cache, or loads it from there); the launcher objects are dropped: the first run then loads the cached module
+    instead of compiling it. ``launcher_class``: default the CUDA driver's (none elsewhere: returns 0). A build error is
     raised here, as the first run would raise it. Returns the number of launchers built or found."""
     launcher_class = launcher_class or _cuda_launcher_class()
     if launcher_class is None or not compiled_kernels:
