@@ -14,6 +14,9 @@ OUT=${OUT:-out/kernel_bench}
 MODE=${1:-bench}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
+# no editable install on the device machine: let PYTHONPATH find mimo_numerics.kernels (the kernels/ folder)
+python -c "import mimo_numerics.kernels" 2>/dev/null || ln -sfn ../kernels mimo_numerics/kernels
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/gpu.txt"
 if [ "$MODE" = bench ]; then
   UP=""

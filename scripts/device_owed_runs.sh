@@ -15,6 +15,8 @@ OUT=${OUT:-out/owed}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
+# no editable install on the device machine: let PYTHONPATH find mimo_numerics.kernels (the kernels/ folder)
+python -c "import mimo_numerics.kernels" 2>/dev/null || ln -sfn ../kernels mimo_numerics/kernels
 for what in "$@"; do
   case "$what" in
     sigmoid)
