@@ -77,7 +77,8 @@ def main() -> None:
         torch.cuda.synchronize(device)
         print(f"{args.policy}, B=1, S={args.seqlen}, H={args.heads}, {args.dtype}: precompile "
               f"{time.perf_counter() - start:.2f} s ({report.compiled} specializations from {report.launches} "
-              f"launches on {report.workers} threads, parallel={report.parallel})", flush=True)
+              f"launches on {report.workers} threads, parallel={report.parallel}, {report.launchers} C launchers "
+              "built ahead)", flush=True)
     for index in (1, 2):
         start = time.perf_counter()
         call()
