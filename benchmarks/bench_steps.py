@@ -12,7 +12,8 @@ Per shape (``bench_whole_op.SHAPES``: G=1, N=P=64, R=4, C=16, reduced DOUT, Z, D
 * each step of the chain alone on its own inputs (made once by the chain itself), median of
   ``triton.testing.do_bench`` (CUDA events, warm-up and repeats in ms): the preprocessing
   (``kernels.chain_steps.preprocess``), the forward, stage 1, stage 2, the epilogue; with ``--stage2-plans`` stage 2
-  also under each plan ``rows x warps`` (``kernels.mimo_bwd_bwd.Stage2Tiles``);
+  also under each plan ``rows x warps`` [``w`` the walk's warps] [``s`` its pipeline stages]
+  (``kernels.mimo_bwd_bwd.Stage2Tiles``);
 * with ``--upstream``: upstream's own ``mamba3_mimo`` forward + backward (TileLang 0.1.8 kernels and its Triton
   helpers, ``ops.mamba3_mimo.upstream``; compiled by an untimed first call), one profiled call: its kernels by
   name, their device time, and the same per-step split (upstream's TileLang kernels by name; its Triton helpers and
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -142,15 +144,29 @@ def step_times(x: dict, device, rep_ms: float, plans) -> dict:
     }
     out = {name: _bench(fn, device, rep_ms) for name, fn in calls.items()}
     out["sum"] = sum(out[s] for s in STEPS)
-    for rows, warps in plans:
-        tiles = mimo_bwd_bwd.Stage2Tiles(rows, max(16, x["chunk_size"]), warps)
+    for label, (rows, warps, walk_warps, walk_stages) in plans.items():
+        tiles = mimo_bwd_bwd.Stage2Tiles(rows, max(16, x["chunk_size"]), warps, walk_warps, walk_stages)
 
         def plan_call(tiles=tiles):
             return mimo_bwd_bwd.build_launches(*chain.stage2_args(x, pre, s1), **kw, policy=POLICY,
                                                tiles=tiles).run()
 
-        out[f"stage 2 [{rows}x{warps}]"] = _bench(plan_call, device, rep_ms)
+        out[f"stage 2 [{label}]"] = _bench(plan_call, device, rep_ms)
     return out
+
+
+_PLAN = re.compile(r"(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?")
+
+
+def parse_plan(text: str) -> tuple:
+    """``ROWSxWARPS[wWALK_WARPS][sWALK_STAGES]`` (e.g. ``32x4``, ``64x4w1s6``) -> (rows, warps, walk warps or None,
+    walk stages or None) of ``kernels.mimo_bwd_bwd.Stage2Tiles``."""
+    m = _PLAN.fullmatch(text.strip())
+    if not m:
+        raise SystemExit(f"--stage2-plans: a plan is ROWSxWARPS[wWALK_WARPS][sWALK_STAGES], e.g. 32x4 or 64x4w1s6; "
+                         f"got {text!r}")
+    rows, warps, walk_warps, walk_stages = m.groups()
+    return int(rows), int(warps), walk_warps and int(walk_warps), walk_stages and int(walk_stages)
 
 
 def _upstream_step(name: str, seen_forward: bool, seen_stage2: bool) -> str:
@@ -272,7 +288,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--rep-ms", type=float, default=200.0, help="do_bench repetition time per step (ms)")
-    ap.add_argument("--stage2-plans", default="", help="e.g. 64x8,64x4,32x8: stage 2 also under these plans")
+    ap.add_argument("--stage2-plans", default="", help="e.g. 64x4,32x4,64x4w1s6: stage 2 also under these plans "
+                    "(ROWSxWARPS, optionally the walk's warps wN and pipeline stages sM)")
     ap.add_argument("--upstream", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="CPU dry run on shape 'smoke' (nothing is timed)")
     ap.add_argument("--out", default=str(ROOT / "reports" / "bench"))
@@ -282,7 +299,7 @@ def main(argv=None) -> int:
     if a.smoke:
         a.device, a.shapes, a.repeats, a.warmup, a.upstream = "cpu", "smoke", 1, 1, False
     device = torch.device(a.device)
-    plans = [tuple(int(v) for v in p.split("x")) for p in a.stage2_plans.split(",") if p]
+    plans = {p: parse_plan(p) for p in a.stage2_plans.split(",") if p}
     shapes = [s for s in a.shapes.split(",") if s]
     results = {"shapes": shapes, "per_shape": {}}
     out = Path(a.out)

@@ -180,11 +180,16 @@ CUDA_NUM_WARPS = 4
 class Stage2Tiles:
     """The stage-2 plan: ``rows`` (BR) fused rows per program of the rows, k-side and q-side kernels (dividing LP =
     the padded C·R), ``tokens`` (BT) tokens per program of the token kernel (dividing CP = the padded C), both powers
-    of 2; ``num_warps`` of the CUDA launches."""
+    of 2; ``num_warps`` of the CUDA launches; ``walk_warps`` and ``walk_stages``: the reverse walk's own warps and
+    software-pipelining stages on CUDA (None: ``num_warps`` and Triton's default; stage 1's walk ran faster with one
+    warp on 16 × 16 tiles and more stages, ``docs/kernels.md``: candidates to time for this walk). Warps and stages
+    change no result; rows and tokens only FP32 summation orders."""
 
     rows: int
     tokens: int
     num_warps: int = 4
+    walk_warps: Optional[int] = None
+    walk_stages: Optional[int] = None
 
 
 def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
@@ -305,6 +310,11 @@ def build_launches(
     if any(x < 1 or x & (x - 1) for x in (BR, BT)) or LP % BR or CP % BT:
         raise ValueError(f"tiles: rows {BR} must be a power of 2 dividing LP = {LP}, tokens {BT} one dividing "
                          f"CP = {CP}")
+    for name in ("num_warps", "walk_warps", "walk_stages"):
+        value = getattr(tiles, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"tiles: {name} must be an int >= 1{'' if name == 'num_warps' else ' or None'}, "
+                             f"got {value!r}")
     NRB, NTB = LP // BR, CP // BT
 
     def cont(x):
@@ -360,6 +370,11 @@ def build_launches(
     shared.update(lp_dot_operands(cx, dims, on_device=not interpreted))
     n_sum = -(-(R * P) // _SUM_BLOCK)
     options = {"num_warps": tiles.num_warps, "enable_fp_fusion": False} if backend == "cuda" else {}
+    walk_options = dict(options)
+    if backend == "cuda":
+        walk_options["num_warps"] = tiles.walk_warps or tiles.num_warps
+        if tiles.walk_stages is not None:
+            walk_options["num_stages"] = tiles.walk_stages
     launches = []
     for b0 in range(0, B, Bs):  # batch slices: the launches of one slice, then the next (one stream, in order)
         b1 = min(B, b0 + Bs)
@@ -396,7 +411,8 @@ def build_launches(
         ]
         suffix = f"[{b0}:{b1}]" if nb < B else ""
         launches += [Launch(name + suffix, kernel, grid, args,
-                            {k: v for k, v in cxs.items() if k in kernel.arg_names}, dict(options))
+                            {k: v for k, v in cxs.items() if k in kernel.arg_names},
+                            dict(walk_options if name == "dstates" else options))
                      for name, kernel, grid, args, cxs in plan]
 
     def finish() -> MimoBwdBwdOutputs:

@@ -3,7 +3,7 @@
 # repository root; everything it writes goes to $OUT (default ./out/kernel_bench). Two parts, each within one call
 # of the device tool (10 minutes):
 #
-#   bash scripts/device_kernel_bench.sh bench [SHAPES=a,d] [PLANS=64x4,32x4,32x8,16x4]
+#   bash scripts/device_kernel_bench.sh bench [SHAPES=a,d] [PLANS=64x4,32x4,32x8,16x4,64x4w1,64x4w1s6,64x4w2s4]
 #       the whole op on kernels step by step beside upstream's kernels (benchmarks/bench_steps.py; --upstream after
 #       scripts/use_upstream_wheels.sh when wheelhouse/ was carried), stage 2 under each plan;
 #   bash scripts/device_kernel_bench.sh checks
@@ -26,7 +26,7 @@ if [ "$MODE" = bench ]; then
   fi
   export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
   timeout "${BENCH_TIMEOUT:-560}" python benchmarks/bench_steps.py --shapes "${2:-a,d}" $UP \
-    --stage2-plans "${3:-64x4,32x4,32x8,16x4}" --out "$OUT" --note "${NOTE:-}" 2>&1 | tee -a "$OUT/bench_log.txt"
+    --stage2-plans "${3:-64x4,32x4,32x8,16x4,64x4w1,64x4w1s6,64x4w2s4}" --out "$OUT" --note "${NOTE:-}" 2>&1 | tee -a "$OUT/bench_log.txt"
 else
   export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}"
   timeout 260 python -m pytest -q -p no:cacheprovider -s tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_kernels_gpu.py \

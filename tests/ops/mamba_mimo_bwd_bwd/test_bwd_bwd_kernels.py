@@ -268,6 +268,30 @@ def test_stage2_tile_plan_is_checked():
     x = _inputs(CASES[0])
     with pytest.raises(ValueError, match="tiles"):
         mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="fp32", tiles=mimo_bwd_bwd.Stage2Tiles(24, 16))
+    with pytest.raises(ValueError, match="walk_warps"):
+        mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="fp32",
+                                    tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4, walk_warps=0))
+    with pytest.raises(ValueError, match="walk_stages"):
+        mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="fp32",
+                                    tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4, walk_stages=True))
+
+
+def test_stage2_walk_has_its_own_warps_and_stages_on_cuda():
+    """A CUDA plan (planned from CPU tensors) gives the walk ``walk_warps`` and ``walk_stages`` and every other
+    stage-2 launch ``num_warps``; the default plan leaves the walk at ``num_warps`` and Triton's stages."""
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    x = _inputs(CASES[0])
+    tiles = mimo_bwd_bwd.Stage2Tiles(16, 16, 4, walk_warps=1, walk_stages=6)
+    for plan, walk in ((tiles, {"num_warps": 1, "num_stages": 6}), (None, {"num_warps": mimo_bwd_bwd.CUDA_NUM_WARPS})):
+        prep = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="upstream_sm90", backend="cuda", sm_count=132,
+                                           tiles=plan)
+        for launch in prep.launches:
+            options = {k: v for k, v in launch.options.items() if k != "enable_fp_fusion"}
+            if launch.name.startswith("dstates"):
+                assert options == walk, launch.options
+            elif "num_warps" in options:
+                assert options == {"num_warps": 4 if plan else mimo_bwd_bwd.CUDA_NUM_WARPS}, (launch.name, options)
 
 
 def _toolchain():

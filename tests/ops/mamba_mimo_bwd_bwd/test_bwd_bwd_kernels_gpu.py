@@ -57,3 +57,23 @@ def test_gpu_stage2_deterministic():
     for n in OUTPUT_NAMES:
         if getattr(a, n) is not None:
             assert torch.equal(getattr(a, n), getattr(b, n)), n
+
+
+@pytest.mark.parametrize("walk_warps, walk_stages", [(1, None), (1, 6), (2, 4)])
+def test_gpu_stage2_walk_warps_and_stages_change_no_bit(walk_warps, walk_stages):
+    """The reverse walk under its own warps and pipeline stages (``Stage2Tiles.walk_warps``, ``walk_stages``: plans
+    that ``benchmarks/bench_steps.py --stage2-plans`` times) gives the default plan's bits."""
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    spec = CASES[0][0]
+    x = make_inputs(spec, "cuda")
+    default = _run(kernels.mamba_mimo_bwd_bwd, x, "upstream_sm90")
+    rows = min(64, spec.chunk_size * spec.rank)
+    tiles = mimo_bwd_bwd.Stage2Tiles(rows, max(16, spec.chunk_size), mimo_bwd_bwd.CUDA_NUM_WARPS, walk_warps,
+                                     walk_stages)
+    args = [x[n] for n in INPUT_NAMES]
+    got = mimo_bwd_bwd.build_launches(*args, chunk_size=x["chunk_size"], rotary_dim_divisor=x["rotary_dim_divisor"],
+                                      policy="upstream_sm90", tiles=tiles).run()
+    for n in OUTPUT_NAMES:
+        if getattr(default, n) is not None:
+            assert torch.equal(getattr(got, n), getattr(default, n)), n
