@@ -183,7 +183,8 @@ class Stage2Tiles:
     of 2; ``num_warps`` of the CUDA launches; ``walk_warps`` and ``walk_stages``: the reverse walk's own warps and
     software-pipelining stages on CUDA (None: ``num_warps`` and Triton's default; stage 1's walk ran faster with one
     warp on 16 × 16 tiles and more stages, ``docs/kernels.md``: candidates to time for this walk). Warps and stages
-    change no result; rows and tokens only FP32 summation orders."""
+    change the schedule only (``test_bwd_bwd_kernels_gpu.py`` checks the walk's bits; owed a GPU run); rows and
+    tokens change FP32 summation orders only."""
 
     rows: int
     tokens: int
@@ -312,7 +313,8 @@ def build_launches(
                          f"CP = {CP}")
     for name in ("num_warps", "walk_warps", "walk_stages"):
         value = getattr(tiles, name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        if (value is not None or name == "num_warps") and (not isinstance(value, int) or isinstance(value, bool)
+                                                             or value < 1):
             raise ValueError(f"tiles: {name} must be an int >= 1{'' if name == 'num_warps' else ' or None'}, "
                              f"got {value!r}")
     NRB, NTB = LP // BR, CP // BT
