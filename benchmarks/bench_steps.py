@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import time
@@ -144,8 +143,8 @@ def step_times(x: dict, device, rep_ms: float, plans) -> dict:
     }
     out = {name: _bench(fn, device, rep_ms) for name, fn in calls.items()}
     out["sum"] = sum(out[s] for s in STEPS)
-    for label, (rows, warps, walk_warps, walk_stages) in plans.items():
-        tiles = mimo_bwd_bwd.Stage2Tiles(rows, max(16, x["chunk_size"]), warps, walk_warps, walk_stages)
+    for label in plans:
+        tiles = mimo_bwd_bwd.parse_stage2_plan(label, max(16, x["chunk_size"]))
 
         def plan_call(tiles=tiles):
             return mimo_bwd_bwd.build_launches(*chain.stage2_args(x, pre, s1), **kw, policy=POLICY,
@@ -153,20 +152,6 @@ def step_times(x: dict, device, rep_ms: float, plans) -> dict:
 
         out[f"stage 2 [{label}]"] = _bench(plan_call, device, rep_ms)
     return out
-
-
-_PLAN = re.compile(r"(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?")
-
-
-def parse_plan(text: str) -> tuple:
-    """``ROWSxWARPS[wWALK_WARPS][sWALK_STAGES]`` (e.g. ``32x4``, ``64x4w1s6``) -> (rows, warps, walk warps or None,
-    walk stages or None) of ``kernels.mimo_bwd_bwd.Stage2Tiles``."""
-    m = _PLAN.fullmatch(text.strip())
-    if not m:
-        raise SystemExit(f"--stage2-plans: a plan is ROWSxWARPS[wWALK_WARPS][sWALK_STAGES], e.g. 32x4 or 64x4w1s6; "
-                         f"got {text!r}")
-    rows, warps, walk_warps, walk_stages = m.groups()
-    return int(rows), int(warps), walk_warps and int(walk_warps), walk_stages and int(walk_stages)
 
 
 def _upstream_step(name: str, seen_forward: bool, seen_stage2: bool) -> str:
@@ -299,7 +284,14 @@ def main(argv=None) -> int:
     if a.smoke:
         a.device, a.shapes, a.repeats, a.warmup, a.upstream = "cpu", "smoke", 1, 1, False
     device = torch.device(a.device)
-    plans = {p: parse_plan(p) for p in a.stage2_plans.split(",") if p}
+    plans = [p.strip() for p in a.stage2_plans.split(",") if p.strip()]
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    for p in plans:  # refuse a malformed plan before anything runs
+        try:
+            mimo_bwd_bwd.parse_stage2_plan(p, 16)
+        except ValueError as err:
+            ap.error(f"--stage2-plans: {err}")
     shapes = [s for s in a.shapes.split(",") if s]
     results = {"shapes": shapes, "per_shape": {}}
     out = Path(a.out)

@@ -14,6 +14,7 @@ summation orders only (``tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_kernels.py::t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional
 
@@ -191,6 +192,20 @@ class Stage2Tiles:
     num_warps: int = 4
     walk_warps: Optional[int] = None
     walk_stages: Optional[int] = None
+
+
+_PLAN_TEXT = re.compile(r"(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?")
+
+
+def parse_stage2_plan(text: str, tokens: int) -> Stage2Tiles:
+    """A plan written ``ROWSxWARPS[wWALK_WARPS][sWALK_STAGES]`` (``32x4``, ``64x4w1s6``: the benchmarks' and scripts'
+    plan lists) as :class:`Stage2Tiles` with ``tokens`` tokens per program. ``ValueError`` naming the form
+    otherwise; the sizes are checked where the plan is used (:func:`build_launches`)."""
+    match = _PLAN_TEXT.fullmatch(str(text).strip())
+    if not match:
+        raise ValueError(f"plan must be ROWSxWARPS[wWALK_WARPS][sWALK_STAGES], e.g. 32x4 or 64x4w1s6; got {text!r}")
+    rows, warps, walk_warps, walk_stages = (None if v is None else int(v) for v in match.groups())
+    return Stage2Tiles(rows, tokens, warps, walk_warps, walk_stages)
 
 
 def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:

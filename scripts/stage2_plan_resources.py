@@ -41,16 +41,6 @@ SMOKE_CASE = CaseSpec(seqlen=16, heads=1, state_dim=16, value_dim=16, rank=1, ch
 PLANS = ("64x4", "64x8", "32x4", "32x8", "16x4")
 
 
-def _parse_plan(text: str):
-    from mimo_numerics.kernels import mimo_bwd_bwd
-
-    try:
-        rows, warps = (int(v) for v in text.split("x"))
-    except ValueError:
-        raise SystemExit(f"--plans: each plan is ROWSxWARPS, e.g. 32x4; got {text!r}")
-    return mimo_bwd_bwd.Stage2Tiles(rows, 16, warps)
-
-
 def run(plans, case: CaseSpec, policy: str) -> dict:
     from mimo_numerics.kernels import _devtools, mimo_bwd_bwd
 
@@ -61,7 +51,7 @@ def run(plans, case: CaseSpec, policy: str) -> dict:
     rows = []
     for plan in tqdm(plans, desc="stage-2 plans", unit="plan"):
         prep = mimo_bwd_bwd.build_launches(*op.args(x), **op.kwargs(x), policy=policy, backend="cuda", sm_count=132,
-                                           tiles=_parse_plan(plan))
+                                           tiles=mimo_bwd_bwd.parse_stage2_plan(plan, 16))
         for launch in prep.launches:
             start = time.perf_counter()
             usage = _devtools.resource_usage(_devtools.compile_launch(launch, arch=90))
@@ -90,7 +80,8 @@ def render(result: dict, prov: dict, smoke: bool) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--plans", default=",".join(PLANS), help="comma-separated ROWSxWARPS (default: %(default)s)")
+    parser.add_argument("--plans", default=",".join(PLANS), help="comma-separated ROWSxWARPS[wN][sM] "
+                        "(kernels.mimo_bwd_bwd.parse_stage2_plan; default: %(default)s)")
     parser.add_argument("--policy", default="upstream_sm90")
     parser.add_argument("--smoke", action="store_true", help="one small plan on a small case (a smoke run)")
     parser.add_argument("--out", type=Path, required=True, help="the report (.md); its JSON twin beside it")
@@ -98,6 +89,13 @@ def main(argv=None) -> int:
     # compile times of cold compiles: a fresh Triton cache (its disk cache would return earlier compiles in ms)
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="stage2_plans_triton_cache_")
     plans = ["16x4"] if args.smoke else [p.strip() for p in args.plans.split(",") if p.strip()]
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    for plan in plans:
+        try:
+            mimo_bwd_bwd.parse_stage2_plan(plan, 16)
+        except ValueError as err:
+            parser.error(f"--plans: {err}")
     result = run(plans, SMOKE_CASE if args.smoke else CASE, args.policy)
     prov = provenance.collect()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -276,6 +276,17 @@ def test_stage2_tile_plan_is_checked():
                                     tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4, walk_stages=True))
 
 
+def test_stage2_plan_text_is_parsed_or_refused():
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    assert mimo_bwd_bwd.parse_stage2_plan("32x4", 16) == mimo_bwd_bwd.Stage2Tiles(32, 16, 4)
+    assert mimo_bwd_bwd.parse_stage2_plan(" 64x4w1s6", 8) == mimo_bwd_bwd.Stage2Tiles(64, 8, 4, 1, 6)
+    assert mimo_bwd_bwd.parse_stage2_plan("16x8s3", 16) == mimo_bwd_bwd.Stage2Tiles(16, 16, 8, None, 3)
+    for bad in ("64-4", "64x", "x4", "64x4w", "64x4s6w1"):
+        with pytest.raises(ValueError, match="ROWSxWARPS"):
+            mimo_bwd_bwd.parse_stage2_plan(bad, 16)
+
+
 def test_stage2_walk_has_its_own_warps_and_stages_on_cuda():
     """A CUDA plan (planned from CPU tensors) gives the walk ``walk_warps`` and ``walk_stages`` and every other
     stage-2 launch ``num_warps``; the default plan leaves the walk at ``num_warps`` and Triton's stages."""
