@@ -57,7 +57,10 @@ def chain_stages(inputs: dict, policy, segsum_num_warps: Optional[int] = None,
     """Every stage's outputs of the reference chain from the raw inputs, by the golden sections' names (``pre``,
     ``fwd``, ``bwd_fwd``, ``bwd_bwd``, ``post``, ``autograd``); ``segsum_num_warps``: the recording run's autotuner
     pick of ``dacs_segsum_kernel`` (``golden.SEGSUM_NUM_WARPS_OF_RUN``; None: the default; the reference's
-    preprocessing only); ``backend="triton"``: every step on the package's kernels (``chain.run_*``)."""
+    preprocessing only); ``backend="triton"``: every step on the package's kernels (``chain.run_*``; a policy they
+    cannot express raises ``UnsupportedPolicyError``)."""
+    if backend not in ("reference", "triton"):
+        raise ValueError(f"backend must be 'reference' or 'triton', got {backend!r}")
     pre = chain.run_preprocess(inputs, policy, backend=backend,
                                segsum_num_warps=segsum_num_warps if backend == "reference" else None)
     o = chain.run_forward(inputs, pre, policy, backend=backend)

@@ -299,3 +299,12 @@ def test_infer_policy_recovers_the_fast_math_knobs_from_stage2():
     margin = tolerances.get("inference_fast_math_knobs_margin_min")
     for label in ("special_functions=accurate", "fp32_fma=False"):
         assert neighbours[label] >= margin * result.distance, (label, result.distance, neighbours[label])
+
+
+def test_stage_errors_name_a_bad_backend():
+    from mimo_numerics.studies.golden_figures import chain_stages
+
+    with pytest.raises(ValueError, match="backend"):
+        stage_errors({}, {}, "upstream_sm90", backend="cuda")
+    with pytest.raises(ValueError, match="backend"):
+        chain_stages({}, "upstream_sm90", backend="interpreter")
