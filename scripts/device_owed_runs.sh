@@ -6,7 +6,8 @@
 #   bash scripts/device_owed_runs.sh nonfinite   # scripts/gpu_nonfinite_upstream.py (upstream's TileLang stage 1;
 #                                                #  needs wheelhouse/, scripts/use_upstream_wheels.sh)
 #   bash scripts/device_owed_runs.sh ranking     # the whole op's one-site-off ranking on CUDA with backend="triton"
-#                                                #  (every variant's kernels compiled ahead in parallel)
+#                                                #  (every variant's kernels compiled ahead in parallel; RANKING_CASES:
+#                                                #  comma-separated golden cases, default three)
 #   bash scripts/device_owed_runs.sh kernels_golden  # issue 43, acceptance 3: the chain on the kernels against the
 #                                                #  H200 on every golden case, the long ones included, beside the
 #                                                #  reference chain under its three policies (same GPU)
@@ -29,7 +30,7 @@ for what in "$@"; do
         --out "$OUT/gpu_nonfinite_upstream.md" 2>&1 | tail -20 | tee -a "$OUT/log.txt" ;;
     ranking)
       timeout "${RANKING_TIMEOUT:-540}" python scripts/rank_whole_op_sites.py --device cuda --backend triton --quiet \
-        --cases g_B1_S64_H2_N64_P64_R4_C16_zdo,g_B2_S48_H4_G1_N64_P64_R4_C16_gqa,g_B1_S64_H2_N64_P64_R4_C16_seedformula \
+        --cases "${RANKING_CASES:-g_B1_S64_H2_N64_P64_R4_C16_zdo,g_B2_S48_H4_G1_N64_P64_R4_C16_gqa,g_B1_S64_H2_N64_P64_R4_C16_seedformula}" \
         --out "$OUT/mamba3_mimo_site_ranking_cuda_triton.md" 2>&1 | tail -20 | tee -a "$OUT/log.txt" ;;
     kernels_golden)
       timeout "${KERNELS_GOLDEN_TIMEOUT:-540}" python scripts/measure_fp32_level_whole_op.py --device cuda --kernels \
