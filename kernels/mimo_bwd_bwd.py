@@ -209,14 +209,15 @@ def parse_stage2_plan(text: str, tokens: int) -> Stage2Tiles:
 
 
 def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
-    """The default plan: the interpreter takes whole chunks (fewest programs); CUDA whole chunks of up to 64 rows and
-    whole chunks of tokens, 4 warps (the fastest of a sweep of 16/32/64 rows, 8/16 tokens and 2/4/8 warps on the H200
-    at the benchmark shapes a and d: ``docs/kernels.md``); Ascend :func:`npu_tiles`."""
+    """The default plan: the interpreter takes whole chunks (fewest programs); CUDA up to 32 fused rows per program
+    and whole chunks of tokens, 4 warps (the fastest of the plans timed side by side on an H100 at the benchmark
+    shapes a and d, ``reports/bench/steps_a_d_h100_plans.md``: with 32 rows neither the k-side nor the rows kernel
+    spills, ``reports/stage2_plan_resources_sm90.md``); Ascend :func:`npu_tiles`."""
     if backend == "interpreter":
         return Stage2Tiles(LP, CP)
     if backend == "npu":
         return npu_tiles(LP, CP)
-    return Stage2Tiles(min(LP, 64), CP, CUDA_NUM_WARPS)
+    return Stage2Tiles(min(LP, 32), CP, CUDA_NUM_WARPS)
 
 
 def npu_tiles(LP: int, CP: int) -> Stage2Tiles:
