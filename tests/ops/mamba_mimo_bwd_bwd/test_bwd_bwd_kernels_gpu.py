@@ -4,6 +4,8 @@ same policy, every output within same_policy_rel_rms; poisoned launches leave no
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -68,9 +70,10 @@ def test_gpu_stage2_walk_warps_and_stages_change_no_bit(walk_warps, walk_stages)
     spec = CASES[0][0]
     x = make_inputs(spec, "cuda")
     default = _run(kernels.mamba_mimo_bwd_bwd, x, "upstream_sm90")
-    rows = min(64, spec.chunk_size * spec.rank)
-    tiles = mimo_bwd_bwd.Stage2Tiles(rows, max(16, spec.chunk_size), mimo_bwd_bwd.CUDA_NUM_WARPS, walk_warps,
-                                     walk_stages)
+    pow2 = mimo_bwd_bwd._pow2
+    LP, CP = max(16, pow2(spec.chunk_size * spec.rank)), max(16, pow2(spec.chunk_size))
+    default_plan = mimo_bwd_bwd.stage2_tiles(None, "cuda", LP, CP)  # the CUDA plan reads only LP and CP
+    tiles = dataclasses.replace(default_plan, walk_warps=walk_warps, walk_stages=walk_stages)
     args = [x[n] for n in INPUT_NAMES]
     got = mimo_bwd_bwd.build_launches(*args, chunk_size=x["chunk_size"], rotary_dim_divisor=x["rotary_dim_divisor"],
                                       policy="upstream_sm90", tiles=tiles).run()
