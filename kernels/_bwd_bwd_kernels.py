@@ -8,7 +8,7 @@ i = t_local·R + r (C·R of them, padded to LP); rows past C·R or past S are ze
 
 Upstream walks all chunks of a (batch, head) in one program; here only the reverse dstates walk is sequential. The
 plan (``kernels.mimo_bwd_bwd.Stage2Tiles``): BR fused rows per program, BT tokens per program (constexprs; CUDA
-whole chunks of up to 64 rows; Ascend 8 rows, 16 tokens, ``npu_tiles``):
+up to 32 rows of a chunk; Ascend 8 rows, 16 tokens, ``npu_tiles``):
 
 1. ``_bwd2_rows_kernel``   grid B·H·nc·LP/BR: per fused row q̃, k̃ and their rotations, k̂ = R(k_rot·trap_scale),
    ΨV, dΦO (with the Z gate), R(dΦO·exp(da_cs)) and the row's D terms. Sites: qk_bias, qk_biased, rotary, dt_input,

@@ -7,7 +7,7 @@ dmimo sum). Every switch of ``policy.mamba_mimo_bwd_bwd`` reaches the kernels as
 (:func:`stage2_constexprs`, the one place for this operator).
 
 Plan (:func:`stage2_tiles`, :class:`Stage2Tiles`): blocks of fused rows and of tokens per program of the
-chunk-parallel kernels (whole chunks in the interpreter and on CUDA up to 64 rows; on Ascend 8 rows and 16
+chunk-parallel kernels (whole chunks in the interpreter, up to 32 rows on CUDA; on Ascend 8 rows and 16
 tokens: :func:`npu_tiles`), the reverse walk on tiles of at most 64 × 64 (16 × 16 on Ascend). A plan changes FP32
 summation orders only (``tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_kernels.py::test_stage2_tile_plans_agree``).
 """
@@ -170,10 +170,9 @@ def walk_tiles(dims, backend: str, sm_count: Optional[int] = None, batch: Option
     return BN, BP
 
 
-#: Warps per program of the CUDA launches. With 4 the k-side and rows kernels spill a little (Triton 3.6, sm_90,
-#: N = P = 64, R = 4, C = 16, lp workspaces: 255 registers and 56 / 728 bytes of stack), with 8 none does (kside 234
-#: registers, rows 173; ``kernels/_devtools.py``, compiled on a CPU), yet 4 ran faster on an H100: stage 2 4.24
-#: against 5.03 ms at shape (a), 32.1 against 33.2 ms at (d) (``reports/bench/steps_a_d_h100.md``, one run).
+#: Warps per program of the CUDA launches. At the default 32 rows a program (Triton 3.6, sm_90, N = P = 64, R = 4,
+#: C = 16, lp workspaces) no stage-2 kernel spills with 4 (``reports/stage2_plan_resources_sm90.md``), and 4 was the
+#: fastest of 2, 4 and 8 on an H100 (figures: ``docs/kernels.md``, ``reports/bench/steps_a_d_h100_plans.md``).
 CUDA_NUM_WARPS = 4
 
 
@@ -182,9 +181,9 @@ class Stage2Tiles:
     """The stage-2 plan: ``rows`` (BR) fused rows per program of the rows, k-side and q-side kernels (dividing LP =
     the padded C·R), ``tokens`` (BT) tokens per program of the token kernel (dividing CP = the padded C), both powers
     of 2; ``num_warps`` of the CUDA launches; ``walk_warps`` and ``walk_stages``: the reverse walk's own warps and
-    software-pipelining stages on CUDA (None: ``num_warps`` and Triton's default; stage 1's walk ran faster with one
-    warp on 16 × 16 tiles and more stages, ``docs/kernels.md``: candidates to time for this walk). Warps and stages
-    change the schedule only (``test_bwd_bwd_kernels_gpu.py`` checks the walk's bits; owed a GPU run); rows and
+    software-pipelining stages on CUDA (None: ``num_warps`` and Triton's default; one warp and 6 stages, the form
+    that sped up stage 1's walk, did not speed this one up measurably: ``docs/kernels.md``). Warps and stages
+    change the schedule only (``test_bwd_bwd_kernels_gpu.py`` checks the walk's bits: passed on an H100); rows and
     tokens change FP32 summation orders only."""
 
     rows: int
