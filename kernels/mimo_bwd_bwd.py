@@ -183,28 +183,36 @@ class Stage2Tiles:
     of 2; ``num_warps`` of the CUDA launches; ``walk_warps`` and ``walk_stages``: the reverse walk's own warps and
     software-pipelining stages on CUDA (None: ``num_warps`` and Triton's default; one warp and 6 stages, the form
     that sped up stage 1's walk, did not speed this one up measurably: ``docs/kernels.md``). Warps and stages
-    change the schedule only (``test_bwd_bwd_kernels_gpu.py`` checks the walk's bits: passed on an H100); rows and
-    tokens change FP32 summation orders only."""
+    change the schedule only (``test_bwd_bwd_kernels_gpu.py`` checks the walk's bits: passed on an H100);
+    ``kside_rows`` and ``kside_warps``: the k-side kernel's own rows per program (a power of 2 dividing LP) and warps
+    (CUDA only), None: ``rows`` and ``num_warps`` (the k-side kernel is stage 2's largest, bound by its registers:
+    ``reports/bench/ncu_whole_op_triton_h100.md``; its outputs are per row, so its rows change no sum over rows).
+    Rows and tokens change FP32 summation orders only."""
 
     rows: int
     tokens: int
     num_warps: int = 4
     walk_warps: Optional[int] = None
     walk_stages: Optional[int] = None
+    kside_rows: Optional[int] = None
+    kside_warps: Optional[int] = None
 
 
-_PLAN_TEXT = re.compile(r"(\d+)x(\d+)(?:w(\d+))?(?:s(\d+))?")
+_PLAN_TEXT = re.compile(r"(\d+)x(\d+)(?:k(\d+)(?:x(\d+))?)?(?:w(\d+))?(?:s(\d+))?")
+_PLAN_FORM = "ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS]][wWALK_WARPS][sWALK_STAGES]"
 
 
 def parse_stage2_plan(text: str, tokens: int) -> Stage2Tiles:
-    """A plan written ``ROWSxWARPS[wWALK_WARPS][sWALK_STAGES]`` (``32x4``, ``64x4w1s6``: the benchmarks' and scripts'
-    plan lists) as :class:`Stage2Tiles` with ``tokens`` tokens per program. ``ValueError`` naming the form
-    otherwise; the sizes are checked where the plan is used (:func:`build_launches`)."""
+    """A plan written ``ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS]][wWALK_WARPS][sWALK_STAGES]`` (``32x4``, ``32x4k16``,
+    ``32x4k64x8``, ``64x4w1s6``: the benchmarks' and scripts' plan lists) as :class:`Stage2Tiles` with ``tokens``
+    tokens per program. ``ValueError`` naming the form otherwise; the sizes are checked where the plan is used
+    (:func:`build_launches`)."""
     match = _PLAN_TEXT.fullmatch(str(text).strip())
     if not match:
-        raise ValueError(f"plan must be ROWSxWARPS[wWALK_WARPS][sWALK_STAGES], e.g. 32x4 or 64x4w1s6; got {text!r}")
-    rows, warps, walk_warps, walk_stages = (None if v is None else int(v) for v in match.groups())
-    return Stage2Tiles(rows, tokens, warps, walk_warps, walk_stages)
+        raise ValueError(f"plan must be {_PLAN_FORM}, e.g. 32x4, 32x4k16x8 or 64x4w1s6; got {text!r}")
+    rows, warps, kside_rows, kside_warps, walk_warps, walk_stages = (None if v is None else int(v)
+                                                                     for v in match.groups())
+    return Stage2Tiles(rows, tokens, warps, walk_warps, walk_stages, kside_rows, kside_warps)
 
 
 def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
@@ -326,13 +334,16 @@ def build_launches(
     if any(x < 1 or x & (x - 1) for x in (BR, BT)) or LP % BR or CP % BT:
         raise ValueError(f"tiles: rows {BR} must be a power of 2 dividing LP = {LP}, tokens {BT} one dividing "
                          f"CP = {CP}")
-    for name in ("num_warps", "walk_warps", "walk_stages"):
+    for name in ("num_warps", "walk_warps", "walk_stages", "kside_rows", "kside_warps"):
         value = getattr(tiles, name)
         if (value is not None or name == "num_warps") and (not isinstance(value, int) or isinstance(value, bool)
                                                              or value < 1):
             raise ValueError(f"tiles: {name} must be an int >= 1{'' if name == 'num_warps' else ' or None'}, "
                              f"got {value!r}")
-    NRB, NTB = LP // BR, CP // BT
+    BRK = BR if tiles.kside_rows is None else tiles.kside_rows
+    if BRK & (BRK - 1) or LP % BRK:
+        raise ValueError(f"tiles: kside_rows {BRK} must be a power of 2 dividing LP = {LP}")
+    NRB, NTB, NRBK = LP // BR, CP // BT, LP // BRK
 
     def cont(x):
         return None if x is None else x.contiguous()
@@ -387,11 +398,13 @@ def build_launches(
     shared.update(lp_dot_operands(cx, dims, on_device=not interpreted))
     n_sum = -(-(R * P) // _SUM_BLOCK)
     options = {"num_warps": tiles.num_warps, "enable_fp_fusion": False} if backend == "cuda" else {}
-    walk_options = dict(options)
+    walk_options, kside_options = dict(options), dict(options)
     if backend == "cuda":
         walk_options["num_warps"] = tiles.walk_warps or tiles.num_warps
         if tiles.walk_stages is not None:
             walk_options["num_stages"] = tiles.walk_stages
+        kside_options["num_warps"] = tiles.kside_warps or tiles.num_warps
+    own_options = {"dstates": walk_options, "kside": kside_options}
     launches = []
     for b0 in range(0, B, Bs):  # batch slices: the launches of one slice, then the next (one stream, in order)
         b1 = min(B, b0 + Bs)
@@ -412,10 +425,10 @@ def build_launches(
              shared),
             ("dstates", mod2._bwd2_dstates_kernel, nb * H * (N // BN) * (P // BP),
              (arg(qrot), arg(dps), rows(da_cs), dst, S, nc, N // BN, P // BP), shared),
-            ("kside", mod2._bwd2_kside_kernel, ch * NRB,
+            ("kside", mod2._bwd2_kside_kernel, ch * NRBK,
              (arg(rows(qk_dot)), rows(dt), arg(rows(trap)), rows(da_cs_rev), arg(d), rows(segsum), arg(qrot),
               arg(krot), arg(khat), arg(dphio), arg(psiv), dst, arg(dpsiv), dqk, arg(dkrot), rowsum, pairs, S, H, nc),
-             shared),
+             dict(shared, BR=BRK)),
             ("qside", mod2._bwd2_qside_kernel, ch * NRB,
              (arg(rows(states)), rows(da_cs), rows(segsum), arg(qrot), arg(khat), arg(dphio), arg(psiv), dst,
               arg(dqrot), rowsum, dda, S, nc), shared),
@@ -429,7 +442,7 @@ def build_launches(
         suffix = f"[{b0}:{b1}]" if nb < B else ""
         launches += [Launch(name + suffix, kernel, grid, args,
                             {k: v for k, v in cxs.items() if k in kernel.arg_names},
-                            dict(walk_options if name == "dstates" else options))
+                            dict(own_options.get(name, options)))
                      for name, kernel, grid, args, cxs in plan]
 
     def finish() -> MimoBwdBwdOutputs:

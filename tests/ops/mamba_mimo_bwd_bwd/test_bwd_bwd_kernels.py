@@ -168,10 +168,12 @@ def test_deterministic():
             assert torch.equal(getattr(a, n), getattr(b, n)), n
 
 
-@pytest.mark.parametrize("tiles", [(8, 16), (8, 4), (16, 16)], ids=["ascend_8x16", "ascend_cp128_8x4", "16x16"])
+@pytest.mark.parametrize("tiles", [(8, 16), (8, 4), (16, 16), (16, 16, 4, None, None, 8)],
+                         ids=["ascend_8x16", "ascend_cp128_8x4", "16x16", "16x16_kside8"])
 @pytest.mark.parametrize("spec", CASES, ids=[c.case_id for c in CASES])
 def test_stage2_tile_plans_agree(spec, tiles):
-    """Blocks of rows and tokens (Ascend's plans, several programs per chunk) give the whole-chunk plan's outputs up to
+    """Blocks of rows and tokens (Ascend's plans, several programs per chunk; the k-side kernel on blocks of its own)
+    give the whole-chunk plan's outputs up to
     FP32 summation order: FP32 outputs within ``stage2_tile_plan_sum_order_rel_rms`` (the per-block partial sums
     dmimo_v and dD follow the plan, and the interpreter's dots of other shapes may take other BLAS kernels), lp
     outputs (dq, dk, dv) up to a few roundings flipped by one ulp (``stage2_tile_plan_lp_*``)."""
@@ -182,11 +184,12 @@ def test_stage2_tile_plans_agree(spec, tiles):
     whole = _kernel(spec, name, policy)
     plan = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy=policy, poison=True,
                                        tiles=mimo_bwd_bwd.Stage2Tiles(*tiles))
+    kside_rows = tiles[5] if len(tiles) > 5 else tiles[0]
     default = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy=policy)
     grids = {la.name: la.grid for la in default.launches}
     LP, CP = (next(la.constexprs[k] for la in default.launches if la.name == "token") for k in ("LP", "CP"))
     for la in plan.launches:  # the blocks in use: whole chunks by default in the interpreter
-        blocks = {"rows": LP // tiles[0], "kside": LP // tiles[0], "qside": LP // tiles[0], "token": CP // tiles[1]}
+        blocks = {"rows": LP // tiles[0], "kside": LP // kside_rows, "qside": LP // tiles[0], "token": CP // tiles[1]}
         assert la.grid == grids[la.name] * blocks.get(la.name, 1), la.name
     blocked = plan.run()
     for n in OUTPUT_NAMES:
@@ -274,6 +277,12 @@ def test_stage2_tile_plan_is_checked():
     with pytest.raises(ValueError, match="walk_stages"):
         mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="fp32",
                                     tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4, walk_stages=True))
+    with pytest.raises(ValueError, match="kside_rows 24"):
+        mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="fp32",
+                                    tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4, kside_rows=24))
+    with pytest.raises(ValueError, match="kside_warps"):
+        mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="fp32",
+                                    tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4, kside_warps=0))
 
 
 def test_stage2_plan_text_is_parsed_or_refused():
@@ -282,7 +291,9 @@ def test_stage2_plan_text_is_parsed_or_refused():
     assert mimo_bwd_bwd.parse_stage2_plan("32x4", 16) == mimo_bwd_bwd.Stage2Tiles(32, 16, 4)
     assert mimo_bwd_bwd.parse_stage2_plan(" 64x4w1s6", 8) == mimo_bwd_bwd.Stage2Tiles(64, 8, 4, 1, 6)
     assert mimo_bwd_bwd.parse_stage2_plan("16x8s3", 16) == mimo_bwd_bwd.Stage2Tiles(16, 16, 8, None, 3)
-    for bad in ("64-4", "64x", "x4", "64x4w", "64x4s6w1"):
+    assert mimo_bwd_bwd.parse_stage2_plan("32x4k16", 16) == mimo_bwd_bwd.Stage2Tiles(32, 16, 4, kside_rows=16)
+    assert mimo_bwd_bwd.parse_stage2_plan("32x4k64x8w1s6", 16) == mimo_bwd_bwd.Stage2Tiles(32, 16, 4, 1, 6, 64, 8)
+    for bad in ("64-4", "64x", "x4", "64x4w", "64x4s6w1", "32x4k", "32x4kx8", "32x4w1k16"):
         with pytest.raises(ValueError, match="ROWSxWARPS"):
             mimo_bwd_bwd.parse_stage2_plan(bad, 16)
 
@@ -303,6 +314,24 @@ def test_stage2_walk_has_its_own_warps_and_stages_on_cuda():
                 assert options == walk, launch.options
             elif "num_warps" in options:
                 assert options == {"num_warps": 4 if plan else mimo_bwd_bwd.CUDA_NUM_WARPS}, (launch.name, options)
+
+
+def test_stage2_kside_has_its_own_rows_and_warps_on_cuda():
+    """A CUDA plan with ``kside_rows`` and ``kside_warps`` gives the k-side launch its own grid, BR and warps and
+    leaves the rows and q-side kernels at ``rows`` and ``num_warps``."""
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    x = _inputs(CASES[0])
+    kw = dict(policy="upstream_sm90", backend="cuda", sm_count=132)
+    base = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), **kw, tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4))
+    own = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), **kw,
+                                      tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4, kside_rows=8, kside_warps=8))
+    for a, b in zip(base.launches, own.launches):
+        if a.name == "kside":
+            assert (b.grid, b.constexprs["BR"], b.options["num_warps"]) == (2 * a.grid, 8, 8)
+        else:
+            assert (b.grid, b.constexprs.get("BR"), b.options.get("num_warps")) == (
+                a.grid, a.constexprs.get("BR"), a.options.get("num_warps")), a.name
 
 
 def _toolchain():

@@ -80,3 +80,24 @@ def test_gpu_stage2_walk_warps_and_stages_change_no_bit(walk_warps, walk_stages)
     for n in OUTPUT_NAMES:
         if getattr(default, n) is not None:
             assert torch.equal(getattr(got, n), getattr(default, n)), n
+
+
+@pytest.mark.parametrize("kside_rows, kside_warps", [(16, None), (64, 8)])
+def test_gpu_stage2_kside_rows_and_warps_change_no_bit(kside_rows, kside_warps):
+    """The k-side kernel on its own rows per program and warps (``Stage2Tiles.kside_rows``, ``kside_warps``): its
+    outputs are per row (no sum runs over the rows of a block), so the default plan's bits."""
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    spec = CASES[0][0]
+    x = make_inputs(spec, "cuda")
+    default = _run(kernels.mamba_mimo_bwd_bwd, x, "upstream_sm90")
+    pow2 = mimo_bwd_bwd._pow2
+    LP, CP = max(16, pow2(spec.chunk_size * spec.rank)), max(16, pow2(spec.chunk_size))
+    tiles = dataclasses.replace(mimo_bwd_bwd.stage2_tiles(None, "cuda", LP, CP), kside_rows=kside_rows,
+                                kside_warps=kside_warps)
+    got = mimo_bwd_bwd.build_launches(*[x[n] for n in INPUT_NAMES], chunk_size=x["chunk_size"],
+                                      rotary_dim_divisor=x["rotary_dim_divisor"], policy="upstream_sm90",
+                                      tiles=tiles).run()
+    for n in OUTPUT_NAMES:
+        if getattr(default, n) is not None:
+            assert torch.equal(getattr(got, n), getattr(default, n)), n
