@@ -37,8 +37,8 @@ from mimo_numerics.ops.mamba_mimo_bwd_bwd.cases import make_inputs
 #: a compile depends on the constexprs and the argument specialization, not on S, H or B.
 CASE = CaseSpec(seqlen=32, heads=2, state_dim=64, value_dim=64, rank=4, chunk_size=16, has_z=True, has_d=True)
 SMOKE_CASE = CaseSpec(seqlen=16, heads=1, state_dim=16, value_dim=16, rank=1, chunk_size=8)
-#: rows x warps (tokens: whole chunks, as the CUDA default).
-PLANS = ("64x4", "64x8", "32x4", "32x8", "16x4")
+#: rows x warps (tokens: whole chunks, as the CUDA default), then the k-side kernel on rows and warps of its own.
+PLANS = ("64x4", "64x8", "32x4", "32x8", "16x4", "32x4k16", "32x4k8", "32x4k64x8", "32x4k32x8", "32x4k16x2")
 
 
 def run(plans, case: CaseSpec, policy: str) -> dict:
