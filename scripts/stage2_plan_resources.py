@@ -50,6 +50,9 @@ def run(plans, case: CaseSpec, policy: str) -> dict:
     op = _operator.get("mamba_mimo_bwd_bwd")
     rows = []
     for plan in tqdm(plans, desc="stage-2 plans", unit="plan"):
+        # cold compiles: a fresh Triton cache per plan (its disk cache would return a kernel that an earlier plan
+        # compiled with the same constexprs, e.g. 32x4k16's k-side is 16x4's, in ms)
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="stage2_plans_triton_cache_")
         prep = mimo_bwd_bwd.build_launches(*op.args(x), **op.kwargs(x), policy=policy, backend="cuda", sm_count=132,
                                            tiles=mimo_bwd_bwd.parse_stage2_plan(plan, 16))
         for launch in prep.launches:
@@ -86,8 +89,6 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="one small plan on a small case (a smoke run)")
     parser.add_argument("--out", type=Path, required=True, help="the report (.md); its JSON twin beside it")
     args = parser.parse_args(argv)
-    # compile times of cold compiles: a fresh Triton cache (its disk cache would return earlier compiles in ms)
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="stage2_plans_triton_cache_")
     plans = ["16x4"] if args.smoke else [p.strip() for p in args.plans.split(",") if p.strip()]
     from mimo_numerics.kernels import mimo_bwd_bwd
 
