@@ -231,15 +231,28 @@ def test_max_failures_skips_the_rest_and_still_fails():
     assert [r.status for r in results] == ["FAIL", "FAIL", "skipped", "skipped", "skipped", "skipped"]
 
 
-def test_only_an_adapter_abort_on_an_internal_assertion_counts_as_a_tool_crash():
-    """The gate compiles a plan again only when triton-adapter-opt aborts on an MLIR assertion (a nondeterministic
-    tool crash measured in CI), never on a diagnostic about the kernel or at another stage."""
+def test_an_adapter_abort_on_an_internal_assertion_counts_as_a_tool_crash():
+    """The gate compiles a plan again when triton-adapter-opt aborts on an MLIR assertion (a nondeterministic tool
+    crash measured in CI), never on a diagnostic about the kernel or at another stage."""
     crash = ("triton-adapter-opt: .../mlir/IR/TypeSupport.h:173: const AbstractType &mlir::TypeStorage::"
              "getAbstractType(): Assertion `abstractType && \"Malformed type storage object.\"' failed.")
     assert gate.is_tool_crash("ttadapter", crash)
     assert not gate.is_tool_crash("ttir", crash)
     assert not gate.is_tool_crash("ttadapter", "error: 'tt.load' op operand #0 must be ptr")
     assert gate.TOOL_CRASH_RETRIES >= 1
+
+
+def test_a_crash_on_a_signal_without_an_assertion_counts_as_a_tool_crash():
+    """The CI run of 2026-12-07 hit an adapter crash with LLVM's stack dump and no assertion line (the k-side kernel
+    of bwd2_N16_P16_R2_C8_roZ-, which compiled in nine isolated runs after it): the banner, the dump, or the end of
+    a long dump (frames in the tool) mark it; a diagnostic about the kernel does not."""
+    frames = "\n".join(f"#{i} 0x000055f677cad54e (.../triton-adapter-opt+0xa1f54e)" for i in range(30, 50))
+    crash = ("PLEASE submit a bug report to https://github.com/llvm/llvm-project/issues/ and include the crash "
+             "backtrace.\nStack dump:\n0.\tProgram arguments: triton-adapter-opt ...\n" + frames)
+    assert gate.is_tool_crash("ttadapter", crash)
+    assert gate.is_tool_crash("ttadapter", gate._tail(crash, 300))
+    assert not gate.is_tool_crash("ttir", crash)
+    assert not gate.is_tool_crash("ttadapter", "loc(\"kernel.py\":12:5): error: failed to legalize operation 'tt.dot'")
 
 
 def test_a_crash_with_a_long_stack_dump_is_still_a_tool_crash_and_is_compiled_again(monkeypatch):
