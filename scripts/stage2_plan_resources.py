@@ -83,7 +83,7 @@ def render(result: dict, prov: dict, smoke: bool) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--plans", default=",".join(PLANS), help="comma-separated ROWSxWARPS[wN][sM] "
+    parser.add_argument("--plans", default=",".join(PLANS), help="comma-separated ROWSxWARPS[kR[xW]][wN][sM] "
                         "(kernels.mimo_bwd_bwd.parse_stage2_plan; default: %(default)s)")
     parser.add_argument("--policy", default="upstream_sm90")
     parser.add_argument("--smoke", action="store_true", help="one small plan on a small case (a smoke run)")

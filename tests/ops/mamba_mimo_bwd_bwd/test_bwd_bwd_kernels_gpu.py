@@ -61,6 +61,15 @@ def test_gpu_stage2_deterministic():
             assert torch.equal(getattr(a, n), getattr(b, n)), n
 
 
+def _default_cuda_plan(spec):
+    """The default CUDA stage-2 plan of ``spec`` (it reads only the padded rows LP and tokens CP of a chunk)."""
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    pow2 = mimo_bwd_bwd._pow2
+    LP, CP = max(16, pow2(spec.chunk_size * spec.rank)), max(16, pow2(spec.chunk_size))
+    return mimo_bwd_bwd.stage2_tiles(None, "cuda", LP, CP)
+
+
 @pytest.mark.parametrize("walk_warps, walk_stages", [(1, None), (1, 6), (2, 4)])
 def test_gpu_stage2_walk_warps_and_stages_change_no_bit(walk_warps, walk_stages):
     """The reverse walk under its own warps and pipeline stages (``Stage2Tiles.walk_warps``, ``walk_stages``: plans
@@ -70,10 +79,7 @@ def test_gpu_stage2_walk_warps_and_stages_change_no_bit(walk_warps, walk_stages)
     spec = CASES[0][0]
     x = make_inputs(spec, "cuda")
     default = _run(kernels.mamba_mimo_bwd_bwd, x, "upstream_sm90")
-    pow2 = mimo_bwd_bwd._pow2
-    LP, CP = max(16, pow2(spec.chunk_size * spec.rank)), max(16, pow2(spec.chunk_size))
-    default_plan = mimo_bwd_bwd.stage2_tiles(None, "cuda", LP, CP)  # the CUDA plan reads only LP and CP
-    tiles = dataclasses.replace(default_plan, walk_warps=walk_warps, walk_stages=walk_stages)
+    tiles = dataclasses.replace(_default_cuda_plan(spec), walk_warps=walk_warps, walk_stages=walk_stages)
     args = [x[n] for n in INPUT_NAMES]
     got = mimo_bwd_bwd.build_launches(*args, chunk_size=x["chunk_size"], rotary_dim_divisor=x["rotary_dim_divisor"],
                                       policy="upstream_sm90", tiles=tiles).run()
@@ -91,10 +97,7 @@ def test_gpu_stage2_kside_rows_and_warps_change_no_bit(kside_rows, kside_warps):
     spec = CASES[0][0]
     x = make_inputs(spec, "cuda")
     default = _run(kernels.mamba_mimo_bwd_bwd, x, "upstream_sm90")
-    pow2 = mimo_bwd_bwd._pow2
-    LP, CP = max(16, pow2(spec.chunk_size * spec.rank)), max(16, pow2(spec.chunk_size))
-    tiles = dataclasses.replace(mimo_bwd_bwd.stage2_tiles(None, "cuda", LP, CP), kside_rows=kside_rows,
-                                kside_warps=kside_warps)
+    tiles = dataclasses.replace(_default_cuda_plan(spec), kside_rows=kside_rows, kside_warps=kside_warps)
     got = mimo_bwd_bwd.build_launches(*[x[n] for n in INPUT_NAMES], chunk_size=x["chunk_size"],
                                       rotary_dim_divisor=x["rotary_dim_divisor"], policy="upstream_sm90",
                                       tiles=tiles).run()
