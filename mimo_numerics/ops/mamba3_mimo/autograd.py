@@ -66,6 +66,7 @@ from ... import presets as _presets
 from . import chain, varlen
 from .cases import OP_GRAD_NAMES, OP_INPUT_NAMES
 from .validation import check_op_inputs as _validate_shapes
+from .validation import start_dt_adt_sign_check
 
 #: Backends of :func:`mamba3_mimo` (``"reference"`` is the default: the definition the kernels are gated against,
 #: no compile cost, any device and size; ``"auto"`` picks per call, :func:`auto_backend`).
@@ -128,7 +129,8 @@ def validate_op_inputs(tensors: Dict[str, Optional[torch.Tensor]], chunk_size, r
     dtypes: ``Q``, ``K``, ``V``, ``Trap``, ``Z`` in one lp dtype (``dtype`` when given, the policy's ``lp_dtype``),
     every other tensor float32. ``wide=True`` (the policy runs the fp64 chain, ``chain.chain_kind``) also takes
     every tensor in float64 (:data:`FLOAT64_INPUTS_RULE`). With ``needs_backward``: upstream's backward limits,
-    ``S % chunk_size == 0`` and ``G`` in ``{1, H}``.
+    ``S % chunk_size == 0`` and ``G`` in ``{1, H}``. The DT/ADT sign check is not here: :func:`mamba3_mimo` runs it
+    around the forward (``validation.start_dt_adt_sign_check``).
 
     Raises:
         TypeError: a missing or non-tensor argument, a wrong dtype. ValueError: shapes, devices, pairings, sizes.
@@ -137,7 +139,8 @@ def validate_op_inputs(tensors: Dict[str, Optional[torch.Tensor]], chunk_size, r
         if isinstance(value, torch.Tensor) and (value.layout != torch.strided or value.is_nested):
             kind = "a nested tensor" if value.is_nested else f"a tensor of layout {value.layout}"
             raise TypeError(f"{name} must be a dense (strided) torch.Tensor, got {kind}")
-    B, S, R, G, N, H, P, C, _ = _validate_shapes(tensors, chunk_size, rotary_dim_divisor, "upstream")
+    B, S, R, G, N, H, P, C, _ = _validate_shapes(tensors, chunk_size, rotary_dim_divisor, "upstream",
+                                                 check_signs=False)  # mamba3_mimo: start_dt_adt_sign_check
     lp = tensors["Q"].dtype
     float64_hint = (" (float64 inputs under this policy: every tensor at once, Q included)" if wide
                     else f" ({FLOAT64_INPUTS_RULE})")
@@ -362,7 +365,11 @@ def mamba3_mimo(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, MIMO_V, MIMO_Z, MIMO_Out
     backend = _check_backend(backend, policy, tensors, chunk_size)
     config = _Config(policy=policy, backend=backend, chunk_size=chunk_size, rotary_dim_divisor=rotary_dim_divisor,
                      record=record, return_state=return_state, final_tokens=final_tokens)
+    # the DT/ADT sign check: on CUDA its verdict is read after the forward's launches (no host stall before them)
+    finish_sign_check = start_dt_adt_sign_check(DT, ADT)
     result = _Mamba3MimoFunction.apply(config, *tensors.values())
+    if finish_sign_check is not None:
+        finish_sign_check()
     if cu_seqlens is None:
         return result
     if return_state:

@@ -41,18 +41,52 @@ def check_dt_adt_signs(dt, adt) -> None:
     ``ValueError`` when ``DT`` has a negative entry and ``ADT`` a positive one (the signature of the two swapped:
     ``mamba3_mimo`` takes ``..., ADT, DT, ...``); a ``UserWarning`` when only ``DT`` has negative entries (legal
     arithmetic, not a real input). A positive ``ADT`` alone is legal: upstream clamps the cumulative sums
-    (``OpCaseSpec(positive_adt=True)``).
+    (``OpCaseSpec(positive_adt=True)``). Reads the two tensors on the host now (a device sync on a GPU):
+    :func:`start_dt_adt_sign_check` is the form that does not stall the host.
     """
-    if dt is None or adt is None or not dt.is_floating_point() or not adt.is_floating_point():
-        return
-    dt_negative = bool((dt.detach() < 0).any())
+    start_dt_adt_sign_check(dt, adt, defer=False)
+
+
+def _judge_dt_adt_signs(dt_negative: bool, adt_positive: bool) -> None:
     if not dt_negative:
         return
-    if bool((adt.detach() > 0).any()):
+    if adt_positive:
         raise ValueError("DT has negative entries and ADT positive ones: were DT and ADT swapped? mamba3_mimo takes "
                          "(Q, K, V, ADT, DT, Trap, ...): ADT = A·DT <= 0, the log decay, then DT > 0, the step size")
     warnings.warn("DT has negative entries: in every real use DT = softplus(...) > 0 (the step size)", UserWarning,
-                  stacklevel=3)
+                  stacklevel=4)
+
+
+def start_dt_adt_sign_check(dt, adt, defer: bool = True):
+    """:func:`check_dt_adt_signs` in two halves, so that a GPU call need not wait for its inputs' extremes.
+
+    On a CUDA device with ``defer``, "any DT < 0" and "any ADT > 0" are reduced on the device and copied, without
+    blocking, into pinned host memory behind an event; the returned ``finish()`` waits for that event and raises or
+    warns as :func:`check_dt_adt_signs`. ``mamba3_mimo`` calls it after issuing the forward's launches: by then the
+    event has long passed (it follows only the two reductions in stream order, not the kernels issued after them),
+    so the host issues the forward while the GPU runs it. Elsewhere, or without ``defer``, the check runs now.
+    Returns ``finish``, or None when nothing is left to check.
+    """
+    if dt is None or adt is None or not dt.is_floating_point() or not adt.is_floating_point():
+        return None
+    if dt.numel() == 0 or adt.numel() == 0:
+        return None
+    if not (defer and dt.device.type == "cuda" and adt.device == dt.device):
+        dt_negative = bool((dt.detach() < 0).any())
+        _judge_dt_adt_signs(dt_negative, dt_negative and bool((adt.detach() > 0).any()))
+        return None
+    signs = torch.stack(((dt.detach() < 0).any(), (adt.detach() > 0).any()))
+    host = torch.empty(2, dtype=torch.bool, pin_memory=True)
+    host.copy_(signs, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(dt.device))
+
+    def finish() -> None:
+        ready.synchronize()
+        dt_negative, adt_positive = host.tolist()
+        _judge_dt_adt_signs(dt_negative, adt_positive)
+
+    return finish
 
 
 def check_op_inputs(tensors: dict, chunk_size, rotary_dim_divisor, clamp_backward, *,

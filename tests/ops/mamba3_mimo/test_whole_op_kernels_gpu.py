@@ -18,7 +18,7 @@ import torch
 
 from mimo_numerics import kernels, tolerances
 from mimo_numerics.metrics import rel_rms
-from mimo_numerics.ops.mamba3_mimo.cases import OpCaseSpec, make_op_inputs
+from mimo_numerics.ops.mamba3_mimo.cases import OP_INPUT_NAMES, OpCaseSpec, make_op_inputs
 from mimo_numerics.studies import golden_figures as gf
 from mamba3_mimo_support import GOLDEN_NAMES, kernels_against_reference, load_golden_full_op
 from mimo_numerics.ops.mamba3_mimo.autograd import BackendFallbackWarning
@@ -77,3 +77,63 @@ def test_gpu_whole_op_on_kernels_within_the_golden_gates(name):
     ratio = tolerances.get("whole_op_golden_fp32_over_sm90_ratio_min")
     far = {k: (sm90[k], fp32[k]) for k in sm90 if not fp32[k] >= ratio * sm90[k]}
     assert not far, far
+
+
+def _small_cuda_inputs():
+    inputs = _cuda_inputs(make_op_inputs(OpCaseSpec(batch=1, seqlen=64, heads=2, groups=1, state_dim=16,
+                                                    value_dim=16, rank=2, chunk_size=16)))
+    return {k: inputs[k] for k in OP_INPUT_NAMES}, inputs
+
+
+def _call(tensors, backend="triton"):
+    import mimo_numerics as mn
+
+    return mn.mamba3_mimo(*tensors.values(), chunk_size=16, rotary_dim_divisor=4, policy="upstream_sm90",
+                          backend=backend)
+
+
+def test_gpu_sign_check_is_deferred_but_still_refuses_and_warns():
+    """On CUDA the DT/ADT sign check reads its verdict after the forward's launches
+    (``validation.start_dt_adt_sign_check``); a swapped pair is still refused and a negative DT alone still warns, on
+    the kernels and on the reference."""
+    tensors, _ = _small_cuda_inputs()
+    swapped = dict(tensors, ADT=tensors["DT"], DT=tensors["ADT"])
+    negative = dict(tensors, DT=-tensors["DT"])
+    for backend in ("triton", "reference"):
+        with pytest.raises(ValueError, match=r"DT has negative entries and ADT positive ones: were DT and ADT "
+                                             r"swapped\?"):
+            _call(swapped, backend)
+        with pytest.warns(UserWarning, match="DT has negative entries"):
+            _call(negative, backend)
+
+
+def test_gpu_forward_on_kernels_does_not_synchronize_the_host():
+    """No implicit device synchronisation while the forward issues its launches: torch's sync debug mode raises on
+    one (a ``.item()``, a ``bool(tensor)``, a blocking copy). The deferred sign check's event wait comes after."""
+    from mimo_numerics.ops.mamba3_mimo import validation
+
+    tensors, _ = _small_cuda_inputs()
+    _call(tensors)  # compiles and caches first
+    torch.cuda.synchronize()
+    finishes = []
+    start = validation.start_dt_adt_sign_check
+
+    def recording(dt, adt, defer=True):
+        finish = start(dt, adt, defer)
+        finishes.append(finish)
+        return (lambda: None) if finish is not None else None
+
+    import mimo_numerics.ops.mamba3_mimo.autograd as autograd
+
+    autograd.start_dt_adt_sign_check = recording
+    try:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = _call(tensors)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    finally:
+        autograd.start_dt_adt_sign_check = start
+    assert len(finishes) == 1 and finishes[0] is not None  # the check was deferred on CUDA
+    finishes[0]()  # the verdict: these inputs are legal (no error, no warning)
+    assert torch.isfinite(out.float()).all()
