@@ -186,7 +186,11 @@ class Stage2Tiles:
     change the schedule only (``test_bwd_bwd_kernels_gpu.py`` checks the walk's bits: passed on an H100);
     ``kside_rows`` and ``kside_warps``: the k-side kernel's own rows per program (a power of 2 dividing LP) and warps
     (CUDA only), None: ``rows`` and ``num_warps`` (the k-side kernel is stage 2's largest, bound by its registers:
-    ``reports/bench/ncu_whole_op_triton_h100.md``; its outputs are per row, so its rows change no sum over rows).
+    ``reports/bench/ncu_whole_op_triton_h100.md``); ``qside_rows``: the q-side kernel's own rows per program (CUDA
+    only; None: ``rows``). Their outputs are per row, so these rows change no sum over rows, but they can change
+    the MMA instruction of the kernel's GEMMs (wgmma from 64 rows on 4 warps, mma.sync below) and with it the FP32
+    accumulation order inside them: on an H100 at shape (d) 64 k-side rows left dq, dk, dv and every other output
+    bit-identical and moved dfactor and ddA_cs_rev in their last bits (``test_bwd_bwd_kernels_gpu.py``).
     Rows and tokens change FP32 summation orders only."""
 
     rows: int
@@ -196,35 +200,38 @@ class Stage2Tiles:
     walk_stages: Optional[int] = None
     kside_rows: Optional[int] = None
     kside_warps: Optional[int] = None
+    qside_rows: Optional[int] = None
 
 
-_PLAN_TEXT = re.compile(r"(\d+)x(\d+)(?:k(\d+)(?:x(\d+))?)?(?:w(\d+))?(?:s(\d+))?")
-_PLAN_FORM = "ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS]][wWALK_WARPS][sWALK_STAGES]"
+_PLAN_TEXT = re.compile(r"(\d+)x(\d+)(?:k(\d+)(?:x(\d+))?)?(?:q(\d+))?(?:w(\d+))?(?:s(\d+))?")
+_PLAN_FORM = "ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS]][qQSIDE_ROWS][wWALK_WARPS][sWALK_STAGES]"
 
 
 def parse_stage2_plan(text: str, tokens: int) -> Stage2Tiles:
-    """A plan written ``ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS]][wWALK_WARPS][sWALK_STAGES]`` (``32x4``, ``32x4k16``,
-    ``32x4k64x8``, ``64x4w1s6``: the benchmarks' and scripts' plan lists) as :class:`Stage2Tiles` with ``tokens``
+    """A plan written ``ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS]][qQSIDE_ROWS][wWALK_WARPS][sWALK_STAGES]`` (``32x4``,
+    ``32x4k16``, ``32x4k64x8``, ``32x4k64q64`` (the CUDA default at LP = 64), ``64x4w1s6``: the benchmarks' and
+    scripts' plan lists) as :class:`Stage2Tiles` with ``tokens``
     tokens per program. ``ValueError`` naming the form otherwise; the sizes are checked where the plan is used
     (:func:`build_launches`)."""
     match = _PLAN_TEXT.fullmatch(str(text).strip())
     if not match:
         raise ValueError(f"plan must be {_PLAN_FORM}, e.g. 32x4, 32x4k16x8 or 64x4w1s6; got {text!r}")
-    rows, warps, kside_rows, kside_warps, walk_warps, walk_stages = (None if v is None else int(v)
-                                                                     for v in match.groups())
-    return Stage2Tiles(rows, tokens, warps, walk_warps, walk_stages, kside_rows, kside_warps)
+    rows, warps, kside_rows, kside_warps, qside_rows, walk_warps, walk_stages = (None if v is None else int(v)
+                                                                                 for v in match.groups())
+    return Stage2Tiles(rows, tokens, warps, walk_warps, walk_stages, kside_rows, kside_warps, qside_rows)
 
 
 def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
     """The default plan: the interpreter takes whole chunks (fewest programs); CUDA up to 32 fused rows per program
-    and whole chunks of tokens, 4 warps (the fastest of the plans timed side by side on an H100 at the benchmark
-    shapes a and d, ``reports/bench/steps_a_d_h100_plans.md``: with 32 rows neither the k-side nor the rows kernel
-    spills, ``reports/stage2_plan_resources_sm90.md``); Ascend :func:`npu_tiles`."""
+    of the rows kernel, up to 64 of the k-side and q-side kernels, whole chunks of tokens, 4 warps (the fastest of
+    the plans timed side by side on an H100 at the benchmark shapes a and d, ``reports/bench/steps_a_d_h100_plans.md``
+    and ``stage2_launch_plans_h100.md``: 32 rows keep the rows kernel from spilling,
+    ``reports/stage2_plan_resources_sm90.md``; 64 rows give the chunk kernels wgmma); Ascend :func:`npu_tiles`."""
     if backend == "interpreter":
         return Stage2Tiles(LP, CP)
     if backend == "npu":
         return npu_tiles(LP, CP)
-    return Stage2Tiles(min(LP, 32), CP, CUDA_NUM_WARPS)
+    return Stage2Tiles(min(LP, 32), CP, CUDA_NUM_WARPS, kside_rows=min(LP, 64), qside_rows=min(LP, 64))
 
 
 def npu_tiles(LP: int, CP: int) -> Stage2Tiles:
@@ -334,7 +341,7 @@ def build_launches(
     if any(x < 1 or x & (x - 1) for x in (BR, BT)) or LP % BR or CP % BT:
         raise ValueError(f"tiles: rows {BR} must be a power of 2 dividing LP = {LP}, tokens {BT} one dividing "
                          f"CP = {CP}")
-    for name in ("num_warps", "walk_warps", "walk_stages", "kside_rows", "kside_warps"):
+    for name in ("num_warps", "walk_warps", "walk_stages", "kside_rows", "kside_warps", "qside_rows"):
         value = getattr(tiles, name)
         if (value is not None or name == "num_warps") and (not isinstance(value, int) or isinstance(value, bool)
                                                              or value < 1):
@@ -343,7 +350,10 @@ def build_launches(
     BRK = BR if tiles.kside_rows is None else tiles.kside_rows
     if BRK & (BRK - 1) or LP % BRK:
         raise ValueError(f"tiles: kside_rows {BRK} must be a power of 2 dividing LP = {LP}")
-    NRB, NTB, NRBK = LP // BR, CP // BT, LP // BRK
+    BRQ = BR if tiles.qside_rows is None else tiles.qside_rows
+    if BRQ & (BRQ - 1) or LP % BRQ:
+        raise ValueError(f"tiles: qside_rows {BRQ} must be a power of 2 dividing LP = {LP}")
+    NRB, NTB, NRBK, NRBQ = LP // BR, CP // BT, LP // BRK, LP // BRQ
 
     def cont(x):
         return None if x is None else x.contiguous()
@@ -429,9 +439,9 @@ def build_launches(
              (arg(rows(qk_dot)), rows(dt), arg(rows(trap)), rows(da_cs_rev), arg(d), rows(segsum), arg(qrot),
               arg(krot), arg(khat), arg(dphio), arg(psiv), dst, arg(dpsiv), dqk, arg(dkrot), rowsum, pairs, S, H, nc),
              dict(shared, BR=BRK)),
-            ("qside", mod2._bwd2_qside_kernel, ch * NRB,
+            ("qside", mod2._bwd2_qside_kernel, ch * NRBQ,
              (arg(rows(states)), rows(da_cs), rows(segsum), arg(qrot), arg(khat), arg(dphio), arg(psiv), dst,
-              arg(dqrot), rowsum, dda, S, nc), shared),
+              arg(dqrot), rowsum, dda, S, nc), dict(shared, BR=BRQ)),
             ("token", mod2._bwd2_token_kernel, ch * NTB,
              (arg(rows(v)), mimo_v, cs, sn, rows(dt), arg(rows(trap)), arg(qb), arg(kb), arg(dpsiv), dqk, arg(dkrot),
               arg(dqrot), rowsum, pairs, dda, arg(rows(dq)), arg(rows(dk)), arg(rows(dv)), rows(dangles), part[0],

@@ -168,11 +168,12 @@ def test_deterministic():
             assert torch.equal(getattr(a, n), getattr(b, n)), n
 
 
-@pytest.mark.parametrize("tiles", [(8, 16), (8, 4), (16, 16), (16, 16, 4, None, None, 8)],
-                         ids=["ascend_8x16", "ascend_cp128_8x4", "16x16", "16x16_kside8"])
+@pytest.mark.parametrize("tiles", [(8, 16), (8, 4), (16, 16), (16, 16, 4, None, None, 8, None, 8)],
+                         ids=["ascend_8x16", "ascend_cp128_8x4", "16x16", "16x16_kside8_qside8"])
 @pytest.mark.parametrize("spec", CASES, ids=[c.case_id for c in CASES])
 def test_stage2_tile_plans_agree(spec, tiles):
-    """Blocks of rows and tokens (Ascend's plans, several programs per chunk; the k-side kernel on blocks of its own)
+    """Blocks of rows and tokens (Ascend's plans, several programs per chunk; the k-side and q-side kernels on blocks
+    of their own)
     give the whole-chunk plan's outputs up to
     FP32 summation order: FP32 outputs within ``stage2_tile_plan_sum_order_rel_rms`` (the per-block partial sums
     dmimo_v and dD follow the plan, and the interpreter's dots of other shapes may take other BLAS kernels), lp
@@ -185,11 +186,12 @@ def test_stage2_tile_plans_agree(spec, tiles):
     plan = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy=policy, poison=True,
                                        tiles=mimo_bwd_bwd.Stage2Tiles(*tiles))
     kside_rows = tiles[5] if len(tiles) > 5 else tiles[0]
+    qside_rows = tiles[7] if len(tiles) > 7 else tiles[0]
     default = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy=policy)
     grids = {la.name: la.grid for la in default.launches}
     LP, CP = (next(la.constexprs[k] for la in default.launches if la.name == "token") for k in ("LP", "CP"))
     for la in plan.launches:  # the blocks in use: whole chunks by default in the interpreter
-        blocks = {"rows": LP // tiles[0], "kside": LP // kside_rows, "qside": LP // tiles[0], "token": CP // tiles[1]}
+        blocks = {"rows": LP // tiles[0], "kside": LP // kside_rows, "qside": LP // qside_rows, "token": CP // tiles[1]}
         assert la.grid == grids[la.name] * blocks.get(la.name, 1), la.name
     blocked = plan.run()
     for n in OUTPUT_NAMES:
@@ -293,9 +295,39 @@ def test_stage2_plan_text_is_parsed_or_refused():
     assert mimo_bwd_bwd.parse_stage2_plan("16x8s3", 16) == mimo_bwd_bwd.Stage2Tiles(16, 16, 8, None, 3)
     assert mimo_bwd_bwd.parse_stage2_plan("32x4k16", 16) == mimo_bwd_bwd.Stage2Tiles(32, 16, 4, kside_rows=16)
     assert mimo_bwd_bwd.parse_stage2_plan("32x4k64x8w1s6", 16) == mimo_bwd_bwd.Stage2Tiles(32, 16, 4, 1, 6, 64, 8)
-    for bad in ("64-4", "64x", "x4", "64x4w", "64x4s6w1", "32x4k", "32x4kx8", "32x4w1k16"):
+    assert mimo_bwd_bwd.parse_stage2_plan("32x4k64q64", 16) == mimo_bwd_bwd.Stage2Tiles(32, 16, 4, kside_rows=64,
+                                                                                         qside_rows=64)
+    assert mimo_bwd_bwd.parse_stage2_plan("32x4q16", 16) == mimo_bwd_bwd.Stage2Tiles(32, 16, 4, qside_rows=16)
+    for bad in ("64-4", "64x", "x4", "64x4w", "64x4s6w1", "32x4k", "32x4kx8", "32x4w1k16", "32x4q", "32x4q16k64"):
         with pytest.raises(ValueError, match="ROWSxWARPS"):
             mimo_bwd_bwd.parse_stage2_plan(bad, 16)
+
+
+def test_stage2_default_cuda_plan_and_the_qside_rows():
+    """The CUDA default: 32 rows a program of the rows kernel, 64 of the k-side and q-side kernels (at LP = 64: one
+    program a chunk), whole chunks of tokens; a plan's ``qside_rows`` sets the q-side grid and BR alone, and a
+    ``qside_rows`` that does not divide LP is refused by name."""
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    assert mimo_bwd_bwd.stage2_tiles(None, "cuda", 64, 16) == mimo_bwd_bwd.Stage2Tiles(
+        32, 16, mimo_bwd_bwd.CUDA_NUM_WARPS, kside_rows=64, qside_rows=64)
+    assert mimo_bwd_bwd.stage2_tiles(None, "cuda", 16, 16) == mimo_bwd_bwd.Stage2Tiles(16, 16, 4, kside_rows=16,
+                                                                                       qside_rows=16)
+    x = _inputs(CASES[0])
+    base = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="upstream_sm90", backend="cuda", sm_count=132,
+                                       tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4))
+    LP = next(la.constexprs["LP"] for la in base.launches if la.name == "qside")
+    plan = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="upstream_sm90", backend="cuda", sm_count=132,
+                                       tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4, qside_rows=LP))
+    grids = {la.name: (la.grid, la.constexprs.get("BR")) for la in base.launches}
+    for la in plan.launches:
+        if la.name == "qside":
+            assert (la.grid, la.constexprs["BR"]) == (grids["qside"][0] // (LP // 16), LP)
+        else:
+            assert (la.grid, la.constexprs.get("BR")) == grids[la.name], la.name
+    with pytest.raises(ValueError, match="qside_rows 3 must be a power of 2 dividing LP"):
+        mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="upstream_sm90", backend="cuda", sm_count=132,
+                                    tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4, qside_rows=3))
 
 
 def test_stage2_walk_has_its_own_warps_and_stages_on_cuda():

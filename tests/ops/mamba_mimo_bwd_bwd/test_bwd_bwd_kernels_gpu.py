@@ -88,19 +88,35 @@ def test_gpu_stage2_walk_warps_and_stages_change_no_bit(walk_warps, walk_stages)
             assert torch.equal(getattr(got, n), getattr(default, n)), n
 
 
-@pytest.mark.parametrize("kside_rows, kside_warps", [(16, None), (64, 8)])
-def test_gpu_stage2_kside_rows_and_warps_change_no_bit(kside_rows, kside_warps):
-    """The k-side kernel on its own rows per program and warps (``Stage2Tiles.kside_rows``, ``kside_warps``): its
-    outputs are per row (no sum runs over the rows of a block), so the default plan's bits."""
+#: The FP32 outputs that are token sums of the chunk kernels' per-row GEMM sums (rowsum rows 0-2): another MMA
+#: instruction (wgmma from 64 rows on 4 warps, mma.sync below) accumulates those GEMMs in another order.
+ROW_SUM_OUTPUTS = ("dfactor", "ddA_cs_rev", "ddA_cs")
+
+
+@pytest.mark.parametrize("kside_rows, kside_warps, qside_rows", [(16, None, None), (64, 8, None), (32, None, 32)])
+def test_gpu_stage2_chunk_kernel_rows_and_warps(kside_rows, kside_warps, qside_rows):
+    """The k-side and q-side kernels on rows per program and warps other than the default's
+    (``Stage2Tiles.kside_rows``, ``kside_warps``, ``qside_rows``): their outputs are per row (no sum runs over the
+    rows of a block), so every output keeps the default plan's bits but the FP32 row sums of :data:`ROW_SUM_OUTPUTS`,
+    which may move in their last bits when the MMA instruction changes (within the tile-plan sum-order gate)."""
     from mimo_numerics.kernels import mimo_bwd_bwd
 
     spec = CASES[0][0]
     x = make_inputs(spec, "cuda")
     default = _run(kernels.mamba_mimo_bwd_bwd, x, "upstream_sm90")
-    tiles = dataclasses.replace(_default_cuda_plan(spec), kside_rows=kside_rows, kside_warps=kside_warps)
+    base = _default_cuda_plan(spec)
+    tiles = dataclasses.replace(base, kside_rows=kside_rows, kside_warps=kside_warps,
+                                qside_rows=base.qside_rows if qside_rows is None else qside_rows)
     got = mimo_bwd_bwd.build_launches(*[x[n] for n in INPUT_NAMES], chunk_size=x["chunk_size"],
                                       rotary_dim_divisor=x["rotary_dim_divisor"], policy="upstream_sm90",
                                       tiles=tiles).run()
     for n in OUTPUT_NAMES:
-        if getattr(default, n) is not None:
-            assert torch.equal(getattr(got, n), getattr(default, n)), n
+        a, b = getattr(got, n), getattr(default, n)
+        if b is None:
+            continue
+        if n in ROW_SUM_OUTPUTS:
+            err = rel_rms(a, b)
+            print(n, f"{err:.2e}")
+            assert err <= tolerances.get("stage2_tile_plan_sum_order_rel_rms"), (n, err)
+        else:
+            assert torch.equal(a, b), n
