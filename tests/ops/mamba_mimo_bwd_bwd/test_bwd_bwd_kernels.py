@@ -11,6 +11,8 @@ policies raise the reference's errors; the launches compile for sm_90.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -383,3 +385,23 @@ def test_compiles_for_sm90():
     assert prep.launches[3].constexprs["DOT_KQ_LP"] and prep.launches[2].constexprs["DOT_WALK_LP"]
     for launch in prep.launches:
         assert _devtools.resource_usage(_devtools.compile_launch(launch, arch=90))["regs"] > 0, launch.name
+
+
+def test_stage2_launch_benchmark_smoke_run_compares_bits_and_refuses_bad_caps(tmp_path, monkeypatch):
+    """``benchmarks/bench_stage2_launches.py --smoke``: a CPU dry run writes its table (the bits of each plan against
+    the first), and a malformed register cap is refused before anything runs."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_stage2_launches.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # as when run as a script: benchmarks/ on sys.path
+    spec = importlib.util.spec_from_file_location("bench_stage2_launches", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--smoke", "--runs", "32x4,32x4k16", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "stage2_launches_s.md").read_text()
+    assert "**Smoke run" in table and "| `32x4k16` |" in table and "reference run" in table
+    with pytest.raises(SystemExit):
+        bench.main(["--smoke", "--runs", "32x4/kside=big", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="unknown kernels"):
+        bench.run_plan(bench.stage2_inputs(bench.kernel_shape("s"), torch.device("cpu")), "32x4", {"nope": 64},
+                       torch.device("cpu"))
