@@ -224,9 +224,10 @@ def parse_stage2_plan(text: str, tokens: int) -> Stage2Tiles:
 def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
     """The default plan: the interpreter takes whole chunks (fewest programs); CUDA up to 32 fused rows per program
     of the rows kernel, up to 64 of the k-side and q-side kernels, whole chunks of tokens, 4 warps (the fastest of
-    the plans timed side by side on an H100 at the benchmark shapes a and d, ``reports/bench/steps_a_d_h100_plans.md``
-    and ``stage2_launch_plans_h100.md``: 32 rows keep the rows kernel from spilling,
-    ``reports/stage2_plan_resources_sm90.md``; 64 rows give the chunk kernels wgmma); Ascend :func:`npu_tiles`."""
+    the plans timed side by side on an H100 at the benchmark shapes a and d, ``reports/bench/steps_a_d_h100_plans.md``,
+    ``reports/bench/steps_a_d_h100_chunk64.md`` and ``reports/bench/stage2_launches_d_h100.md``: 32 rows keep the rows
+    kernel from spilling, ``reports/stage2_plan_resources_sm90.md``; 64 rows give the chunk kernels wgmma); Ascend
+    :func:`npu_tiles`."""
     if backend == "interpreter":
         return Stage2Tiles(LP, CP)
     if backend == "npu":
