@@ -223,7 +223,8 @@ def parse_stage2_plan(text: str, tokens: int) -> Stage2Tiles:
 
 def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
     """The default plan: the interpreter takes whole chunks (fewest programs); CUDA up to 32 fused rows per program
-    of the rows kernel, up to 64 of the k-side and q-side kernels, whole chunks of tokens, 4 warps (the fastest of
+    of the rows kernel, up to 64 of the k-side and q-side kernels (32 where N or P is above 64), whole chunks of
+    tokens, 4 warps (the fastest of
     the plans timed side by side on an H100 at the benchmark shapes a and d, ``reports/bench/steps_a_d_h100_plans.md``,
     ``reports/bench/steps_a_d_h100_chunk64.md`` and ``reports/bench/stage2_launches_d_h100.md``: 32 rows keep the rows
     kernel from spilling, ``reports/stage2_plan_resources_sm90.md``; 64 rows give the chunk kernels wgmma); Ascend
@@ -232,6 +233,10 @@ def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
         return Stage2Tiles(LP, CP)
     if backend == "npu":
         return npu_tiles(LP, CP)
+    if dims is not None and max(dims.state_dim, dims.value_dim) > 64:
+        # N or P = 128: compiled for sm_90 the chunk kernels spill at 32 rows and more at 64 (k-side 376 / 480 bytes
+        # of stack, q-side 0 / 64); 64 rows were timed at N = P = 64 only, so these sizes keep 32
+        return Stage2Tiles(min(LP, 32), CP, CUDA_NUM_WARPS)
     return Stage2Tiles(min(LP, 32), CP, CUDA_NUM_WARPS, kside_rows=min(LP, 64), qside_rows=min(LP, 64))
 
 

@@ -11,6 +11,7 @@ policies raise the reference's errors; the launches compile for sm_90.
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
@@ -307,7 +308,7 @@ def test_stage2_plan_text_is_parsed_or_refused():
 
 def test_stage2_default_cuda_plan_and_the_qside_rows():
     """The CUDA default: 32 rows a program of the rows kernel, 64 of the k-side and q-side kernels (at LP = 64: one
-    program a chunk), whole chunks of tokens; a plan's ``qside_rows`` sets the q-side grid and BR alone, and a
+    program a chunk; 32 where N or P is 128), whole chunks of tokens; a plan's ``qside_rows`` sets the q-side grid and BR alone, and a
     ``qside_rows`` that does not divide LP is refused by name."""
     from mimo_numerics.kernels import mimo_bwd_bwd
 
@@ -315,6 +316,8 @@ def test_stage2_default_cuda_plan_and_the_qside_rows():
         32, 16, mimo_bwd_bwd.CUDA_NUM_WARPS, kside_rows=64, qside_rows=64)
     assert mimo_bwd_bwd.stage2_tiles(None, "cuda", 16, 16) == mimo_bwd_bwd.Stage2Tiles(16, 16, 4, kside_rows=16,
                                                                                        qside_rows=16)
+    wide = types.SimpleNamespace(state_dim=128, value_dim=64)  # N = 128: the chunk kernels keep 32 rows
+    assert mimo_bwd_bwd.stage2_tiles(wide, "cuda", 64, 16) == mimo_bwd_bwd.Stage2Tiles(32, 16, 4)
     x = _inputs(CASES[0])
     base = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="upstream_sm90", backend="cuda", sm_count=132,
                                        tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4))

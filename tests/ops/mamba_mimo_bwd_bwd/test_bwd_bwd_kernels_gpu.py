@@ -5,6 +5,7 @@ same policy, every output within same_policy_rel_rms; poisoned launches leave no
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -62,12 +63,14 @@ def test_gpu_stage2_deterministic():
 
 
 def _default_cuda_plan(spec):
-    """The default CUDA stage-2 plan of ``spec`` (it reads only the padded rows LP and tokens CP of a chunk)."""
+    """The default CUDA stage-2 plan of ``spec`` (it reads only N, P and the padded rows LP and tokens CP of a
+    chunk)."""
     from mimo_numerics.kernels import mimo_bwd_bwd
 
     pow2 = mimo_bwd_bwd._pow2
     LP, CP = max(16, pow2(spec.chunk_size * spec.rank)), max(16, pow2(spec.chunk_size))
-    return mimo_bwd_bwd.stage2_tiles(None, "cuda", LP, CP)
+    dims = types.SimpleNamespace(state_dim=spec.state_dim, value_dim=spec.value_dim)
+    return mimo_bwd_bwd.stage2_tiles(dims, "cuda", LP, CP)
 
 
 @pytest.mark.parametrize("walk_warps, walk_stages", [(1, None), (1, 6), (2, 4)])
