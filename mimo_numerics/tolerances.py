@@ -221,8 +221,10 @@ TOLERANCES: Dict[str, Tolerance] = {
     "stage2_tile_plan_sum_order_rel_rms": Tolerance(
         1e-6,
         "FP32 outputs of the stage-2 kernels under another tile plan vs whole chunks: worst 2.1e-7 (dD, R = 8). "
-        "Margin ~5x",
-        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_kernels.py::test_stage2_tile_plans_agree"),
+        "Margin ~5x. On an H100 (2026-12-07), the chunk kernels' row sums dfactor, ddA_cs_rev, ddA_cs under 16, 32 "
+        "and 64 rows a program against the default's (another MMA instruction): worst 1.2e-7 at S = 8192",
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_kernels.py::test_stage2_tile_plans_agree, "
+        "tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_kernels_gpu.py::test_gpu_stage2_chunk_kernel_rows_and_warps"),
     "stage2_tile_plan_lp_differing_max": Tolerance(
         8,
         "lp outputs (dq, dk, dv) of the stage-2 kernels under another tile plan vs whole chunks, elements of one "
