@@ -24,14 +24,13 @@ from pathlib import Path
 
 import torch
 
+from bench_bwd_bwd_kernel import _args, _kw, stage2_inputs  # benchmarks/ is on sys.path (run as a script)
+from mimo_numerics import provenance
+from mimo_numerics.benchmark_cases import kernel_shape
+from mimo_numerics.kernels import mimo_bwd_bwd
+from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import OUTPUT_NAMES
+
 ROOT = Path(__file__).resolve().parent.parent
-
-from bench_bwd_bwd_kernel import _args, _kw, stage2_inputs  # noqa: E402  (benchmarks/ is on sys.path)
-from mimo_numerics import provenance  # noqa: E402
-from mimo_numerics.benchmark_cases import kernel_shape  # noqa: E402
-from mimo_numerics.kernels import mimo_bwd_bwd  # noqa: E402
-from mimo_numerics.ops.mamba_mimo_bwd_bwd.spec import OUTPUT_NAMES  # noqa: E402
-
 POLICY = "upstream_sm90"
 
 
