@@ -12,11 +12,15 @@ passes to Triton besides the tensors and runtime sizes, in one place and in this
 
 ``tuning`` is a mapping of ``TUNING_KEYS`` to ints, checked by ``check_tuning``, for benchmarks and tests only: a
 tile changes FP32 summation orders inside GEMMs and of the dmimo sums at most, never a rounding site. Nothing
-here reads global state or the environment, and this module never imports ``triton``.
+here reads global state or the environment, and this module never imports ``triton``. Being pure, the policy's
+constexprs and the launch configuration are memoized per (policy, sizes, backend, ...) (:func:`per_policy`,
+:func:`launch_config`): a policy is frozen and hashable, so a repeated call reuses them instead of rebuilding them on
+the host (its launches are otherwise the same).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Dict, Mapping, Optional
@@ -94,6 +98,39 @@ def check_tuning(tuning: Optional[Mapping[str, int]]) -> Mapping[str, int]:
     return MappingProxyType(dict(tuning))
 
 
+#: Distinct (policy, arguments) entries each memo of :func:`per_policy` and :func:`launch_config` keeps (a site sweep
+#: visits about a hundred policies).
+MEMO_SIZE = 512
+
+
+def per_policy(fn):
+    """Memoize ``fn(policy, *args, **kwargs) -> dict`` (a function of a resolved, frozen ``RoundingPolicy`` and
+    hashable arguments, nothing else) per its arguments. Each call gets a fresh ``dict``; errors are not cached (they
+    are raised again); a policy that does not resolve to a ``RoundingPolicy`` or an unhashable argument goes to
+    ``fn`` itself, which names the problem. ``wrapper.cache_clear()`` empties the memo."""
+
+    @functools.lru_cache(maxsize=MEMO_SIZE)
+    def cached(policy, args, kwargs, _types):
+        return MappingProxyType(fn(policy, *args, **dict(kwargs)))
+
+    @functools.wraps(fn)
+    def wrapper(policy, *args, **kwargs):
+        policy = _presets.resolve(policy)
+        key = tuple(sorted(kwargs.items()))
+        types = (tuple(map(type, args)), tuple(type(v) for _, v in key))  # True == 1, but not as an argument
+        try:
+            hash((policy, args, key))
+        except TypeError:
+            return fn(policy, *args, **kwargs)
+        if not isinstance(policy, RoundingPolicy):
+            return fn(policy, *args, **kwargs)
+        return dict(cached(policy, args, key, types))
+
+    wrapper.cache_clear = cached.cache_clear
+    return wrapper
+
+
+@per_policy
 def policy_constexprs(policy, operator: str = OPERATOR_NAME) -> Dict[str, object]:
     """The policy as the kernels' constexpr keyword arguments (the one place the policy reaches Triton).
 
@@ -445,7 +482,9 @@ def _options(backend: str, warps: int, stages: int, maxnreg: int = 0) -> Mapping
 def launch_config(policy, dims: Dims, backend: str, tuning: Optional[Mapping[str, int]] = None,
                   sm_count: Optional[int] = None, record: bool = False,
                   operator: str = OPERATOR_NAME, final: bool = False) -> LaunchConfig:
-    """The launch configuration of one call (see the module docstring); pure: no global state, no environment.
+    """The launch configuration of one call (see the module docstring); pure: no global state, no environment, so
+    it is memoized per its arguments (a ``RoundingPolicy``, hashable ``dims``, the tuning's items; the CUDA device's
+    SM count, read when ``sm_count`` is None, is fixed for a device): a repeated call returns the same frozen object.
 
     Args:
         policy (RoundingPolicy | str): a policy or preset name (``policy_constexprs``).
@@ -463,6 +502,28 @@ def launch_config(policy, dims: Dims, backend: str, tuning: Optional[Mapping[str
         UnsupportedPolicyError: see ``policy_constexprs``. TypeError, ValueError: see ``check_tuning``; an unknown
             backend.
     """
+    policy = _presets.resolve(policy)
+    try:
+        # each value with its type: True == 1 as a key, but check_tuning refuses a bool where it takes an int
+        tuning_key = None if tuning is None else tuple(sorted((k, type(v), v) for k, v in tuning.items()))
+        key = (policy, dims, backend, tuning_key, type(sm_count), sm_count, record, operator, final)
+        hash(key)
+    except (TypeError, AttributeError):  # not a mapping, unhashable values: the uncached path names the problem
+        return _launch_config(policy, dims, backend, tuning, sm_count, record, operator, final)
+    if not isinstance(policy, RoundingPolicy):
+        return _launch_config(policy, dims, backend, tuning, sm_count, record, operator, final)
+    return _launch_config_memo(*key)
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
+def _launch_config_memo(policy, dims, backend, tuning_key, _sm_type, sm_count, record, operator,
+                        final) -> LaunchConfig:
+    tuning = None if tuning_key is None else {k: v for k, _, v in tuning_key}
+    return _launch_config(policy, dims, backend, tuning, sm_count, record, operator, final)
+
+
+def _launch_config(policy, dims: Dims, backend: str, tuning: Optional[Mapping[str, int]], sm_count: Optional[int],
+                   record: bool, operator: str, final: bool) -> LaunchConfig:
     policy_cx = MappingProxyType(policy_constexprs(policy, operator))
     tuning = check_tuning(tuning)
     pl = plan(dims, backend, sm_count=sm_count, tuning=tuning)

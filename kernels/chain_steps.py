@@ -29,7 +29,7 @@ from mimo_numerics.ops.mamba3_mimo_epilogue.validation import validate_inputs as
 from mimo_numerics.policy import RoundingPolicy
 
 from . import _backend, ordered_sums
-from ._config import UnsupportedPolicyError
+from ._config import UnsupportedPolicyError, per_policy
 from ._launch import LP_NAN_BITS, Launch, require_triton
 
 #: Elements per program of the element-wise and column-block launches.
@@ -45,6 +45,7 @@ DADT_ROWS = 8
 _LP_CODE = {torch.bfloat16: 0, torch.float16: 1}
 
 
+@per_policy
 def chain_constexprs(policy) -> Dict[str, object]:
     """The policy as the chain kernels' constexprs: ``HELPER_FMA`` (``helper_fma == "contracted"``) and ``ROUND``
     (``round_outputs``, always True here).

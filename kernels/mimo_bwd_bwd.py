@@ -27,9 +27,9 @@ from mimo_numerics.ops.mamba_mimo_bwd_bwd.validation import validate_inputs
 from mimo_numerics.policy import FP32_LEVEL_DEFAULTS, RoundingPolicy
 
 from . import _backend
-from ._config import ANGLES_BLOCK, UnsupportedPolicyError
+from ._config import ANGLES_BLOCK, UnsupportedPolicyError, per_policy
 from ._launch import (INTERPRETER_LIMIT_S, LP_NAN_BITS, Launch, SlowInterpreterError, check_sizes,
-                      estimate_interpreter_seconds, require_triton)
+                      estimate_interpreter_seconds, kwargs_for, require_triton)
 
 #: The policy section that configures these kernels.
 OPERATOR_NAME = "mamba_mimo_bwd_bwd"
@@ -58,6 +58,7 @@ def backend_refusal(backend: str, state_dim: int, value_dim: int, fused_rows: in
     return None
 
 
+@per_policy
 def stage2_constexprs(policy) -> Dict[str, object]:
     """The policy as the stage-2 kernels' constexprs: one upper-case bool per site of
     ``policy.section("mamba_mimo_bwd_bwd")``, ``LPK`` (0 bf16, 1 fp16), ``DIAG_FMA``, ``ACCUMULATE``, ``SILU_TANH``.
@@ -191,7 +192,10 @@ class Stage2Tiles:
     the MMA instruction of the kernel's GEMMs (wgmma from 64 rows on 4 warps, mma.sync below) and with it the FP32
     accumulation order inside them: on an H100 at shape (d) 64 k-side rows left dq, dk, dv and every other output
     bit-identical and moved dfactor and ddA_cs_rev in their last bits (``test_bwd_bwd_kernels_gpu.py``).
-    Rows and tokens change FP32 summation orders only."""
+    Rows and tokens change FP32 summation orders only. ``native_lp`` (CUDA only): every rounding of the stage-2
+    kernels by the hardware's RNE conversion (``cvt.rn``, ``LPK`` 2 / 3 of ``_rounding.py``: the code form stage 1 and
+    the forward take by default on CUDA, bit-identical there on the H200) instead of the integer RNE helpers; off
+    by default until ``test_bwd_bwd_kernels_gpu.py`` has shown its bits on a GPU (owed: ``docs/kernels.md``)."""
 
     rows: int
     tokens: int
@@ -201,24 +205,27 @@ class Stage2Tiles:
     kside_rows: Optional[int] = None
     kside_warps: Optional[int] = None
     qside_rows: Optional[int] = None
+    native_lp: bool = False
 
 
-_PLAN_TEXT = re.compile(r"(\d+)x(\d+)(?:k(\d+)(?:x(\d+))?)?(?:q(\d+))?(?:w(\d+))?(?:s(\d+))?")
-_PLAN_FORM = "ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS]][qQSIDE_ROWS][wWALK_WARPS][sWALK_STAGES]"
+_PLAN_TEXT = re.compile(r"(\d+)x(\d+)(?:k(\d+)(?:x(\d+))?)?(?:q(\d+))?(?:w(\d+))?(?:s(\d+))?(n)?")
+_PLAN_FORM = "ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS]][qQSIDE_ROWS][wWALK_WARPS][sWALK_STAGES][n]"
 
 
 def parse_stage2_plan(text: str, tokens: int) -> Stage2Tiles:
-    """A plan written ``ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS]][qQSIDE_ROWS][wWALK_WARPS][sWALK_STAGES]`` (``32x4``,
-    ``32x4k16``, ``32x4k64x8``, ``32x4k64q64`` (the CUDA default at LP = 64), ``64x4w1s6``: the benchmarks' and
-    scripts' plan lists) as :class:`Stage2Tiles` with ``tokens``
-    tokens per program. ``ValueError`` naming the form otherwise; the sizes are checked where the plan is used
-    (:func:`build_launches`)."""
+    """A plan written ``ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS]][qQSIDE_ROWS][wWALK_WARPS][sWALK_STAGES][n]``
+    (``32x4``, ``32x4k16``, ``32x4k64x8``, ``32x4k64q64`` (the CUDA default at LP = 64), ``64x4w1s6``,
+    ``32x4k64q64n`` (``n``: ``native_lp``): the benchmarks' and scripts' plan lists) as :class:`Stage2Tiles` with
+    ``tokens`` tokens per program. ``ValueError`` naming the form otherwise; the sizes are checked where the plan is
+    used (:func:`build_launches`)."""
     match = _PLAN_TEXT.fullmatch(str(text).strip())
     if not match:
-        raise ValueError(f"plan must be {_PLAN_FORM}, e.g. 32x4, 32x4k16x8 or 64x4w1s6; got {text!r}")
+        raise ValueError(f"plan must be {_PLAN_FORM}, e.g. 32x4, 32x4k16x8, 64x4w1s6 or 32x4k64q64n; got {text!r}")
+    *sizes, native = match.groups()
     rows, warps, kside_rows, kside_warps, qside_rows, walk_warps, walk_stages = (None if v is None else int(v)
-                                                                                 for v in match.groups())
-    return Stage2Tiles(rows, tokens, warps, walk_warps, walk_stages, kside_rows, kside_warps, qside_rows)
+                                                                                 for v in sizes)
+    return Stage2Tiles(rows, tokens, warps, walk_warps, walk_stages, kside_rows, kside_warps, qside_rows,
+                       native_lp=native is not None)
 
 
 def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
@@ -360,6 +367,11 @@ def build_launches(
     if BRQ & (BRQ - 1) or LP % BRQ:
         raise ValueError(f"tiles: qside_rows {BRQ} must be a power of 2 dividing LP = {LP}")
     NRB, NTB, NRBK, NRBQ = LP // BR, CP // BT, LP // BRK, LP // BRQ
+    if not isinstance(tiles.native_lp, bool):
+        raise ValueError(f"tiles: native_lp must be a bool, got {tiles.native_lp!r}")
+    if tiles.native_lp and backend != "cuda":
+        raise ValueError(f"tiles: native_lp is a CUDA code form (cvt.rn); on the {backend} backend the kernels round "
+                         "with the integer RNE helpers (the interpreter's conversion truncates)")
 
     def cont(x):
         return None if x is None else x.contiguous()
@@ -412,6 +424,8 @@ def build_launches(
     shared = dict(cx, N=N, P=P, R=R, C=C, LP=LP, CP=CP, AW=AW, HAS_Z=dims.has_z, HAS_D=dims.has_d,
                   REDUCE_O=dims.reduce_o, BN=BN, BP=BP, BR=BR, BT=BT, **formats)
     shared.update(lp_dot_operands(cx, dims, on_device=not interpreted))
+    if tiles.native_lp:
+        shared["LPK"] += 2  # the same RNE by cvt.rn (``_rounding.py``); CUDA only, checked above
     n_sum = -(-(R * P) // _SUM_BLOCK)
     options = {"num_warps": tiles.num_warps, "enable_fp_fusion": False} if backend == "cuda" else {}
     walk_options, kside_options = dict(options), dict(options)
@@ -421,7 +435,7 @@ def build_launches(
             walk_options["num_stages"] = tiles.walk_stages
         kside_options["num_warps"] = tiles.kside_warps or tiles.num_warps
     own_options = {"dstates": walk_options, "kside": kside_options}
-    launches = []
+    launches, declared = [], {}
     for b0 in range(0, B, Bs):  # batch slices: the launches of one slice, then the next (one stream, in order)
         b1 = min(B, b0 + Bs)
         nb = b1 - b0
@@ -456,10 +470,11 @@ def build_launches(
              {"RP": R * P, "BLK": _SUM_BLOCK, "CB": 64}),
         ]
         suffix = f"[{b0}:{b1}]" if nb < B else ""
-        launches += [Launch(name + suffix, kernel, grid, args,
-                            {k: v for k, v in cxs.items() if k in kernel.arg_names},
-                            dict(own_options.get(name, options)))
-                     for name, kernel, grid, args, cxs in plan]
+        for name, kernel, grid, args, cxs in plan:
+            if name not in declared:  # the constexprs each kernel declares, once for every slice
+                declared[name] = kwargs_for(kernel, cxs)
+            launches.append(Launch(name + suffix, kernel, grid, args, declared[name],
+                                   dict(own_options.get(name, options))))
 
     def finish() -> MimoBwdBwdOutputs:
         return MimoBwdBwdOutputs(

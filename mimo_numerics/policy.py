@@ -130,7 +130,7 @@ class Sites(Mapping):
         ValueError: unknown, missing or non-bool sites, naming them.
     """
 
-    __slots__ = ("_operator", "_values")
+    __slots__ = ("_operator", "_values", "_index")
 
     def __init__(self, operator: str, values: Union[Mapping[str, bool], str]):
         table = registry.site_table(operator)
@@ -151,6 +151,7 @@ class Sites(Mapping):
                 raise ValueError(f"{operator}.{site} must be a bool (a rounding switch), got {values[site]!r}")
         object.__setattr__(self, "_operator", operator)
         object.__setattr__(self, "_values", tuple((site, values[site]) for site in table))
+        object.__setattr__(self, "_index", dict(self._values))  # O(1) lookups; not part of equality or the hash
 
     @property
     def operator(self) -> str:
@@ -158,10 +159,11 @@ class Sites(Mapping):
         return self._operator
 
     def __getitem__(self, site: str) -> bool:
-        for name, value in self._values:
-            if name == site:
-                return value
-        raise KeyError(f"{self._operator} has no site {site!r}; its sites are {[n for n, _ in self._values]}")
+        try:
+            return self._index[site]
+        except (KeyError, TypeError):
+            raise KeyError(f"{self._operator} has no site {site!r}; its sites are "
+                           f"{[n for n, _ in self._values]}") from None
 
     def __getattr__(self, site: str) -> bool:
         if site.startswith("_"):

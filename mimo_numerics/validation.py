@@ -203,7 +203,10 @@ def _letter_sources(sizes: Sizes, q: torch.Tensor, v: torch.Tensor) -> dict:
 
 def expected_shape(letters, sizes: Sizes, reduce_o: bool) -> tuple:
     """The sizes of dimension ``letters`` (``"(R)"`` is left out when ``reduce_o``)."""
-    known = _letter_sizes(sizes)
+    return _expected(letters, _letter_sizes(sizes), reduce_o)
+
+
+def _expected(letters, known: dict, reduce_o: bool) -> tuple:
     return tuple(known[letter] for letter in letters if not (letter == "(R)" and reduce_o))
 
 
@@ -256,17 +259,18 @@ def check_inputs(op, values: Mapping[str, object], chunk_size, rotary_dim_diviso
                          f"{'present' if has_z else 'None'} and mimo_z {'None' if has_z else 'present'}")
     reduce_o = values.get("mimo_o") is not None
     device = q.device
-    sources = _letter_sources(sizes, q, v)
+    known = _letter_sizes(sizes)
     order = tuple(first) + tuple(n for n in op.input_names if n not in first and n != "q")
     for name in order:
         tensor = values[name]
         if tensor is None:
             continue
         letters = op.input_shapes[name]
-        shape = expected_shape(letters, sizes, reduce_o)
+        shape = _expected(letters, known, reduce_o)
         if name == "segsum":
             check_segsum_chunk(tensor, sizes.chunk_size)
         if tuple(tensor.shape) != shape:
+            sources = _letter_sources(sizes, q, v)  # the message's "read from" notes, built for a failure only
             raise ValueError(_shape_message(name, tensor, letters, shape, sources, reduce_o)
                              + (first_hint if name in first else ""))
         if name in op.lp_inputs:

@@ -11,6 +11,9 @@
 #   bash scripts/device_owed_runs.sh kernels_golden  # issue 43, acceptance 3: the chain on the kernels against the
 #                                                #  H200 on every golden case, the long ones included, beside the
 #                                                #  reference chain under its three policies (same GPU)
+#   bash scripts/device_owed_runs.sh native_lp   # issue 43: stage 2's cvt.rn rounding (Stage2Tiles.native_lp, plan
+#                                                #  suffix n): its GPU bit test, then each stage-2 launch timed alone
+#                                                #  at (d) under the default and the native plans (NATIVE_PLANS)
 set -uo pipefail
 OUT=${OUT:-out/owed}
 mkdir -p "$OUT"
@@ -35,6 +38,12 @@ for what in "$@"; do
     kernels_golden)
       timeout "${KERNELS_GOLDEN_TIMEOUT:-540}" python scripts/measure_fp32_level_whole_op.py --device cuda --kernels \
         --out "$OUT/fp32_level_whole_op_kernels_cuda.md" 2>&1 | tail -20 | tee -a "$OUT/log.txt" ;;
+    native_lp)
+      timeout "${NATIVE_TEST_TIMEOUT:-300}" python -m pytest -q -p no:cacheprovider \
+        tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_kernels_gpu.py -k native_lp 2>&1 | tail -20 | tee -a "$OUT/log.txt"
+      timeout "${NATIVE_BENCH_TIMEOUT:-240}" python benchmarks/bench_stage2_launches.py --shape d \
+        --runs "${NATIVE_PLANS:-32x4k64q64,32x4k64q64n,16x4k64q64n,32x4k64x8q64n}" --out "$OUT" 2>&1 | tail -20 \
+        | tee -a "$OUT/log.txt" ;;
     *) echo "unknown run $what" >&2; exit 2 ;;
   esac
 done

@@ -288,6 +288,14 @@ def test_stage2_tile_plan_is_checked():
     with pytest.raises(ValueError, match="kside_warps"):
         mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="fp32",
                                     tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4, kside_warps=0))
+    # cvt.rn rounding is a CUDA code form: refused where the kernels run interpreted or on Ascend
+    for backend in (None, "npu"):
+        with pytest.raises(ValueError, match="native_lp is a CUDA code form"):
+            mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="fp32", backend=backend,
+                                        tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4, native_lp=True))
+    with pytest.raises(ValueError, match="native_lp must be a bool"):
+        mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="fp32", backend="cuda", sm_count=132,
+                                    tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4, native_lp=1))
 
 
 def test_stage2_plan_text_is_parsed_or_refused():
@@ -301,7 +309,11 @@ def test_stage2_plan_text_is_parsed_or_refused():
     assert mimo_bwd_bwd.parse_stage2_plan("32x4k64q64", 16) == mimo_bwd_bwd.Stage2Tiles(32, 16, 4, kside_rows=64,
                                                                                          qside_rows=64)
     assert mimo_bwd_bwd.parse_stage2_plan("32x4q16", 16) == mimo_bwd_bwd.Stage2Tiles(32, 16, 4, qside_rows=16)
-    for bad in ("64-4", "64x", "x4", "64x4w", "64x4s6w1", "32x4k", "32x4kx8", "32x4w1k16", "32x4q", "32x4q16k64"):
+    assert mimo_bwd_bwd.parse_stage2_plan("32x4k64q64n", 16) == mimo_bwd_bwd.Stage2Tiles(
+        32, 16, 4, kside_rows=64, qside_rows=64, native_lp=True)
+    assert not mimo_bwd_bwd.parse_stage2_plan("32x4k64q64", 16).native_lp
+    for bad in ("64-4", "64x", "x4", "64x4w", "64x4s6w1", "32x4k", "32x4kx8", "32x4w1k16", "32x4q", "32x4q16k64",
+                "32x4nk64", "32x4nn"):
         with pytest.raises(ValueError, match="ROWSxWARPS"):
             mimo_bwd_bwd.parse_stage2_plan(bad, 16)
 
@@ -388,6 +400,32 @@ def test_compiles_for_sm90():
     assert prep.launches[3].constexprs["DOT_KQ_LP"] and prep.launches[2].constexprs["DOT_WALK_LP"]
     for launch in prep.launches:
         assert _devtools.resource_usage(_devtools.compile_launch(launch, arch=90))["regs"] > 0, launch.name
+
+
+@pytest.mark.skipif(not _toolchain(), reason="Triton's NVIDIA backend (ptxas) is not installed")
+def test_native_lp_plan_rounds_with_cvt_rn_and_shrinks_the_rows_kernel():
+    """``Stage2Tiles.native_lp`` on CUDA: every stage-2 kernel that rounds takes ``LPK`` + 2, and the rows kernel
+    compiled for sm_90 rounds with ``cvt.rn.bf16.f32`` and has fewer SASS instructions than with the integer RNE
+    helpers (the static count behind ``docs/kernels.md``'s figure; its bits on a GPU: ``test_bwd_bwd_kernels_gpu.py``)."""
+    import dataclasses
+
+    from mimo_numerics.kernels import _devtools, mimo_bwd_bwd
+
+    x = make_inputs(CaseSpec(seqlen=32, heads=2, state_dim=64, value_dim=64, rank=4, chunk_size=16, has_z=True,
+                             has_d=True))
+    kw = dict(policy="upstream_sm90", backend="cuda", sm_count=132)
+    base = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), **kw)
+    tiles = dataclasses.replace(mimo_bwd_bwd.stage2_tiles(None, "cuda", 64, 16), native_lp=True)
+    native = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), **kw, tiles=tiles)
+    for a, b in zip(base.launches, native.launches):
+        assert a.name == b.name and a.grid == b.grid
+        if "LPK" in a.constexprs:
+            assert (a.constexprs["LPK"], b.constexprs["LPK"]) == (0, 2), a.name
+    rows = {p: _devtools.compile_launch(next(la for la in prep.launches if la.name == "rows"), arch=90)
+            for p, prep in (("int", base), ("native", native))}
+    assert "cvt.rn.bf16.f32" in rows["native"].asm["ptx"] and "cvt.rn.bf16.f32" not in rows["int"].asm["ptx"]
+    sass = {p: _devtools.resource_usage(k)["sass"] for p, k in rows.items()}
+    assert sass["native"] < sass["int"], sass
 
 
 def test_stage2_launch_benchmark_smoke_run_compares_bits_and_refuses_bad_caps(tmp_path, monkeypatch):

@@ -123,3 +123,22 @@ def test_gpu_stage2_chunk_kernel_rows_and_warps(kside_rows, kside_warps, qside_r
             assert err <= tolerances.get("stage2_tile_plan_sum_order_rel_rms"), (n, err)
         else:
             assert torch.equal(a, b), n
+
+
+@pytest.mark.parametrize("spec, policies", CASES, ids=[c[0].case_id for c in CASES])
+def test_gpu_stage2_native_lp_rounding_changes_no_bit(spec, policies):
+    """``Stage2Tiles.native_lp``: every rounding by ``cvt.rn`` (``LPK`` 2 / 3) instead of the integer RNE helpers gives
+    the default plan's bits, output by output, in bf16 and fp16 at realistic sizes (the condition for making it the
+    CUDA default: ``docs/kernels.md``)."""
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    x = make_inputs(spec, "cuda")
+    tiles = dataclasses.replace(_default_cuda_plan(spec), native_lp=True)
+    for policy in policies:
+        default = _run(kernels.mamba_mimo_bwd_bwd, x, policy)
+        got = mimo_bwd_bwd.build_launches(*[x[n] for n in INPUT_NAMES], chunk_size=x["chunk_size"],
+                                          rotary_dim_divisor=x["rotary_dim_divisor"], policy=policy,
+                                          tiles=tiles).run()
+        for n in OUTPUT_NAMES:
+            if getattr(default, n) is not None:
+                assert torch.equal(getattr(got, n), getattr(default, n)), (policy, n)

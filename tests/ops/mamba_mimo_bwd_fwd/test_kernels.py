@@ -257,8 +257,8 @@ def test_bad_tuning_is_refused_naming_the_key(tuning, error, match):
 
 
 def test_launch_config_is_frozen_and_per_call():
-    """One frozen object per call, derived from (policy, backend, tuning) alone: no global state, so a tuned call
-    leaves the next untuned one as it was, and the caller's tuning dict is copied."""
+    """One frozen object derived from (policy, sizes, backend, tuning) alone (memoized by value, nothing else kept),
+    so a tuned call leaves the next untuned one as it was, and the caller's tuning dict is copied."""
     import dataclasses
 
     from mimo_numerics.kernels import mimo_bwd_fwd
@@ -293,6 +293,55 @@ def test_launch_config_is_frozen_and_per_call():
         assert cfg.constexprs["LPK"] == 0 and all(not kc.options for kc in cfg.kernels.values())
     with pytest.raises(ValueError, match="backend must be one of"):
         kernels.launch_config("upstream_sm90", dims, "metal")
+
+
+def test_policy_constexprs_and_launch_config_are_memoized_by_value():
+    """The host-side memo (``_config.per_policy``, ``launch_config``): a repeated call returns the same frozen
+    config, an equal policy read back from JSON finds it, any other policy or size gets its own, each caller gets a
+    fresh constexpr dict, and an unexpressible policy is refused on every call (errors are not cached)."""
+    import dataclasses
+
+    from mimo_numerics.kernels import mimo_bwd_bwd
+    from mimo_numerics.kernels.chain_steps import chain_constexprs
+
+    spec = CaseSpec(seqlen=40, heads=4, state_dim=64, value_dim=64, rank=4, chunk_size=16, has_z=True, has_d=True)
+    x = _inputs(spec)
+    dims = stage1_validation.validate_inputs(*as_args(x), **as_kwargs(x))
+    policy = mn.presets.get("upstream_sm90")
+    base = kernels.launch_config(policy, dims, "cuda", sm_count=132)
+    assert kernels.launch_config("upstream_sm90", dims, "cuda", sm_count=132) is base
+    again = mn.RoundingPolicy.from_json(policy.to_json())
+    assert again is not policy and kernels.launch_config(again, dims, "cuda", sm_count=132) is base
+    # one site off: other constexprs, another config (the memo keys on the policy's value)
+    site = next(s for s in SWITCHES if policy.section("mamba_mimo_bwd_fwd")[s])
+    off = policy.with_sites("mamba_mimo_bwd_fwd", **{site: False})
+    other = kernels.launch_config(off, dims, "cuda", sm_count=132)
+    assert other.constexprs[site.upper()] is False and base.constexprs[site.upper()] is True
+    assert kernels.launch_config(policy, dims, "cuda", sm_count=100) is not base
+    bigger = dataclasses.replace(dims, seqlen=80, nchunks=5)
+    assert kernels.launch_config(policy, bigger, "cuda", sm_count=132).plan != base.plan
+    for make in (kernels.policy_constexprs, mimo_bwd_bwd.stage2_constexprs, chain_constexprs):
+        first = make(policy)
+        first.clear()  # a caller's dict is its own
+        assert make(policy) and make(policy) == make(again) and make(policy) is not make(policy)
+    assert kernels.policy_constexprs(off)[site.upper()] is False
+    assert kernels.policy_constexprs(policy, "mamba_mimo_fwd") == kernels.policy_constexprs(
+        policy, operator="mamba_mimo_fwd")
+    for _ in range(2):
+        with pytest.raises(kernels.UnsupportedPolicyError, match="math_dtype"):
+            kernels.launch_config("fp64", dims, "cuda", sm_count=132)
+        with pytest.raises(kernels.UnsupportedPolicyError, match="math_dtype"):
+            mimo_bwd_bwd.stage2_constexprs("fp64")
+    with pytest.raises(TypeError, match="RoundingPolicy"):
+        kernels.policy_constexprs(42)
+    with pytest.raises(ValueError, match="operator must be one of"):
+        kernels.policy_constexprs(policy, "mamba_mimo_bwd_bwd")
+    with pytest.raises((TypeError, ValueError), match="tuning"):
+        kernels.launch_config(policy, dims, "cuda", tuning=[("RBK", 2)], sm_count=132)
+    # a memoized int does not let the equal bool through: the tuning check still refuses it
+    assert not kernels.launch_config(policy, dims, "cuda", tuning={"native_lp": 0}, sm_count=132).switches.native_lp
+    with pytest.raises(TypeError, match="native_lp"):
+        kernels.launch_config(policy, dims, "cuda", tuning={"native_lp": False}, sm_count=132)
 
 
 def test_build_launches_passes_the_config():
