@@ -39,10 +39,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_whole_op import FIXED, SHAPES  # the benchmark shapes, one place (benchmarks/ is the script's folder)
 
-from bench_whole_op import FIXED, SHAPES  # noqa: E402  (the benchmark shapes, one place)
+ROOT = Path(__file__).resolve().parents[1]
 
 #: The chain's steps, timed by wrapping these functions of ``mimo_numerics.ops.mamba3_mimo.chain``.
 STEPS = ("run_preprocess", "run_forward", "run_stage1", "run_stage2", "run_epilogue")
