@@ -148,20 +148,6 @@ def _run_worker(path: Path, args, shape: str, bind: bool) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-def _export(rev: str, into: Path) -> Path:
-    """``mimo_numerics/`` and ``kernels/`` of commit ``rev`` under ``into`` (the package's ``kernels`` link points at
-    the second)."""
-    from mimo_numerics import provenance
-
-    if provenance.git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", root=ROOT) is None:
-        raise SystemExit(f"--baseline must name a commit of this checkout, got {rev!r}")
-    into.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "archive", rev, "mimo_numerics", "kernels"], cwd=ROOT, capture_output=True,
-                             check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default="a,d", help=f"comma-separated, of {', '.join(SHAPES)}")
@@ -194,7 +180,10 @@ def main(argv=None) -> int:
     tmp = tempfile.TemporaryDirectory()
     impls = {"current": ROOT}
     if args.baseline:
-        impls[f"baseline {args.baseline}"] = _export(args.baseline, Path(tmp.name) / "baseline")
+        try:
+            impls[f"baseline {args.baseline}"] = provenance.export_package(args.baseline, Path(tmp.name) / "baseline")
+        except ValueError as exc:
+            raise SystemExit(f"--baseline: {exc}") from None
     cells = [(shape, name, bind) for shape in shapes for name in impls
              for bind in ((False,) if args.no_bind else (False, True))]
     results = collections.defaultdict(dict)

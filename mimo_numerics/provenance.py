@@ -78,8 +78,9 @@ def source_state(root: Path = ROOT) -> Dict[str, object]:
 
 
 def export_package(rev: str, into: Path, root: Path = ROOT) -> Path:
-    """Extract ``mimo_numerics/`` of commit ``rev`` under ``into`` (``git archive``), so that a worker process with
-    ``PYTHONPATH=into`` imports that commit's package; returns ``into``.
+    """Extract ``mimo_numerics/`` of commit ``rev`` under ``into`` (``git archive``), and ``kernels/`` where the
+    commit has it (``mimo_numerics/kernels`` links there), so that a worker process with ``PYTHONPATH=into`` imports
+    that commit's package with its kernels; returns ``into``.
 
     Raises:
         ValueError: ``rev`` is not a commit of the checkout at ``root``.
@@ -90,7 +91,9 @@ def export_package(rev: str, into: Path, root: Path = ROOT) -> Path:
     into.mkdir(parents=True, exist_ok=True)
     archive = into / "src.tar"
     with open(archive, "wb") as fh:
-        subprocess.run(["git", "archive", rev, "mimo_numerics"], cwd=root, stdout=fh, check=True)
+        parts = ["mimo_numerics"] + (["kernels"] if git("cat-file", "-e", f"{rev}:kernels", root=root) is not None
+                                     else [])
+        subprocess.run(["git", "archive", rev, *parts], cwd=root, stdout=fh, check=True)
     with tarfile.open(archive) as tar:
         tar.extractall(into)
     return into

@@ -43,5 +43,5 @@ def test_host_overhead_refuses_bad_arguments(tmp_path, monkeypatch):
     bench = _bench(monkeypatch)
     with pytest.raises(SystemExit, match="unknown shape"):
         bench.main(["--shapes", "smoke,huge", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="--baseline must name a commit"):
+    with pytest.raises(SystemExit, match="--baseline: rev must name a commit"):
         bench.main(["--shapes", "smoke", "--baseline", "no-such-commit", "--out", str(tmp_path)])

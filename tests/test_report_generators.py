@@ -60,6 +60,7 @@ def test_export_package_extracts_a_commits_package_and_names_a_bad_rev(tmp_path)
         pytest.skip("not a git checkout")
     into = provenance.export_package("HEAD", tmp_path / "baseline")
     assert (into / "mimo_numerics" / "__init__.py").is_file()
+    assert (into / "kernels" / "__init__.py").is_file()  # the package's kernels link points there
     assert (into / "mimo_numerics" / "provenance.py").read_text() == subprocess.run(
         ["git", "show", "HEAD:mimo_numerics/provenance.py"], cwd=ROOT, capture_output=True, text=True).stdout
     with pytest.raises(ValueError, match="rev must name a commit"):
