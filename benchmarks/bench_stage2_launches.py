@@ -105,7 +105,7 @@ def main(argv=None) -> int:
                          slices=len(prep.launches) // max(1, len(first))))
         print(json.dumps(rows[-1]), flush=True)
     prov = provenance.collect(argv)
-    names = list(rows[0]["launch_ms"])
+    names = list(dict.fromkeys(n for r in rows for n in r["launch_ms"]))  # every run's launches (kside_parts=2: two k-side launches)
     lines = [f"# Stage 2's launches under tile plans, one by one (shape {shape})", "", provenance.markdown_header(prov),
              ""] + (["**Smoke run (CPU): checks that the script runs; not a benchmark.**", ""] if a.smoke else []) + (
              [f"**Source:** {a.note}", ""] if a.note else []) + [
@@ -113,8 +113,8 @@ def main(argv=None) -> int:
              f"(`triton.testing.do_bench`, rep {a.rep_ms:g} ms; {rows[0]['slices']} slices at this shape); `bits`: "
              "every output against the first run's. Runs: a plan (`parse_stage2_plan`), `/KERNEL=N` a register cap.",
              "", "| run | slice ms | " + " | ".join(names) + " | bits |", "|---|---:|" + "---:|" * len(names) + "---|"]
-    lines += [f"| `{r['run']}` | {r['slice_ms']:.3f} | " + " | ".join(f"{r['launch_ms'].get(n, float('nan')):.3f}"
-                                                                    for n in names) + f" | {r['bits']} |" for r in rows]
+    lines += [f"| `{r['run']}` | {r['slice_ms']:.3f} | " + " | ".join(
+        f"{r['launch_ms'][n]:.3f}" if n in r["launch_ms"] else "-" for n in names) + f" | {r['bits']} |" for r in rows]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"stage2_launches_{shape}"

@@ -286,7 +286,7 @@ def _bwd2_kside_kernel(
     HAS_D: tl.constexpr, DOT_KD_LP: tl.constexpr, DOT_KQ_LP: tl.constexpr, DOT_SD_LP: tl.constexpr,
     DOT_PD_LP: tl.constexpr, DOT_PP_LP: tl.constexpr, DOT_DQ_LP: tl.constexpr, WS_QROT: tl.constexpr,
     WS_KHAT: tl.constexpr, WS_DPHIO: tl.constexpr, WS_PSIV: tl.constexpr, WS_DPSIV: tl.constexpr,
-    WS_DKROT: tl.constexpr,
+    WS_DKROT: tl.constexpr, PART: tl.constexpr,
 ):
     """The gradients of the k-side rows of one block (program → (b, h, chunk c, block of BR fused rows i)): the
     rows' dΨV, dk and their dSSdA terms, against every row j of the chunk and D_c.
@@ -302,9 +302,14 @@ def _bwd2_kside_kernel(
     the policy switches named as the sites, HAS_D. DOT_*_LP (devices): both operands of that GEMM hold lp values
     under the policy, so it takes them as bf16/fp16 (exact products, FP32 accumulation; else IEEE FP32): KD k̂·D,
     KQ k̂·q_rotᵀ, SD scores·dΦO, PD ΨV·Dᵀ, PP ΨV·dΦOᵀ, DQ dkq·q_rot. WS_*: which workspaces hold lp bits (read and
-    written so; the values are the same).
+    written so; the values are the same). PART: 0 every output; 1 the dΨV side only (dpsiv, dqk, rowsum row 3), 2
+    the dk side only (dkrot, pairs, rowsum rows 0 and 1), so that two launches split the work with fewer live tiles
+    a program (``Stage2Tiles.kside_parts``). Each output is computed by the same operations in the same order
+    whatever PART (the dk side recomputes lkq = k̂·q_rotᵀ, the same GEMM on the same operands).
     """
     bhc, c, bh, i, t_loc, r_i, t, ok = _chunk_block(tl.program_id(0), S, nc, R, C, LP, BR)
+    DPSIV_SIDE: tl.constexpr = PART != 2
+    DK_SIDE: tl.constexpr = PART != 1
     h = bh % H
     t_s = tl.where(ok, t, 0)
     n = tl.arange(0, N)
@@ -317,79 +322,82 @@ def _bwd2_kside_kernel(
     rows_n = bhc.to(tl.int64) * (LP * N) + i[:, None] * N + n[None, :]
     rows_p = bhc.to(tl.int64) * (LP * P) + i[:, None] * P + p[None, :]
     khat_raw = tl.load(khat_ptr + rows_n)
-    khat = _ws_value(khat_raw, WS_KHAT, LPK)
-    krot = _ws_value(tl.load(krot_ptr + rows_n), WS_QROT, LPK)
-    psiv_raw = tl.load(psiv_ptr + rows_p)
-    dphio = _ws_value(tl.load(dphio_ptr + rows_p), WS_DPHIO, LPK)
     qrot_all = tl.load(qrot_ptr + bhc.to(tl.int64) * (LP * N) + j[:, None] * N + n[None, :])
     dphio_all = tl.load(dphio_ptr + bhc.to(tl.int64) * (LP * P) + j[:, None] * P + p[None, :])
     dop = rnd_if(tl.load(dst_ptr + bhc.to(tl.int64) * (N * P) + n[:, None] * P + p[None, :]), DSTATES_OPERAND, LPK)
-    gamma, _, ts = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
-                                     TRAP_SCALE)
     e_rev = tl.exp(tl.load(da_cs_rev_ptr + hs_base + t_s, mask=ok, other=0.0))
 
     # reverse-causal mask t_i < t_j and exp(segsum[t_j, t_i]) (rows i: k side, columns j: q side)
     rc = (t_loc[:, None] < t_j[None, :]) & okn & ok_j[None, :]
     seg_offs = bhc.to(tl.int64) * (C * C) + tl.minimum(t_j, C - 1)[None, :] * C + tl.minimum(t_loc, C - 1)[:, None]
-
-    # ---- dΨV
-    dpsiv = mma(_ws_operand(khat_raw, WS_KHAT, DOT_KD_LP, LPK), dop, DOT_KD_LP, LPK) * e_rev[:, None]
     lkq = mma(_ws_operand(khat_raw, WS_KHAT, DOT_KQ_LP, LPK), tl.trans(_ws_operand(qrot_all, WS_QROT, DOT_KQ_LP, LPK)),
               DOT_KQ_LP, LPK)
     lkq_st = rnd_if(lkq, LKQ, LPK)
-    if R == 1:
-        lkq_m = rnd_if(_reverse_causal(lkq_st, rc, segsum_ptr, seg_offs), LKQ_MASKED, LPK)
-    else:
-        lkq_m = rnd_if(_reverse_causal(lkq, rc, segsum_ptr, seg_offs), LKQ_MASKED, LPK)
-    dpsiv = dpsiv + mma(lkq_m, _ws_operand(dphio_all, WS_DPHIO, DOT_SD_LP, LPK), DOT_SD_LP, LPK)
-    if HAS_D:
-        dpsiv = dpsiv + dphio * tl.load(d_ptr + h)
-    # same-token terms: dΨV[t, r_in] += R(R(dΦO[t, r_out]·qk[t, r_out, r_in])·R(γ_t)) for r_out ascending
-    gamma_lp = rnd_if(gamma, GAMMA_DIAG, LPK)
     qk_tok = (hs_base + t_s) * (R * R)
     tok_rows = bhc.to(tl.int64) * LP + (tl.where(ok, t_loc, 0) * R)
-    for r_out in range(R):
-        d_out = _ws_load_m(dphio_ptr, (tok_rows + r_out)[:, None] * P + p[None, :], okn, WS_DPHIO, LPK)
-        qk = dec(tl.load(qk_ptr + qk_tok + r_out * R + r_i, mask=ok, other=0), LPK)
-        term = rnd_if(d_out * qk[:, None], DPSIV_DIAG_QK, LPK)
-        dpsiv = dpsiv + rnd_if(term * gamma_lp[:, None], DPSIV_DIAG_GAMMA, LPK)
-    dpsiv = tl.where(okn, rnd_if(dpsiv, DPSIV, LPK), 0.0)
-    _ws_store(dpsiv_ptr, rows_p, dpsiv, WS_DPSIV, LPK)
-
-    # ---- same-token dqk = dΦO[t, r_out]·ΨV[t, r_in] and its γ sum term Σ_r_in qk·dqk
-    dg_row = tl.full([BR], 0.0, tl.float32)
-    for r_in in range(R):
-        ps_in = _ws_load_m(psiv_ptr, (tok_rows + r_in)[:, None] * P + p[None, :], okn, WS_PSIV, LPK)
-        dqk = tsum(dphio * ps_in, axis=1)
-        tl.store(dqk_ptr + (bhc.to(tl.int64) * LP + i) * R + r_in, tl.where(ok, dqk, 0.0))
-        qk = dec(tl.load(qk_ptr + qk_tok + r_i * R + r_in, mask=ok, other=0), LPK)
-        dg_row = dg_row + qk * dqk
-
-    # ---- dk
-    dk_inter_raw = mma(_ws_operand(psiv_raw, WS_PSIV, DOT_PD_LP, LPK), tl.trans(dop), DOT_PD_LP, LPK)
-    s_dacs_rev = tsum(khat * dk_inter_raw, axis=1)
-    dk_inter = rnd_if(dk_inter_raw * e_rev[:, None], DK_INTER, LPK)
-    dk_intra = mma(_ws_operand(psiv_raw, WS_PSIV, DOT_PP_LP, LPK),
-                   tl.trans(_ws_operand(dphio_all, WS_DPHIO, DOT_PP_LP, LPK)), DOT_PP_LP, LPK)
-    dssda = rnd_if(lkq_st * dk_intra, DSSDA_TERM, LPK)
-    # dSSdA's column tokens: Σ over the R rows j of each token u, as a one-hot GEMM (exact selections)
-    u = tl.arange(0, CP)
-    pair_offs = bhc.to(tl.int64) * (LP * CP) + i[:, None] * CP + u[None, :]
-    if R == 1:
-        tl.store(pair_offs + pairs_ptr, dssda)  # LP == CP: row j is token j
-    else:
-        sel = tl.where((t_j[None, :] == u[:, None]) & ok_j[None, :], 1.0, 0.0)  # [CP, LP]
-        tl.store(pairs_ptr + pair_offs, tl.dot(dssda, tl.trans(sel), input_precision="ieee"))
-    dkq = rnd_if(_reverse_causal(dk_intra, rc, segsum_ptr, seg_offs), DKQ_MASKED, LPK)
-    dk_nodiag = dk_inter + mma(dkq, _ws_operand(qrot_all, WS_QROT, DOT_DQ_LP, LPK), DOT_DQ_LP, LPK)
-    s_dfactor = tsum(krot * dk_nodiag, axis=1)
-    dk_rot = rnd_if(dk_nodiag * ts[:, None], DK_SCALED, LPK)
-    _ws_store(dkrot_ptr, rows_n, tl.where(okn, dk_rot, 0.0), WS_DKROT, LPK)
-
     rs = rowsum_ptr + bhc.to(tl.int64) * (4 * LP) + i
-    tl.store(rs, tl.where(ok, s_dacs_rev, 0.0))
-    tl.store(rs + LP, tl.where(ok, s_dfactor, 0.0))
-    tl.store(rs + 3 * LP, tl.where(ok, dg_row, 0.0))
+
+    if DPSIV_SIDE:
+        # ---- dΨV
+        gamma, _, _ = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT,
+                                       SHIFTED_GAMMA, TRAP_SCALE)
+        dphio = _ws_value(tl.load(dphio_ptr + rows_p), WS_DPHIO, LPK)
+        dpsiv = mma(_ws_operand(khat_raw, WS_KHAT, DOT_KD_LP, LPK), dop, DOT_KD_LP, LPK) * e_rev[:, None]
+        if R == 1:
+            lkq_m = rnd_if(_reverse_causal(lkq_st, rc, segsum_ptr, seg_offs), LKQ_MASKED, LPK)
+        else:
+            lkq_m = rnd_if(_reverse_causal(lkq, rc, segsum_ptr, seg_offs), LKQ_MASKED, LPK)
+        dpsiv = dpsiv + mma(lkq_m, _ws_operand(dphio_all, WS_DPHIO, DOT_SD_LP, LPK), DOT_SD_LP, LPK)
+        if HAS_D:
+            dpsiv = dpsiv + dphio * tl.load(d_ptr + h)
+        # same-token terms: dΨV[t, r_in] += R(R(dΦO[t, r_out]·qk[t, r_out, r_in])·R(γ_t)) for r_out ascending
+        gamma_lp = rnd_if(gamma, GAMMA_DIAG, LPK)
+        for r_out in range(R):
+            d_out = _ws_load_m(dphio_ptr, (tok_rows + r_out)[:, None] * P + p[None, :], okn, WS_DPHIO, LPK)
+            qk = dec(tl.load(qk_ptr + qk_tok + r_out * R + r_i, mask=ok, other=0), LPK)
+            term = rnd_if(d_out * qk[:, None], DPSIV_DIAG_QK, LPK)
+            dpsiv = dpsiv + rnd_if(term * gamma_lp[:, None], DPSIV_DIAG_GAMMA, LPK)
+        dpsiv = tl.where(okn, rnd_if(dpsiv, DPSIV, LPK), 0.0)
+        _ws_store(dpsiv_ptr, rows_p, dpsiv, WS_DPSIV, LPK)
+
+        # ---- same-token dqk = dΦO[t, r_out]·ΨV[t, r_in] and its γ sum term Σ_r_in qk·dqk
+        dg_row = tl.full([BR], 0.0, tl.float32)
+        for r_in in range(R):
+            ps_in = _ws_load_m(psiv_ptr, (tok_rows + r_in)[:, None] * P + p[None, :], okn, WS_PSIV, LPK)
+            dqk = tsum(dphio * ps_in, axis=1)
+            tl.store(dqk_ptr + (bhc.to(tl.int64) * LP + i) * R + r_in, tl.where(ok, dqk, 0.0))
+            qk = dec(tl.load(qk_ptr + qk_tok + r_i * R + r_in, mask=ok, other=0), LPK)
+            dg_row = dg_row + qk * dqk
+        tl.store(rs + 3 * LP, tl.where(ok, dg_row, 0.0))
+
+    if DK_SIDE:
+        # ---- dk
+        _, _, ts = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
+                                    TRAP_SCALE)
+        khat = _ws_value(khat_raw, WS_KHAT, LPK)
+        psiv_raw = tl.load(psiv_ptr + rows_p)
+        dk_inter_raw = mma(_ws_operand(psiv_raw, WS_PSIV, DOT_PD_LP, LPK), tl.trans(dop), DOT_PD_LP, LPK)
+        s_dacs_rev = tsum(khat * dk_inter_raw, axis=1)
+        dk_inter = rnd_if(dk_inter_raw * e_rev[:, None], DK_INTER, LPK)
+        dk_intra = mma(_ws_operand(psiv_raw, WS_PSIV, DOT_PP_LP, LPK),
+                       tl.trans(_ws_operand(dphio_all, WS_DPHIO, DOT_PP_LP, LPK)), DOT_PP_LP, LPK)
+        dssda = rnd_if(lkq_st * dk_intra, DSSDA_TERM, LPK)
+        # dSSdA's column tokens: Σ over the R rows j of each token u, as a one-hot GEMM (exact selections)
+        u = tl.arange(0, CP)
+        pair_offs = bhc.to(tl.int64) * (LP * CP) + i[:, None] * CP + u[None, :]
+        if R == 1:
+            tl.store(pair_offs + pairs_ptr, dssda)  # LP == CP: row j is token j
+        else:
+            sel = tl.where((t_j[None, :] == u[:, None]) & ok_j[None, :], 1.0, 0.0)  # [CP, LP]
+            tl.store(pairs_ptr + pair_offs, tl.dot(dssda, tl.trans(sel), input_precision="ieee"))
+        dkq = rnd_if(_reverse_causal(dk_intra, rc, segsum_ptr, seg_offs), DKQ_MASKED, LPK)
+        dk_nodiag = dk_inter + mma(dkq, _ws_operand(qrot_all, WS_QROT, DOT_DQ_LP, LPK), DOT_DQ_LP, LPK)
+        krot = _ws_value(tl.load(krot_ptr + rows_n), WS_QROT, LPK)
+        s_dfactor = tsum(krot * dk_nodiag, axis=1)
+        dk_rot = rnd_if(dk_nodiag * ts[:, None], DK_SCALED, LPK)
+        _ws_store(dkrot_ptr, rows_n, tl.where(okn, dk_rot, 0.0), WS_DKROT, LPK)
+        tl.store(rs, tl.where(ok, s_dacs_rev, 0.0))
+        tl.store(rs + LP, tl.where(ok, s_dfactor, 0.0))
 
 
 @triton.jit

@@ -195,7 +195,11 @@ class Stage2Tiles:
     Rows and tokens change FP32 summation orders only. ``native_lp`` (CUDA only): every rounding of the stage-2
     kernels by the hardware's RNE conversion (``cvt.rn``, ``LPK`` 2 / 3 of ``_rounding.py``: the code form stage 1 and
     the forward take by default on CUDA, bit-identical there on the H200) instead of the integer RNE helpers; off
-    by default until ``test_bwd_bwd_kernels_gpu.py`` has shown its bits on a GPU (owed: ``docs/kernels.md``)."""
+    by default until ``test_bwd_bwd_kernels_gpu.py`` has shown its bits on a GPU (owed: ``docs/kernels.md``).
+    ``kside_parts`` (1 or 2): the k-side kernel as one launch, or as two (``kside_dpsiv``: dΨV and the same-token
+    dqk; ``kside_dk``: dk and dSSdA's terms) that each hold fewer live tiles a program; every output is computed by
+    the same operations in either form (the dk launch recomputes k̂·q_rotᵀ), so the bits are the same where the
+    backend compiles the same GEMM the same way (the interpreter: ``test_stage2_kside_parts_change_no_bit``)."""
 
     rows: int
     tokens: int
@@ -206,26 +210,28 @@ class Stage2Tiles:
     kside_warps: Optional[int] = None
     qside_rows: Optional[int] = None
     native_lp: bool = False
+    kside_parts: int = 1
 
 
-_PLAN_TEXT = re.compile(r"(\d+)x(\d+)(?:k(\d+)(?:x(\d+))?)?(?:q(\d+))?(?:w(\d+))?(?:s(\d+))?(n)?")
-_PLAN_FORM = "ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS]][qQSIDE_ROWS][wWALK_WARPS][sWALK_STAGES][n]"
+_PLAN_TEXT = re.compile(r"(\d+)x(\d+)(?:k(\d+)(?:x(\d+))?(?:p(\d+))?)?(?:q(\d+))?(?:w(\d+))?(?:s(\d+))?(n)?")
+_PLAN_FORM = "ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS][pKSIDE_PARTS]][qQSIDE_ROWS][wWALK_WARPS][sWALK_STAGES][n]"
 
 
 def parse_stage2_plan(text: str, tokens: int) -> Stage2Tiles:
-    """A plan written ``ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS]][qQSIDE_ROWS][wWALK_WARPS][sWALK_STAGES][n]``
+    """A plan written ``ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS][pKSIDE_PARTS]][qQSIDE_ROWS][wWALK_WARPS][sWALK_STAGES][n]``
     (``32x4``, ``32x4k16``, ``32x4k64x8``, ``32x4k64q64`` (the CUDA default at LP = 64), ``64x4w1s6``,
-    ``32x4k64q64n`` (``n``: ``native_lp``): the benchmarks' and scripts' plan lists) as :class:`Stage2Tiles` with
+    ``32x4k64q64n`` (``n``: ``native_lp``), ``32x4k64p2q64`` (``p2``: ``kside_parts=2``): the benchmarks' and
+    scripts' plan lists) as :class:`Stage2Tiles` with
     ``tokens`` tokens per program. ``ValueError`` naming the form otherwise; the sizes are checked where the plan is
     used (:func:`build_launches`)."""
     match = _PLAN_TEXT.fullmatch(str(text).strip())
     if not match:
         raise ValueError(f"plan must be {_PLAN_FORM}, e.g. 32x4, 32x4k16x8, 64x4w1s6 or 32x4k64q64n; got {text!r}")
     *sizes, native = match.groups()
-    rows, warps, kside_rows, kside_warps, qside_rows, walk_warps, walk_stages = (None if v is None else int(v)
-                                                                                 for v in sizes)
+    rows, warps, kside_rows, kside_warps, kside_parts, qside_rows, walk_warps, walk_stages = (
+        None if v is None else int(v) for v in sizes)
     return Stage2Tiles(rows, tokens, warps, walk_warps, walk_stages, kside_rows, kside_warps, qside_rows,
-                       native_lp=native is not None)
+                       native_lp=native is not None, kside_parts=1 if kside_parts is None else kside_parts)
 
 
 def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
@@ -369,6 +375,9 @@ def build_launches(
     NRB, NTB, NRBK, NRBQ = LP // BR, CP // BT, LP // BRK, LP // BRQ
     if not isinstance(tiles.native_lp, bool):
         raise ValueError(f"tiles: native_lp must be a bool, got {tiles.native_lp!r}")
+    if type(tiles.kside_parts) is not int or tiles.kside_parts not in (1, 2):
+        raise ValueError(f"tiles: kside_parts must be 1 or 2 (the k-side kernel as one launch or two), got "
+                         f"{tiles.kside_parts!r}")
     if tiles.native_lp and backend != "cuda":
         raise ValueError(f"tiles: native_lp is a CUDA code form (cvt.rn); on the {backend} backend the kernels round "
                          "with the integer RNE helpers (the interpreter's conversion truncates)")
@@ -434,7 +443,9 @@ def build_launches(
         if tiles.walk_stages is not None:
             walk_options["num_stages"] = tiles.walk_stages
         kside_options["num_warps"] = tiles.kside_warps or tiles.num_warps
-    own_options = {"dstates": walk_options, "kside": kside_options}
+    own_options = {"dstates": walk_options, "kside": kside_options, "kside_dpsiv": kside_options,
+                   "kside_dk": kside_options}
+    kside_parts = [("kside", 0)] if tiles.kside_parts == 1 else [("kside_dpsiv", 1), ("kside_dk", 2)]
     launches, declared = [], {}
     for b0 in range(0, B, Bs):  # batch slices: the launches of one slice, then the next (one stream, in order)
         b1 = min(B, b0 + Bs)
@@ -455,10 +466,10 @@ def build_launches(
              shared),
             ("dstates", mod2._bwd2_dstates_kernel, nb * H * (N // BN) * (P // BP),
              (arg(qrot), arg(dps), rows(da_cs), dst, S, nc, N // BN, P // BP), shared),
-            ("kside", mod2._bwd2_kside_kernel, ch * NRBK,
-             (arg(rows(qk_dot)), rows(dt), arg(rows(trap)), rows(da_cs_rev), arg(d), rows(segsum), arg(qrot),
-              arg(krot), arg(khat), arg(dphio), arg(psiv), dst, arg(dpsiv), dqk, arg(dkrot), rowsum, pairs, S, H, nc),
-             dict(shared, BR=BRK)),
+            *((kside, mod2._bwd2_kside_kernel, ch * NRBK,
+               (arg(rows(qk_dot)), rows(dt), arg(rows(trap)), rows(da_cs_rev), arg(d), rows(segsum), arg(qrot),
+                arg(krot), arg(khat), arg(dphio), arg(psiv), dst, arg(dpsiv), dqk, arg(dkrot), rowsum, pairs, S, H,
+                nc), dict(shared, BR=BRK, PART=part)) for kside, part in kside_parts),
             ("qside", mod2._bwd2_qside_kernel, ch * NRBQ,
              (arg(rows(states)), rows(da_cs), rows(segsum), arg(qrot), arg(khat), arg(dphio), arg(psiv), dst,
               arg(dqrot), rowsum, dda, S, nc), dict(shared, BR=BRQ)),

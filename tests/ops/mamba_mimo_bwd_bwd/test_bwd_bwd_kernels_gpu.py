@@ -142,3 +142,23 @@ def test_gpu_stage2_native_lp_rounding_changes_no_bit(spec, policies):
         for n in OUTPUT_NAMES:
             if getattr(default, n) is not None:
                 assert torch.equal(getattr(got, n), getattr(default, n)), (policy, n)
+
+
+@pytest.mark.parametrize("spec, policies", CASES, ids=[c[0].case_id for c in CASES])
+def test_gpu_stage2_kside_parts_change_no_bit(spec, policies):
+    """``Stage2Tiles.kside_parts=2``: the k-side kernel as two launches (dΨV side, dk side) gives the default plan's
+    bits, output by output, alone and with ``native_lp``, at realistic sizes (the same GEMMs on the same operands)."""
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    x = make_inputs(spec, "cuda")
+    default_plan = _default_cuda_plan(spec)
+    for policy in policies:
+        default = _run(kernels.mamba_mimo_bwd_bwd, x, policy)
+        for tiles in (dataclasses.replace(default_plan, kside_parts=2),
+                      dataclasses.replace(default_plan, kside_parts=2, native_lp=True)):
+            got = mimo_bwd_bwd.build_launches(*[x[n] for n in INPUT_NAMES], chunk_size=x["chunk_size"],
+                                              rotary_dim_divisor=x["rotary_dim_divisor"], policy=policy,
+                                              tiles=tiles).run()
+            for n in OUTPUT_NAMES:
+                if getattr(default, n) is not None:
+                    assert torch.equal(getattr(got, n), getattr(default, n)), (policy, tiles, n)
