@@ -286,7 +286,7 @@ def _bwd2_kside_kernel(
     HAS_D: tl.constexpr, DOT_KD_LP: tl.constexpr, DOT_KQ_LP: tl.constexpr, DOT_SD_LP: tl.constexpr,
     DOT_PD_LP: tl.constexpr, DOT_PP_LP: tl.constexpr, DOT_DQ_LP: tl.constexpr, WS_QROT: tl.constexpr,
     WS_KHAT: tl.constexpr, WS_DPHIO: tl.constexpr, WS_PSIV: tl.constexpr, WS_DPSIV: tl.constexpr,
-    WS_DKROT: tl.constexpr, PART: tl.constexpr,
+    WS_DKROT: tl.constexpr, SIDES: tl.constexpr,
 ):
     """The gradients of the k-side rows of one block (program → (b, h, chunk c, block of BR fused rows i)): the
     rows' dΨV, dk and their dSSdA terms, against every row j of the chunk and D_c.
@@ -302,14 +302,18 @@ def _bwd2_kside_kernel(
     the policy switches named as the sites, HAS_D. DOT_*_LP (devices): both operands of that GEMM hold lp values
     under the policy, so it takes them as bf16/fp16 (exact products, FP32 accumulation; else IEEE FP32): KD k̂·D,
     KQ k̂·q_rotᵀ, SD scores·dΦO, PD ΨV·Dᵀ, PP ΨV·dΦOᵀ, DQ dkq·q_rot. WS_*: which workspaces hold lp bits (read and
-    written so; the values are the same). PART: 0 every output; 1 the dΨV side only (dpsiv, dqk, rowsum row 3), 2
-    the dk side only (dkrot, pairs, rowsum rows 0 and 1), so that two launches split the work with fewer live tiles
-    a program (``Stage2Tiles.kside_parts``). Each output is computed by the same operations in the same order
-    whatever PART (the dk side recomputes lkq = k̂·q_rotᵀ, the same GEMM on the same operands).
+    written so; the values are the same). SIDES: which outputs this launch writes, a bit mask: 1 the dΨV side
+    (dpsiv, dqk, rowsum row 3), 2 dSSdA's terms (pairs), 4 dk (dkrot, rowsum rows 0 and 1); 7 all of them. Launches
+    with complementary masks split the work, each with fewer live tiles a program (``Stage2Tiles.kside_parts``).
+    Each output is computed by the same operations in the same order whatever SIDES (a launch that needs lkq =
+    k̂·q_rotᵀ or dk_intra = ΨV·dΦOᵀ computes it itself: the same GEMM on the same operands).
     """
     bhc, c, bh, i, t_loc, r_i, t, ok = _chunk_block(tl.program_id(0), S, nc, R, C, LP, BR)
-    DPSIV_SIDE: tl.constexpr = PART != 2
-    DK_SIDE: tl.constexpr = PART != 1
+    DPSIV_SIDE: tl.constexpr = (SIDES & 1) != 0
+    PAIRS_SIDE: tl.constexpr = (SIDES & 2) != 0
+    DK_SIDE: tl.constexpr = (SIDES & 4) != 0
+    NEEDS_LKQ: tl.constexpr = (SIDES & 3) != 0
+    NEEDS_DK_INTRA: tl.constexpr = (SIDES & 6) != 0
     h = bh % H
     t_s = tl.where(ok, t, 0)
     n = tl.arange(0, N)
@@ -330,9 +334,14 @@ def _bwd2_kside_kernel(
     # reverse-causal mask t_i < t_j and exp(segsum[t_j, t_i]) (rows i: k side, columns j: q side)
     rc = (t_loc[:, None] < t_j[None, :]) & okn & ok_j[None, :]
     seg_offs = bhc.to(tl.int64) * (C * C) + tl.minimum(t_j, C - 1)[None, :] * C + tl.minimum(t_loc, C - 1)[:, None]
-    lkq = mma(_ws_operand(khat_raw, WS_KHAT, DOT_KQ_LP, LPK), tl.trans(_ws_operand(qrot_all, WS_QROT, DOT_KQ_LP, LPK)),
-              DOT_KQ_LP, LPK)
-    lkq_st = rnd_if(lkq, LKQ, LPK)
+    if NEEDS_LKQ:
+        lkq = mma(_ws_operand(khat_raw, WS_KHAT, DOT_KQ_LP, LPK),
+                  tl.trans(_ws_operand(qrot_all, WS_QROT, DOT_KQ_LP, LPK)), DOT_KQ_LP, LPK)
+        lkq_st = rnd_if(lkq, LKQ, LPK)
+    if NEEDS_DK_INTRA:
+        psiv_raw = tl.load(psiv_ptr + rows_p)
+        dk_intra = mma(_ws_operand(psiv_raw, WS_PSIV, DOT_PP_LP, LPK),
+                       tl.trans(_ws_operand(dphio_all, WS_DPHIO, DOT_PP_LP, LPK)), DOT_PP_LP, LPK)
     qk_tok = (hs_base + t_s) * (R * R)
     tok_rows = bhc.to(tl.int64) * LP + (tl.where(ok, t_loc, 0) * R)
     rs = rowsum_ptr + bhc.to(tl.int64) * (4 * LP) + i
@@ -370,19 +379,10 @@ def _bwd2_kside_kernel(
             dg_row = dg_row + qk * dqk
         tl.store(rs + 3 * LP, tl.where(ok, dg_row, 0.0))
 
-    if DK_SIDE:
-        # ---- dk
-        _, _, ts = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
-                                    TRAP_SCALE)
-        khat = _ws_value(khat_raw, WS_KHAT, LPK)
-        psiv_raw = tl.load(psiv_ptr + rows_p)
-        dk_inter_raw = mma(_ws_operand(psiv_raw, WS_PSIV, DOT_PD_LP, LPK), tl.trans(dop), DOT_PD_LP, LPK)
-        s_dacs_rev = tsum(khat * dk_inter_raw, axis=1)
-        dk_inter = rnd_if(dk_inter_raw * e_rev[:, None], DK_INTER, LPK)
-        dk_intra = mma(_ws_operand(psiv_raw, WS_PSIV, DOT_PP_LP, LPK),
-                       tl.trans(_ws_operand(dphio_all, WS_DPHIO, DOT_PP_LP, LPK)), DOT_PP_LP, LPK)
+    if PAIRS_SIDE:
+        # ---- dSSdA's terms, by column token: Σ over the R rows j of each token u, as a one-hot GEMM (exact
+        # selections)
         dssda = rnd_if(lkq_st * dk_intra, DSSDA_TERM, LPK)
-        # dSSdA's column tokens: Σ over the R rows j of each token u, as a one-hot GEMM (exact selections)
         u = tl.arange(0, CP)
         pair_offs = bhc.to(tl.int64) * (LP * CP) + i[:, None] * CP + u[None, :]
         if R == 1:
@@ -390,6 +390,15 @@ def _bwd2_kside_kernel(
         else:
             sel = tl.where((t_j[None, :] == u[:, None]) & ok_j[None, :], 1.0, 0.0)  # [CP, LP]
             tl.store(pairs_ptr + pair_offs, tl.dot(dssda, tl.trans(sel), input_precision="ieee"))
+
+    if DK_SIDE:
+        # ---- dk
+        _, _, ts = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
+                                    TRAP_SCALE)
+        khat = _ws_value(khat_raw, WS_KHAT, LPK)
+        dk_inter_raw = mma(_ws_operand(psiv_raw, WS_PSIV, DOT_PD_LP, LPK), tl.trans(dop), DOT_PD_LP, LPK)
+        s_dacs_rev = tsum(khat * dk_inter_raw, axis=1)
+        dk_inter = rnd_if(dk_inter_raw * e_rev[:, None], DK_INTER, LPK)
         dkq = rnd_if(_reverse_causal(dk_intra, rc, segsum_ptr, seg_offs), DKQ_MASKED, LPK)
         dk_nodiag = dk_inter + mma(dkq, _ws_operand(qrot_all, WS_QROT, DOT_DQ_LP, LPK), DOT_DQ_LP, LPK)
         krot = _ws_value(tl.load(krot_ptr + rows_n), WS_QROT, LPK)

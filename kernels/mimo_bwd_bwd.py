@@ -196,10 +196,12 @@ class Stage2Tiles:
     kernels by the hardware's RNE conversion (``cvt.rn``, ``LPK`` 2 / 3 of ``_rounding.py``: the code form stage 1 and
     the forward take by default on CUDA, bit-identical there on the H200) instead of the integer RNE helpers; off
     by default until ``test_bwd_bwd_kernels_gpu.py`` has shown its bits on a GPU (owed: ``docs/kernels.md``).
-    ``kside_parts`` (1 or 2): the k-side kernel as one launch, or as two (``kside_dpsiv``: dΨV and the same-token
-    dqk; ``kside_dk``: dk and dSSdA's terms) that each hold fewer live tiles a program; every output is computed by
-    the same operations in either form (the dk launch recomputes k̂·q_rotᵀ), so the bits are the same where the
-    backend compiles the same GEMM the same way (the interpreter: ``test_stage2_kside_parts_change_no_bit``)."""
+    ``kside_parts`` (1, 2 or 3): the k-side kernel as one launch, or as two (``kside_dpsiv``: dΨV and the
+    same-token dqk; ``kside_dk``: dk and dSSdA's terms) or three (``kside_dpsiv``, ``kside_pairs``: dSSdA's terms,
+    ``kside_dk``: dk) that each hold fewer live tiles a program (:data:`KSIDE_LAUNCHES`); every output is computed by
+    the same operations in any form (a launch recomputes the k̂·q_rotᵀ or ΨV·dΦOᵀ it needs), so the bits are the
+    same where the backend compiles the same GEMM the same way (the interpreter:
+    ``test_stage2_kside_parts_change_no_bit``; CUDA: ``test_gpu_stage2_kside_parts_change_no_bit``)."""
 
     rows: int
     tokens: int
@@ -212,6 +214,10 @@ class Stage2Tiles:
     native_lp: bool = False
     kside_parts: int = 1
 
+
+#: The k-side launches of each ``Stage2Tiles.kside_parts``: (launch name, SIDES mask of ``_bwd2_kside_kernel``).
+KSIDE_LAUNCHES = {1: (("kside", 7),), 2: (("kside_dpsiv", 1), ("kside_dk", 6)),
+                  3: (("kside_dpsiv", 1), ("kside_pairs", 2), ("kside_dk", 4))}
 
 _PLAN_TEXT = re.compile(r"(\d+)x(\d+)(?:k(\d+)(?:x(\d+))?(?:p(\d+))?)?(?:q(\d+))?(?:w(\d+))?(?:s(\d+))?(n)?")
 _PLAN_FORM = "ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS][pKSIDE_PARTS]][qQSIDE_ROWS][wWALK_WARPS][sWALK_STAGES][n]"
@@ -375,8 +381,8 @@ def build_launches(
     NRB, NTB, NRBK, NRBQ = LP // BR, CP // BT, LP // BRK, LP // BRQ
     if not isinstance(tiles.native_lp, bool):
         raise ValueError(f"tiles: native_lp must be a bool, got {tiles.native_lp!r}")
-    if type(tiles.kside_parts) is not int or tiles.kside_parts not in (1, 2):
-        raise ValueError(f"tiles: kside_parts must be 1 or 2 (the k-side kernel as one launch or two), got "
+    if type(tiles.kside_parts) is not int or tiles.kside_parts not in KSIDE_LAUNCHES:
+        raise ValueError(f"tiles: kside_parts must be 1, 2 or 3 (the k-side kernel as that many launches), got "
                          f"{tiles.kside_parts!r}")
     if tiles.native_lp and backend != "cuda":
         raise ValueError(f"tiles: native_lp is a CUDA code form (cvt.rn); on the {backend} backend the kernels round "
@@ -443,9 +449,8 @@ def build_launches(
         if tiles.walk_stages is not None:
             walk_options["num_stages"] = tiles.walk_stages
         kside_options["num_warps"] = tiles.kside_warps or tiles.num_warps
-    own_options = {"dstates": walk_options, "kside": kside_options, "kside_dpsiv": kside_options,
-                   "kside_dk": kside_options}
-    kside_parts = [("kside", 0)] if tiles.kside_parts == 1 else [("kside_dpsiv", 1), ("kside_dk", 2)]
+    kside_launches = KSIDE_LAUNCHES[tiles.kside_parts]
+    own_options = dict({name: kside_options for name, _ in kside_launches}, dstates=walk_options)
     launches, declared = [], {}
     for b0 in range(0, B, Bs):  # batch slices: the launches of one slice, then the next (one stream, in order)
         b1 = min(B, b0 + Bs)
@@ -469,7 +474,7 @@ def build_launches(
             *((kside, mod2._bwd2_kside_kernel, ch * NRBK,
                (arg(rows(qk_dot)), rows(dt), arg(rows(trap)), rows(da_cs_rev), arg(d), rows(segsum), arg(qrot),
                 arg(krot), arg(khat), arg(dphio), arg(psiv), dst, arg(dpsiv), dqk, arg(dkrot), rowsum, pairs, S, H,
-                nc), dict(shared, BR=BRK, PART=part)) for kside, part in kside_parts),
+                nc), dict(shared, BR=BRK, SIDES=sides)) for kside, sides in kside_launches),
             ("qside", mod2._bwd2_qside_kernel, ch * NRBQ,
              (arg(rows(states)), rows(da_cs), rows(segsum), arg(qrot), arg(khat), arg(dphio), arg(psiv), dst,
               arg(dqrot), rowsum, dda, S, nc), dict(shared, BR=BRQ)),

@@ -448,10 +448,12 @@ def test_stage2_launch_benchmark_smoke_run_compares_bits_and_refuses_bad_caps(tm
                        torch.device("cpu"))
 
 
+@pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("spec", CASES, ids=[c.case_id for c in CASES])
-def test_stage2_kside_parts_change_no_bit(spec):
-    """The k-side kernel as two launches (``Stage2Tiles.kside_parts=2``: the dΨV side, then the dk side) gives every
-    output bit for bit as the one launch: each output is computed by the same operations in the same order."""
+def test_stage2_kside_parts_change_no_bit(spec, parts):
+    """The k-side kernel as two or three launches (``Stage2Tiles.kside_parts``: the dΨV side, then the dk side, or
+    dSSdA's terms and dk apart) gives every output bit for bit as the one launch: each output is computed by the
+    same operations in the same order."""
     from mimo_numerics.kernels import mimo_bwd_bwd
 
     x = _inputs(spec)
@@ -460,10 +462,11 @@ def test_stage2_kside_parts_change_no_bit(spec):
     LP = max(16, 1 << (spec.chunk_size * spec.rank - 1).bit_length())
     CP = max(16, 1 << (spec.chunk_size - 1).bit_length())
     split = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy=policy, poison=True,
-                                        tiles=mimo_bwd_bwd.Stage2Tiles(LP, CP, kside_parts=2))
-    names = [la.name for la in split.launches]
-    assert "kside" not in names and names.index("kside_dpsiv") + 1 == names.index("kside_dk"), names
-    assert [la.constexprs["PART"] for la in split.launches if la.name.startswith("kside")] == [1, 2]
+                                        tiles=mimo_bwd_bwd.Stage2Tiles(LP, CP, kside_parts=parts))
+    kside = [(la.name, la.constexprs["SIDES"]) for la in split.launches if la.name.startswith("kside")]
+    assert kside == list(mimo_bwd_bwd.KSIDE_LAUNCHES[parts]), kside
+    masks = [sides for _, sides in kside]
+    assert sum(masks) == 7 and all(a & b == 0 for a in masks for b in masks if a is not b)  # each output once
     out = split.run()
     for n in OUTPUT_NAMES:
         if getattr(whole, n) is not None:
@@ -474,8 +477,8 @@ def test_stage2_kside_parts_refuse_other_counts():
     x = _inputs(CASES[0])
     from mimo_numerics.kernels import mimo_bwd_bwd
 
-    for bad in (0, 3, True, 2.0):
-        with pytest.raises(ValueError, match="kside_parts must be 1 or 2"):
+    for bad in (0, 4, True, 2.0):
+        with pytest.raises(ValueError, match="kside_parts must be 1, 2 or 3"):
             mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="upstream_sm90",
                                         tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, kside_parts=bad))
     assert mimo_bwd_bwd.parse_stage2_plan("32x4k64p2q64n", 16) == mimo_bwd_bwd.Stage2Tiles(
