@@ -194,8 +194,8 @@ class Stage2Tiles:
     bit-identical and moved dfactor and ddA_cs_rev in their last bits (``test_bwd_bwd_kernels_gpu.py``).
     Rows and tokens change FP32 summation orders only. ``native_lp`` (CUDA only): every rounding of the stage-2
     kernels by the hardware's RNE conversion (``cvt.rn``, ``LPK`` 2 / 3 of ``_rounding.py``: the code form stage 1 and
-    the forward take by default on CUDA, bit-identical there on the H200) instead of the integer RNE helpers; off
-    by default until ``test_bwd_bwd_kernels_gpu.py`` has shown its bits on a GPU (owed: ``docs/kernels.md``).
+    the forward take by default on CUDA, bit-identical there on the H200) instead of the integer RNE helpers; the
+    CUDA default of :func:`stage2_tiles` since ``test_bwd_bwd_kernels_gpu.py`` showed the same bits on an H100.
     ``kside_parts`` (1, 2 or 3): the k-side kernel as one launch, or as two (``kside_dpsiv``: dΨV and the
     same-token dqk; ``kside_dk``: dk and dSSdA's terms) or three (``kside_dpsiv``, ``kside_pairs``: dSSdA's terms,
     ``kside_dk``: dk) that each hold fewer live tiles a program (:data:`KSIDE_LAUNCHES`); every output is computed by
@@ -246,8 +246,10 @@ def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
     tokens, 4 warps (the fastest of
     the plans timed side by side on an H100 at the benchmark shapes a and d, ``reports/bench/steps_a_d_h100_plans.md``,
     ``reports/bench/steps_a_d_h100_chunk64.md`` and ``reports/bench/stage2_launches_d_h100.md``: 32 rows keep the rows
-    kernel from spilling, ``reports/stage2_plan_resources_sm90.md``; 64 rows give the chunk kernels wgmma); Ascend
-    :func:`npu_tiles`."""
+    kernel from spilling, ``reports/stage2_plan_resources_sm90.md``; 64 rows give the chunk kernels wgmma), rounding
+    by ``cvt.rn`` (``native_lp``: the same bits as the integer helpers on an H100 at three realistic sizes in bf16
+    and fp16, ``test_gpu_stage2_native_lp_rounding_changes_no_bit``, and a fifth less time at (d),
+    ``reports/bench/stage2_launches_d_h100_native.md``); Ascend :func:`npu_tiles`."""
     if backend == "interpreter":
         return Stage2Tiles(LP, CP)
     if backend == "npu":
@@ -255,8 +257,9 @@ def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
     if dims is not None and max(dims.state_dim, dims.value_dim) > 64:
         # N or P = 128: compiled for sm_90 the chunk kernels spill at 32 rows and more at 64 (k-side 376 / 480 bytes
         # of stack, q-side 0 / 64); 64 rows were timed at N = P = 64 only, so these sizes keep 32
-        return Stage2Tiles(min(LP, 32), CP, CUDA_NUM_WARPS)
-    return Stage2Tiles(min(LP, 32), CP, CUDA_NUM_WARPS, kside_rows=min(LP, 64), qside_rows=min(LP, 64))
+        return Stage2Tiles(min(LP, 32), CP, CUDA_NUM_WARPS, native_lp=True)
+    return Stage2Tiles(min(LP, 32), CP, CUDA_NUM_WARPS, kside_rows=min(LP, 64), qside_rows=min(LP, 64),
+                       native_lp=True)
 
 
 def npu_tiles(LP: int, CP: int) -> Stage2Tiles:

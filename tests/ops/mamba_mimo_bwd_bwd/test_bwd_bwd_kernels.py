@@ -325,11 +325,13 @@ def test_stage2_default_cuda_plan_and_the_qside_rows():
     from mimo_numerics.kernels import mimo_bwd_bwd
 
     assert mimo_bwd_bwd.stage2_tiles(None, "cuda", 64, 16) == mimo_bwd_bwd.Stage2Tiles(
-        32, 16, mimo_bwd_bwd.CUDA_NUM_WARPS, kside_rows=64, qside_rows=64)
+        32, 16, mimo_bwd_bwd.CUDA_NUM_WARPS, kside_rows=64, qside_rows=64, native_lp=True)
     assert mimo_bwd_bwd.stage2_tiles(None, "cuda", 16, 16) == mimo_bwd_bwd.Stage2Tiles(16, 16, 4, kside_rows=16,
-                                                                                       qside_rows=16)
+                                                                                       qside_rows=16, native_lp=True)
     wide = types.SimpleNamespace(state_dim=128, value_dim=64)  # N = 128: the chunk kernels keep 32 rows
-    assert mimo_bwd_bwd.stage2_tiles(wide, "cuda", 64, 16) == mimo_bwd_bwd.Stage2Tiles(32, 16, 4)
+    assert mimo_bwd_bwd.stage2_tiles(wide, "cuda", 64, 16) == mimo_bwd_bwd.Stage2Tiles(32, 16, 4, native_lp=True)
+    for backend in ("interpreter", "npu"):  # cvt.rn is CUDA's: the other backends keep the integer helpers
+        assert not mimo_bwd_bwd.stage2_tiles(None, backend, 64, 16).native_lp
     x = _inputs(CASES[0])
     base = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy="upstream_sm90", backend="cuda", sm_count=132,
                                        tiles=mimo_bwd_bwd.Stage2Tiles(16, 16, 4))
@@ -404,9 +406,10 @@ def test_compiles_for_sm90():
 
 @pytest.mark.skipif(not _toolchain(), reason="Triton's NVIDIA backend (ptxas) is not installed")
 def test_native_lp_plan_rounds_with_cvt_rn_and_shrinks_the_rows_kernel():
-    """``Stage2Tiles.native_lp`` on CUDA: every stage-2 kernel that rounds takes ``LPK`` + 2, and the rows kernel
-    compiled for sm_90 rounds with ``cvt.rn.bf16.f32`` and has fewer SASS instructions than with the integer RNE
-    helpers (the static count behind ``docs/kernels.md``'s figure; its bits on a GPU: ``test_bwd_bwd_kernels_gpu.py``)."""
+    """``Stage2Tiles.native_lp`` (the CUDA default) on CUDA: every stage-2 kernel that rounds takes ``LPK`` + 2,
+    and the rows kernel compiled for sm_90 rounds with ``cvt.rn.bf16.f32`` and has fewer SASS instructions than with
+    the integer RNE helpers (the static count behind ``docs/kernels.md``'s figure; its bits on a GPU:
+    ``test_bwd_bwd_kernels_gpu.py``)."""
     import dataclasses
 
     from mimo_numerics.kernels import _devtools, mimo_bwd_bwd
@@ -414,9 +417,9 @@ def test_native_lp_plan_rounds_with_cvt_rn_and_shrinks_the_rows_kernel():
     x = make_inputs(CaseSpec(seqlen=32, heads=2, state_dim=64, value_dim=64, rank=4, chunk_size=16, has_z=True,
                              has_d=True))
     kw = dict(policy="upstream_sm90", backend="cuda", sm_count=132)
-    base = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), **kw)
-    tiles = dataclasses.replace(mimo_bwd_bwd.stage2_tiles(None, "cuda", 64, 16), native_lp=True)
-    native = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), **kw, tiles=tiles)
+    native = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), **kw)  # the default plan
+    tiles = dataclasses.replace(mimo_bwd_bwd.stage2_tiles(None, "cuda", 64, 16), native_lp=False)
+    base = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), **kw, tiles=tiles)
     for a, b in zip(base.launches, native.launches):
         assert a.name == b.name and a.grid == b.grid
         if "LPK" in a.constexprs:

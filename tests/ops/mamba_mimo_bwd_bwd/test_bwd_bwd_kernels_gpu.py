@@ -127,13 +127,14 @@ def test_gpu_stage2_chunk_kernel_rows_and_warps(kside_rows, kside_warps, qside_r
 
 @pytest.mark.parametrize("spec, policies", CASES, ids=[c[0].case_id for c in CASES])
 def test_gpu_stage2_native_lp_rounding_changes_no_bit(spec, policies):
-    """``Stage2Tiles.native_lp``: every rounding by ``cvt.rn`` (``LPK`` 2 / 3) instead of the integer RNE helpers gives
-    the default plan's bits, output by output, in bf16 and fp16 at realistic sizes (the condition for making it the
+    """``Stage2Tiles.native_lp`` (the CUDA default): every rounding by ``cvt.rn`` (``LPK`` 2 / 3) gives the bits of
+    the integer RNE helpers, output by output, in bf16 and fp16 at realistic sizes (the condition for making it the
     CUDA default: ``docs/kernels.md``)."""
     from mimo_numerics.kernels import mimo_bwd_bwd
 
     x = make_inputs(spec, "cuda")
-    tiles = dataclasses.replace(_default_cuda_plan(spec), native_lp=True)
+    assert _default_cuda_plan(spec).native_lp
+    tiles = dataclasses.replace(_default_cuda_plan(spec), native_lp=False)
     for policy in policies:
         default = _run(kernels.mamba_mimo_bwd_bwd, x, policy)
         got = mimo_bwd_bwd.build_launches(*[x[n] for n in INPUT_NAMES], chunk_size=x["chunk_size"],
@@ -147,7 +148,8 @@ def test_gpu_stage2_native_lp_rounding_changes_no_bit(spec, policies):
 @pytest.mark.parametrize("spec, policies", CASES, ids=[c[0].case_id for c in CASES])
 def test_gpu_stage2_kside_parts_change_no_bit(spec, policies):
     """``Stage2Tiles.kside_parts=2``: the k-side kernel as two launches (dΨV side, dk side) gives the default plan's
-    bits, output by output, alone and with ``native_lp``, at realistic sizes (the same GEMMs on the same operands)."""
+    bits, output by output, in two and three launches, with ``cvt.rn`` (the default) and with the integer helpers,
+    at realistic sizes (the same GEMMs on the same operands)."""
     from mimo_numerics.kernels import mimo_bwd_bwd
 
     x = make_inputs(spec, "cuda")
@@ -155,7 +157,8 @@ def test_gpu_stage2_kside_parts_change_no_bit(spec, policies):
     for policy in policies:
         default = _run(kernels.mamba_mimo_bwd_bwd, x, policy)
         for tiles in (dataclasses.replace(default_plan, kside_parts=2),
-                      dataclasses.replace(default_plan, kside_parts=2, native_lp=True)):
+                      dataclasses.replace(default_plan, kside_parts=3),
+                      dataclasses.replace(default_plan, kside_parts=2, native_lp=False)):
             got = mimo_bwd_bwd.build_launches(*[x[n] for n in INPUT_NAMES], chunk_size=x["chunk_size"],
                                               rotary_dim_divisor=x["rotary_dim_divisor"], policy=policy,
                                               tiles=tiles).run()
