@@ -330,6 +330,8 @@ def test_stage2_default_cuda_plan_and_the_qside_rows():
                                                                                        qside_rows=16, native_lp=True)
     wide = types.SimpleNamespace(state_dim=128, value_dim=64)  # N = 128: the chunk kernels keep 32 rows
     assert mimo_bwd_bwd.stage2_tiles(wide, "cuda", 64, 16) == mimo_bwd_bwd.Stage2Tiles(32, 16, 4, native_lp=True)
+    narrow = types.SimpleNamespace(state_dim=32, value_dim=64)  # N < 64: the form the GPU last checked there
+    assert mimo_bwd_bwd.stage2_tiles(narrow, "cuda", 64, 32) == mimo_bwd_bwd.Stage2Tiles(32, 32, 4)
     for backend in ("interpreter", "npu"):  # cvt.rn is CUDA's: the other backends keep the integer helpers
         assert not mimo_bwd_bwd.stage2_tiles(None, backend, 64, 16).native_lp
     x = _inputs(CASES[0])

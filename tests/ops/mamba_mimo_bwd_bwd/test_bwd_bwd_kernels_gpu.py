@@ -165,3 +165,28 @@ def test_gpu_stage2_kside_parts_change_no_bit(spec, policies):
             for n in OUTPUT_NAMES:
                 if getattr(default, n) is not None:
                     assert torch.equal(getattr(got, n), getattr(default, n)), (policy, tiles, n)
+
+
+#: N or P below 64 (the golden case x_B2_S64_H2_G2_N32_P64_R2_C32_nored_z's sizes at a realistic length): the
+#: default there keeps 32 rows and the integer helpers (``stage2_tiles``); these are the faster forms of N = P = 64.
+NARROW = CaseSpec(formula="realistic", batch=2, seqlen=2048, heads=2, groups=2, state_dim=32, value_dim=64, rank=2,
+                  chunk_size=32, reduce_o=False, has_z=True)
+
+
+@pytest.mark.parametrize("plan", ["32x4n", "32x4k64q64", "32x4k64", "32x4q64", "32x4k64q64n"])
+def test_gpu_stage2_plans_below_64_match_the_reference(plan):
+    """At N = 32, P = 64 each of the forms the default leaves off there (``cvt.rn``, 64-row k-side / q-side
+    kernels) against the stage-2 reference on the GPU under ``upstream_sm90``, every output within
+    same_policy_rel_rms: which of them gave the wrong dq of the golden whole-op run (``stage2_tiles``)."""
+    from mimo_numerics.kernels import mimo_bwd_bwd
+
+    x = make_inputs(NARROW, "cuda")
+    tiles = mimo_bwd_bwd.parse_stage2_plan(plan, 32)
+    got = mimo_bwd_bwd.build_launches(*[x[n] for n in INPUT_NAMES], chunk_size=x["chunk_size"],
+                                      rotary_dim_divisor=x["rotary_dim_divisor"], policy="upstream_sm90",
+                                      poison=True, tiles=tiles).run()
+    want = _run(stage2_reference, x, "upstream_sm90")
+    rows = {n: rel_rms(getattr(got, n).float(), getattr(want, n).float()) for n in OUTPUT_NAMES
+            if getattr(want, n) is not None}
+    print(plan, {k: f"{v:.1e}" for k, v in rows.items()})
+    assert all(v <= GATE_RTOL for v in rows.values()), (plan, rows)
