@@ -225,8 +225,8 @@ _PLAN_FORM = "ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS][pKSIDE_PARTS]][qQSIDE_ROWS][w
 
 def parse_stage2_plan(text: str, tokens: int) -> Stage2Tiles:
     """A plan written ``ROWSxWARPS[kKSIDE_ROWS[xKSIDE_WARPS][pKSIDE_PARTS]][qQSIDE_ROWS][wWALK_WARPS][sWALK_STAGES][n]``
-    (``32x4``, ``32x4k16``, ``32x4k64x8``, ``32x4k64q64`` (the CUDA default at LP = 64), ``64x4w1s6``,
-    ``32x4k64q64n`` (``n``: ``native_lp``), ``32x4k64p2q64`` (``p2``: ``kside_parts=2``): the benchmarks' and
+    (``32x4``, ``32x4k16``, ``32x4k64x8``, ``32x4k64q64``, ``64x4w1s6``, ``32x4k64q64n`` (``n``: ``native_lp``; the
+    CUDA default at N = P = 64 and LP = 64), ``32x4k64p2q64`` (``p2``: ``kside_parts=2``): the benchmarks' and
     scripts' plan lists) as :class:`Stage2Tiles` with
     ``tokens`` tokens per program. ``ValueError`` naming the form otherwise; the sizes are checked where the plan is
     used (:func:`build_launches`)."""
@@ -243,7 +243,7 @@ def parse_stage2_plan(text: str, tokens: int) -> Stage2Tiles:
 def stage2_tiles(dims, backend: str, LP: int, CP: int) -> Stage2Tiles:
     """The default plan: the interpreter takes whole chunks (fewest programs); CUDA up to 32 fused rows per program
     of the rows kernel, up to 64 of the k-side and q-side kernels (32 where N or P is above 64), whole chunks of
-    tokens, 4 warps, where N = P = 64 (the fastest of
+    tokens, 4 warps where N = P = 64 (the fastest of
     the plans timed side by side on an H100 at the benchmark shapes a and d, ``reports/bench/steps_a_d_h100_plans.md``,
     ``reports/bench/steps_a_d_h100_chunk64.md`` and ``reports/bench/stage2_launches_d_h100.md``: 32 rows keep the rows
     kernel from spilling, ``reports/stage2_plan_resources_sm90.md``; 64 rows give the chunk kernels wgmma), rounding

@@ -14,6 +14,9 @@
 #   bash scripts/device_owed_runs.sh native_lp   # issue 43: stage 2's cvt.rn rounding (Stage2Tiles.native_lp, plan
 #                                                #  suffix n): its GPU bit test, then each stage-2 launch timed alone
 #                                                #  at (d) under the default and the native plans (NATIVE_PLANS)
+#   bash scripts/device_owed_runs.sh narrow      # issue 43: at N = 32, P = 64 the stage-2 forms the default leaves off
+#                                                #  there (cvt.rn, 64-row k-side / q-side) against the reference, one
+#                                                #  test per form (which gave the golden run's wrong dq at N = 32)
 set -uo pipefail
 OUT=${OUT:-out/owed}
 mkdir -p "$OUT"
@@ -43,6 +46,10 @@ for what in "$@"; do
         tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_kernels_gpu.py -k native_lp 2>&1 | tail -20 | tee -a "$OUT/log.txt"
       timeout "${NATIVE_BENCH_TIMEOUT:-240}" python benchmarks/bench_stage2_launches.py --shape d \
         --runs "${NATIVE_PLANS:-32x4k64q64,32x4k64q64n,16x4k64q64n,32x4k64x8q64n}" --out "$OUT" 2>&1 | tail -20 \
+        | tee -a "$OUT/log.txt" ;;
+    narrow)
+      timeout "${NARROW_TIMEOUT:-300}" python -m pytest -q -s -p no:cacheprovider \
+        tests/ops/mamba_mimo_bwd_bwd/test_bwd_bwd_kernels_gpu.py -k plans_below_64 2>&1 | tail -30 \
         | tee -a "$OUT/log.txt" ;;
     *) echo "unknown run $what" >&2; exit 2 ;;
   esac
