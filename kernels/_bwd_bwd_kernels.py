@@ -314,6 +314,7 @@ def _bwd2_kside_kernel(
     DK_SIDE: tl.constexpr = (SIDES & 4) != 0
     NEEDS_LKQ: tl.constexpr = (SIDES & 3) != 0
     NEEDS_DK_INTRA: tl.constexpr = (SIDES & 6) != 0
+    NEEDS_GAMMA: tl.constexpr = (SIDES & 5) != 0
     h = bh % H
     t_s = tl.where(ok, t, 0)
     n = tl.arange(0, N)
@@ -345,11 +346,12 @@ def _bwd2_kside_kernel(
     qk_tok = (hs_base + t_s) * (R * R)
     tok_rows = bhc.to(tl.int64) * LP + (tl.where(ok, t_loc, 0) * R)
     rs = rowsum_ptr + bhc.to(tl.int64) * (4 * LP) + i
+    if NEEDS_GAMMA:  # γ for the dΨV side, trap_scale for dk
+        gamma, _, ts = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT,
+                                        SHIFTED_GAMMA, TRAP_SCALE)
 
     if DPSIV_SIDE:
         # ---- dΨV
-        gamma, _, _ = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT,
-                                       SHIFTED_GAMMA, TRAP_SCALE)
         dphio = _ws_value(tl.load(dphio_ptr + rows_p), WS_DPHIO, LPK)
         dpsiv = mma(_ws_operand(khat_raw, WS_KHAT, DOT_KD_LP, LPK), dop, DOT_KD_LP, LPK) * e_rev[:, None]
         if R == 1:
@@ -393,8 +395,6 @@ def _bwd2_kside_kernel(
 
     if DK_SIDE:
         # ---- dk
-        _, _, ts = gamma_trap_scale(dt_ptr + hs_base, trap_ptr + hs_base, t, ok, S, LPK, DT_INPUT, SHIFTED_GAMMA,
-                                    TRAP_SCALE)
         khat = _ws_value(khat_raw, WS_KHAT, LPK)
         dk_inter_raw = mma(_ws_operand(psiv_raw, WS_PSIV, DOT_PD_LP, LPK), tl.trans(dop), DOT_PD_LP, LPK)
         s_dacs_rev = tsum(khat * dk_inter_raw, axis=1)

@@ -464,8 +464,7 @@ def test_stage2_kside_parts_change_no_bit(spec, parts):
     x = _inputs(spec)
     name, policy = kernel_policies(spec)[0]
     whole = _kernel(spec, name, policy)
-    LP = max(16, 1 << (spec.chunk_size * spec.rank - 1).bit_length())
-    CP = max(16, 1 << (spec.chunk_size - 1).bit_length())
+    LP, CP = max(16, mimo_bwd_bwd._pow2(spec.chunk_size * spec.rank)), max(16, mimo_bwd_bwd._pow2(spec.chunk_size))
     split = mimo_bwd_bwd.build_launches(*_args(x), **_kw(x), policy=policy, poison=True,
                                         tiles=mimo_bwd_bwd.Stage2Tiles(LP, CP, kside_parts=parts))
     kside = [(la.name, la.constexprs["SIDES"]) for la in split.launches if la.name.startswith("kside")]
